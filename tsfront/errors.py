@@ -1,0 +1,109 @@
+"""The exception hierarchy of tsfront.
+
+Two roots, as in the crate docs: :class:`Error` for anything that goes wrong connecting to the
+engines or submitting a request, and :class:`StreamError` (itself an :class:`Error`) for why a
+request's output stream ended without a finished output. Every message says what happened and
+what to do about it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Error(Exception):
+    """An error from connecting to the engines or submitting a request."""
+
+
+class ConfigError(Error, ValueError):
+    """A `ClientConfig` (or an address in it) cannot be used as given."""
+
+
+class WireDecodeError(Error, ValueError):
+    """Bytes from a peer are not a valid frame of the TokenSpeed wire.
+
+    Raised by every decoder in :mod:`tsfront.wire`; the I/O process logs it and drops the frame.
+    """
+
+
+class InvalidRequest(Error, ValueError):
+    """A request the engine would abort or silently drop, refused before anything is sent.
+
+    Attributes:
+        field: dotted name of the offending field, e.g. ``"sampling_params.top_p"``.
+        value: the value that was sent.
+        rule: the rule it breaks.
+        fix: what to send instead.
+    """
+
+    def __init__(self, field: str, value: Any, rule: str, fix: str) -> None:
+        self.field = field
+        self.value = value
+        self.rule = rule
+        self.fix = fix
+        shown = repr(value)
+        if len(shown) > 80:
+            shown = shown[:77] + "..."
+        super().__init__(f"{field}={shown}: {rule}; {fix}")
+
+
+class StopStringsRefused(InvalidRequest):
+    """The request carries stop strings; the frontend matches them and sends stop token ids."""
+
+
+class DuplicateRequest(InvalidRequest):
+    """A request with this rid is already in flight (the engine never forgets a rid for 300 s)."""
+
+
+class PromptTooLong(InvalidRequest):
+    """The prompt plus `max_new_tokens` does not fit the engine's context."""
+
+
+class Busy(Error):
+    """The local submission queue is full; retry later or shed load."""
+
+
+class EngineUnavailable(Error):
+    """No live engine can take the request (a pin to an absent or dead rank, or none alive)."""
+
+
+class HandshakeError(Error):
+    """The engine group did not complete the HELLO → INIT → READY → registration handshake."""
+
+
+class HandshakeTimeout(HandshakeError, TimeoutError):
+    """Not every expected engine registered within ``handshake_timeout``."""
+
+
+class ClientClosed(Error):
+    """The client was closed, or its I/O process is gone; make a new client."""
+
+
+class StreamError(Error):
+    """Why a request's output stream ended without a finished output.
+
+    Attributes:
+        rid: the request id.
+        engine_index: the engine that held the request, or ``None`` if it never reached one.
+    """
+
+    def __init__(self, message: str, *, rid: str | None = None, engine_index: int | None = None):
+        self.rid = rid
+        self.engine_index = engine_index
+        super().__init__(message)
+
+
+class EngineDied(StreamError):
+    """The engine that held the request died: ENGINE_CORE_DEAD, a lost connection or heartbeat."""
+
+
+class IOProcessDied(StreamError):
+    """The I/O process that carried the stream exited; the request's fate is unknown."""
+
+
+class SendTimeout(StreamError):
+    """The engine did not take the request within ``send_timeout``."""
+
+
+class StreamRejected(StreamError):
+    """The I/O process refused the request after submission (e.g. a rid in flight elsewhere)."""
