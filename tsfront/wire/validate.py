@@ -29,6 +29,9 @@ _INT_OR_NONE = (int, type(None))
 _STR_OR_NONE = (str, type(None))
 _TOKEN_IDS = list[Annotated[int, msgspec.Meta(ge=0)]]
 _ANY_IDS = list[int]
+_ID_LISTS = list[list[int]]
+_MAPS = list[dict[Any, Any]]
+_BOOL_OR_NONE = (bool, type(None))
 # The engine's "top_k disabled" sentinel (it rewrites -1 to this); verify() lets it through.
 _TOP_K_DISABLED = 1 << 30
 _TOP_K_MAX = 128
@@ -124,8 +127,6 @@ def _check_request_types(req: TokenizedGenerateReqInput) -> None:
         _wrong_type("logprob_start_len", req.logprob_start_len, "an int")
     if type(req.top_logprobs_num) is not int:
         _wrong_type("top_logprobs_num", req.top_logprobs_num, "an int")
-    if req.token_ids_logprob is not None and type(req.token_ids_logprob) is not list:
-        _wrong_type("token_ids_logprob", req.token_ids_logprob, "a list of ints or None")
     if type(req.return_hidden_states) is not bool:
         _wrong_type("return_hidden_states", req.return_hidden_states, "a bool")
     if type(req.created_time) not in _NUMBER:
@@ -144,6 +145,23 @@ def _check_request_types(req: TokenizedGenerateReqInput) -> None:
         _wrong_type("bootstrap_room", req.bootstrap_room, "an int or None")
     if type(req.data_parallel_rank) not in _INT_OR_NONE:
         _wrong_type("data_parallel_rank", req.data_parallel_rank, "an int or None")
+    # Rarely-set containers: a conversion check only when present (None is the usual case).
+    if req.token_ids_logprob is not None:
+        _check_convert("token_ids_logprob", req.token_ids_logprob, _ANY_IDS, "a list of ints")
+    if req.input_ids_unpadded is not None:
+        _check_convert("input_ids_unpadded", req.input_ids_unpadded, _ANY_IDS, "a list of ints")
+    if req.input_multi_ids is not None:
+        _check_convert("input_multi_ids", req.input_multi_ids, _ID_LISTS, "a list of int lists")
+    if req.input_extra_infos is not None:
+        _check_convert("input_extra_infos", req.input_extra_infos, _MAPS, "a list of dicts")
+    session = req.session_params
+    if session is not None:
+        if type(session.rid) not in _STR_OR_NONE:
+            _wrong_type("session_params.rid", session.rid, "a str or None")
+        if type(session.offset) not in _INT_OR_NONE:
+            _wrong_type("session_params.offset", session.offset, "an int or None")
+        if type(session.replace) not in _BOOL_OR_NONE:
+            _wrong_type("session_params.replace", session.replace, "a bool or None")
 
 
 def _check_logprobs(
@@ -201,15 +219,10 @@ def _check_sampling(sp: SamplingParams) -> None:
             "sampling_params.min_new_tokens", min_new,
             "must be an int in [0, max_new_tokens]", "send 0 or at most max_new_tokens",
         )  # fmt: skip
-    ids = sp.stop_token_ids
-    if ids is not None:
-        try:
-            msgspec.convert(list(ids) if type(ids) is not list else ids, _ANY_IDS)
-        except (msgspec.ValidationError, TypeError):
-            raise InvalidRequest(
-                "sampling_params.stop_token_ids", ids, "must be None or a list of ints",
-                "send token ids as Python ints",
-            ) from None  # fmt: skip
+    if sp.stop_token_ids is not None:
+        _check_convert(
+            "sampling_params.stop_token_ids", sp.stop_token_ids, _ANY_IDS, "a list of ints"
+        )
     temperature = sp.temperature
     if type(temperature) not in _NUMBER:
         _wrong_type("sampling_params.temperature", temperature, "a float")
@@ -221,7 +234,7 @@ def _check_sampling(sp: SamplingParams) -> None:
         _wrong_type("sampling_params.top_k", top_k, "an int")
     # The engine forces top_k=1 for near-zero temperature before verify(), so any top_k passes.
     if (
-        temperature >= _GREEDY_EPS
+        not temperature < _GREEDY_EPS
         and top_k != -1
         and top_k != _TOP_K_DISABLED
         and not 1 <= top_k < _TOP_K_MAX
@@ -336,6 +349,13 @@ def _check_length(prompt_len: int, max_new: int | None, max_model_len: int) -> N
             f"prompt ({prompt_len}) + max_new_tokens must be at most {limit}",
             f"send max_new_tokens <= {limit - prompt_len}",
         )  # fmt: skip
+
+
+def _check_convert(field: str, value: Any, target: Any, expected: str) -> None:
+    try:
+        msgspec.convert(value, target)
+    except msgspec.ValidationError:
+        _wrong_type(field, value, expected)
 
 
 def _wrong_type(field: str, value: Any, expected: str) -> None:
