@@ -99,6 +99,14 @@ def test_length_wins_over_a_stop_token_on_the_same_step() -> None:
     assert rows_of(run_to_end(scheduler), "r1")[-1].finished_reason == "length"
 
 
+def test_ignore_eos_also_disables_stop_token_ids_as_in_the_engine() -> None:
+    scheduler = Scheduler()
+    stop = default_token("r1", 1)
+    scheduler.add(make_request("r1", max_new_tokens=4, stop_token_ids=[stop], ignore_eos=True))
+    rows = rows_of(run_to_end(scheduler), "r1")
+    assert (rows[-1].completion_tokens, rows[-1].finished_reason) == (4, "length")
+
+
 def test_eos_finishes_stop_unless_ignore_eos() -> None:
     scheduler = Scheduler(token_fn=lambda rid, pos: 2 if pos == 2 else 7)
     scheduler.add(make_request("eos", max_new_tokens=10))
@@ -324,3 +332,10 @@ def test_one_frame_batches_every_row_of_a_step() -> None:
     second = scheduler.step()
     assert second is not None and [row.rid for row in second.rows] == ["a"]
     assert scheduler.step() is None
+
+
+def test_stream_interval_zero_kills_a_streaming_request_only() -> None:
+    scheduler = Scheduler()
+    assert scheduler.add(make_request("quiet", stream=False, stream_interval=0)) is None
+    with pytest.raises(EngineFault):
+        scheduler.add(make_request("loud", stream=True, stream_interval=0))

@@ -77,6 +77,10 @@ def engine_rejection(req: Any, *, enable_output_logprobs: bool = True) -> str | 
     sp = req.sampling_params
     if sp.stop is not None or sp.stop_strs is not None:
         sp = msgspec.structs.replace(sp, stop=None, stop_strs=None, stop_str_max_len=0)
+    if not req.stream and sp.stream_interval is not None:
+        # The engine never reads stream_interval for a non-streaming request.
+        sp = msgspec.structs.replace(sp, stream_interval=None)
+    if sp is not req.sampling_params:
         req = msgspec.structs.replace(req, sampling_params=sp)
     try:
         validate_request(req, enable_output_logprobs=enable_output_logprobs)
@@ -99,7 +103,8 @@ class SchedulerConfig:
         max_model_len: context length; ``max_new_tokens`` is clamped to
             ``max_model_len - prompt - 2`` (CONTRACT §4.3).
         vocab_size: range of generated token ids (see :func:`default_token`).
-        eos_token_id: generating it finishes ``"stop"`` unless ``ignore_eos``.
+        eos_token_id: generating it finishes ``"stop"`` unless ``ignore_eos`` (which, as in
+            the engine, also disables ``stop_token_ids``).
         page_size: tokens per KV page (also the prefix-cache granularity).
         kv_total_pages: usable KV pages (the load tail's ``kv_total_pages``).
         stream_interval: the engine's ``--stream-interval`` (per-request override wins).
@@ -342,11 +347,12 @@ class Scheduler:
         request.pending_ids.append(token)
         if request.return_logprob:
             request.pending_vals.append(default_logprob(token))
-        # Length is checked before token matches, after appending (CONTRACT §4.3).
+        # The engine's check_finished order: length (after appending, CONTRACT §4.3), then,
+        # unless ignore_eos (which disables stop_token_ids too), stop tokens and EOS.
         if request.completion_tokens >= request.max_new_tokens:
             request.finished_reason = "length"
-        elif token in request.stop_token_ids or (
-            token == self.config.eos_token_id and not request.ignore_eos
+        elif not request.ignore_eos and (
+            token in request.stop_token_ids or token == self.config.eos_token_id
         ):
             request.finished_reason = "stop"
 
