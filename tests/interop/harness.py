@@ -56,6 +56,7 @@ from typing import Any, TextIO
 import msgspec
 import sim_rules
 import zmq
+from engine_outputs import OutputRow, build_batch
 from tokenspeed.runtime.engine import zmq_wire
 from tokenspeed.runtime.engine.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput
 from tokenspeed.runtime.engine.request_types import (
@@ -361,56 +362,28 @@ class SimRank:
         self.send.set_load_snapshot(len(self.running), 0, pages, self.opts.num_gpu_blocks - 1)
 
     def _batch(self, items: list[tuple[str, SimRequest, Any]]) -> BatchTokenIDOut:
-        """A ``BatchTokenIDOut`` shaped like the engine's ``stream_output`` builds it."""
-        rids, finished, output_ids, prompt, completion = [], [], [], [], []
-        lp_val: list[list[float]] = []
-        lp_idx: list[list[int]] = []
+        """One frame's ``BatchTokenIDOut``: each request's not-yet-sent token slice."""
+        rows = []
         for rid, sim, reason in items:
             new_ids = sim.output_ids[sim.sent_offset :]
             new_lps = sim.logprobs[sim.sent_offset :]
             sim.sent_offset = len(sim.output_ids)
-            rids.append(rid)
-            finished.append(reason.to_json() if reason is not None else None)
-            output_ids.append(new_ids)
-            prompt.append(len(sim.req.input_ids or []))
-            completion.append(len(sim.output_ids))
-            lp_val.append(new_lps if sim.req.return_logprob else [])
-            lp_idx.append(new_ids if sim.req.return_logprob else [])
-        n = len(rids)
-        return BatchTokenIDOut(
-            rids=rids,
-            finished_reasons=finished,
-            decoded_texts=[""] * n,
-            decode_ids=[[] for _ in range(n)],
-            read_offsets=[0] * n,
-            output_ids=output_ids,
-            output_multi_ids=[[] for _ in range(n)],
-            skip_special_tokens=[s.req.sampling_params.skip_special_tokens for _, s, _ in items],
-            spaces_between_special_tokens=[
-                s.req.sampling_params.spaces_between_special_tokens for _, s, _ in items
-            ],
-            no_stop_trim=[s.req.sampling_params.no_stop_trim for _, s, _ in items],
-            prompt_tokens=prompt,
-            completion_tokens=completion,
-            cached_tokens=[0] * n,
-            spec_verify_ct=[],
-            input_token_logprobs_val=[[] for _ in range(n)],
-            input_token_logprobs_idx=[[] for _ in range(n)],
-            output_token_logprobs_val=lp_val,
-            output_token_logprobs_idx=lp_idx,
-            input_top_logprobs_val=[],
-            input_top_logprobs_idx=[],
-            output_top_logprobs_val=[],
-            output_top_logprobs_idx=[],
-            input_token_ids_logprobs_val=[],
-            input_token_ids_logprobs_idx=[],
-            output_token_ids_logprobs_val=[],
-            output_token_ids_logprobs_idx=[],
-            output_hidden_states=[],
-            batch_accept_draft_tokens=[],
-            output_extra_infos=[{} for _ in range(n)],
-            generated_time=time.time(),
-        )
+            sp = sim.req.sampling_params
+            rows.append(
+                OutputRow(
+                    rid=rid,
+                    new_ids=new_ids,
+                    finished_reason=reason.to_json() if reason is not None else None,
+                    prompt_tokens=len(sim.req.input_ids or []),
+                    completion_tokens=len(sim.output_ids),
+                    logprob_vals=new_lps if sim.req.return_logprob else [],
+                    logprob_idx=new_ids if sim.req.return_logprob else [],
+                    skip_special_tokens=sp.skip_special_tokens,
+                    spaces_between_special_tokens=sp.spaces_between_special_tokens,
+                    no_stop_trim=sp.no_stop_trim,
+                )
+            )
+        return build_batch(rows)
 
 
 # ------------------------------------------------------------------------- main
