@@ -5,6 +5,8 @@ shared-memory rings keyed by request slot; any number of worker processes submit
 requests and read their streams straight from shared memory.
 """
 
+from tsfront.client import ClientListener, EngineClient
+from tsfront.config import ClientConfig, LoadBalance, Routing
 from tsfront.errors import (
     Busy,
     ClientClosed,
@@ -24,22 +26,35 @@ from tsfront.errors import (
     StreamRejected,
     WireDecodeError,
 )
+from tsfront.info import EngineInfo, EngineLoad
+from tsfront.io.process import IOProcess
+from tsfront.stream import OutputChunk, RequestStream
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Busy",
     "ClientClosed",
+    "ClientConfig",
+    "ClientListener",
     "ConfigError",
     "DuplicateRequest",
+    "EngineClient",
     "EngineDied",
+    "EngineInfo",
+    "EngineLoad",
     "EngineUnavailable",
     "Error",
     "HandshakeError",
     "HandshakeTimeout",
+    "IOProcess",
     "IOProcessDied",
     "InvalidRequest",
+    "LoadBalance",
+    "OutputChunk",
     "PromptTooLong",
+    "RequestStream",
+    "Routing",
     "SendTimeout",
     "StopStringsRefused",
     "StreamError",

@@ -1,0 +1,221 @@
+"""`EngineClient` and `ClientListener`: the public face of tsfront.
+
+Two ways in, with the same features:
+
+* embedded — ``await EngineClient.connect(config)`` starts an I/O process owned by this client
+  and attaches to it (``ClientListener`` splits that into bind, then accept);
+* multi-worker — the server's master runs ``io = IOProcess.start(config)`` and each worker
+  process calls ``await EngineClient.attach(io.address)``.
+
+`generate` refuses bad requests before anything is sent; everything after that arrives on the
+request's `RequestStream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tsfront import region as shm
+from tsfront.config import ClientConfig
+from tsfront.errors import ClientClosed, DuplicateRequest, EngineUnavailable, InvalidRequest
+from tsfront.info import EngineInfo, EngineLoad, load_from_row
+from tsfront.io.process import IOProcess
+from tsfront.stream import RequestStream
+from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
+from tsfront.worker import Attachment
+
+
+class EngineClient:
+    """A connection to one engine group: every attention-DP rank's engine.
+
+    One `EngineClient` is one worker of the I/O process; make one per worker process (or per
+    event loop). It is not thread-safe: use it from the loop that created it.
+    """
+
+    def __init__(self, attachment: Attachment, io: IOProcess | None) -> None:
+        self._att = attachment
+        self._io = io
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    async def connect(cls, config: ClientConfig) -> EngineClient:
+        """Start an I/O process for ``config``, wait for every engine, and attach to it.
+
+        Raises `ConfigError` for addresses that cannot be bound, `HandshakeTimeout` if the
+        engines do not all register within ``config.handshake_timeout``.
+        """
+        listener = await ClientListener.bind(config)
+        return await listener.accept()
+
+    @classmethod
+    async def attach(cls, address: str, *, timeout: float | None = None) -> EngineClient:
+        """Attach this process to a running I/O process (see `IOProcess.start`).
+
+        Returns once every engine has registered; raises `HandshakeTimeout` if they do not
+        within the I/O process's handshake timeout (or ``timeout`` seconds), `ClientClosed` if
+        no I/O process answers at ``address``.
+        """
+        att = Attachment(asyncio.get_running_loop())
+        await att.open(address, timeout)
+        return cls(att, None)
+
+    # ------------------------------------------------------------------ requests
+
+    async def generate(self, request: TokenizedGenerateReqInput) -> RequestStream:
+        """Submit a tokenized request; return its output stream.
+
+        Refused before anything is sent, each with a typed error: what `validate_request`
+        refuses (stop strings included), a rid already in flight in this worker
+        (`DuplicateRequest`), a prompt that does not fit the engine's context (`PromptTooLong`),
+        a pin to an absent or dead rank or no live engine at all (`EngineUnavailable`), a full
+        local queue (`Busy`), a closed client (`ClientClosed`).
+        """
+        att = self._att
+        if att.closed:
+            raise ClientClosed(str(att.failure) if att.failure else "the client is closed")
+        if not isinstance(request, TokenizedGenerateReqInput):
+            raise InvalidRequest(
+                "request",
+                type(request).__name__,
+                "is not a TokenizedGenerateReqInput",
+                "build one with tsfront.wire.TokenizedGenerateReqInput(rid=..., input_ids=..., "
+                "sampling_params=SamplingParams())",
+            )
+        pin = request.data_parallel_rank
+        limit = self._context_limit(pin)
+        validate_request(request, max_model_len=limit)
+        if request.rid in att.by_rid:
+            raise DuplicateRequest(
+                "rid",
+                request.rid,
+                "a request with this rid is in flight on this client",
+                "use a fresh rid for every request (engines remember rids for 300 s)",
+            )
+        return att.submit(
+            request.rid,
+            encode_add(request),
+            -1 if pin is None else pin,
+            bool(request.return_logprob),
+        )
+
+    def _context_limit(self, pin: int | None) -> int | None:
+        att = self._att
+        table = att.region.engines
+        n = len(att.engines)
+        if pin is not None:
+            if isinstance(pin, bool) or not isinstance(pin, int) or not 0 <= pin < n:
+                raise EngineUnavailable(
+                    f"data_parallel_rank={pin!r}: this group has ranks 0..{n - 1} (engines "
+                    f"{att.config.first_engine_index}..{att.config.first_engine_index + n - 1})"
+                )
+            if table[pin][shm.E_STATE] != shm.ENGINE_LIVE:
+                raise EngineUnavailable(
+                    f"data_parallel_rank={pin}: engine {att.engines[pin].index} is not live; "
+                    "send unpinned or wait for it to restart"
+                )
+            return att.engines[pin].context_limit
+        limits = [
+            e.context_limit
+            for i, e in enumerate(att.engines)
+            if table[i][shm.E_STATE] == shm.ENGINE_LIVE
+        ]
+        if not limits:
+            raise EngineUnavailable("no engine of the group is live; requests cannot be served")
+        known = [v for v in limits if v]
+        return min(known) if known else None
+
+    def abort(self, rid: str) -> bool:
+        """Abort the in-flight request ``rid`` of this client; False if there is none."""
+        stream = self._att.by_rid.get(rid)
+        if stream is None:
+            return False
+        stream.abort()
+        return True
+
+    # ------------------------------------------------------------------ introspection
+
+    def engines(self) -> list[EngineInfo]:
+        """Every engine of the group, as registered."""
+        return list(self._att.engines)
+
+    def load(self) -> list[EngineLoad]:
+        """Each engine's latest load and liveness, as the I/O process publishes it."""
+        att = self._att
+        if att.closed or att.region is None:
+            raise ClientClosed("the client is closed")
+        out = []
+        for i, info in enumerate(att.engines):
+            load = load_from_row(att.region.engines[i], att.region.engine_load_ms(i))
+            out.append(EngineLoad(**{**load.__dict__, "rank": info.rank, "index": info.index}))
+        return out
+
+    @property
+    def address(self) -> str:
+        """The I/O process's address: other processes can `attach` to it."""
+        return self._att.addresses["address"]
+
+    @property
+    def closed(self) -> bool:
+        """Whether the client is closed (by `close` or because its I/O process died)."""
+        return self._att.closed
+
+    # ------------------------------------------------------------------ close
+
+    async def close(self) -> None:
+        """Detach (open streams end with a `StreamError`); stop the I/O process if we own it."""
+        self._att.close()
+        if self._io is not None:
+            io, self._io = self._io, None
+            await asyncio.get_running_loop().run_in_executor(None, io.stop)
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ClientListener:
+    """The client's sockets, bound and waiting for the engines.
+
+    ``listener = await ClientListener.bind(config)`` starts the I/O process and binds; read
+    the real addresses (ports resolved) to tell the engines, then ``await listener.accept()``.
+    """
+
+    def __init__(self, io: IOProcess) -> None:
+        self._io: IOProcess | None = io
+        #: The I/O process's attach address.
+        self.address = io.address
+        #: The bound handshake endpoint.
+        self.handshake_address = io.handshake_address
+        #: The input endpoint advertised to engines.
+        self.input_address = io.input_address
+        #: Each engine's output endpoint, by rank.
+        self.output_addresses = io.output_addresses
+
+    @classmethod
+    async def bind(cls, config: ClientConfig) -> ClientListener:
+        """Start an I/O process for ``config`` and bind its sockets."""
+        loop = asyncio.get_running_loop()
+        io = await loop.run_in_executor(None, IOProcess.start, config)
+        return cls(io)
+
+    async def accept(self) -> EngineClient:
+        """Wait for every engine to register; the client owns the I/O process from then on."""
+        if self._io is None:
+            raise ClientClosed("this listener was already accepted or closed")
+        io, self._io = self._io, None
+        try:
+            att = Attachment(asyncio.get_running_loop())
+            await att.open(io.address, None)
+        except BaseException:
+            await asyncio.get_running_loop().run_in_executor(None, io.stop)
+            raise
+        return EngineClient(att, io)
+
+    async def close(self) -> None:
+        """Stop the I/O process without accepting."""
+        if self._io is not None:
+            io, self._io = self._io, None
+            await asyncio.get_running_loop().run_in_executor(None, io.stop)

@@ -1,0 +1,112 @@
+"""What a client can know about its engines: `EngineInfo` (registration) and `EngineLoad`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """An engine that completed the handshake: its index, rank and registration.
+
+    ``max_model_len`` is the model's context length as the engine reports it; the usable limit
+    for a prompt plus its new tokens is `context_limit` (the cache can be smaller).
+    """
+
+    index: int
+    rank: int
+    output_address: str
+    max_model_len: int = 0
+    num_gpu_blocks: int = 0
+    prefix_granularity: int = 0
+    dp_stats_address: str | None = None
+    dtype: str = ""
+    multimodal_encoder_dtype: str | None = None
+    vllm_version: str = ""
+    world_size: int = 1
+    data_parallel_size: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    decode_context_parallel_size: int = 1
+    data_parallel_rank: int = 0
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+    instance_id: str = ""
+    kv_cache_size_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    kv_events_config: dict[Any, Any] | None = None
+
+    @property
+    def context_limit(self) -> int | None:
+        """Tokens a request (prompt + new tokens) may span on this engine, if known."""
+        limits = [v for v in (self.max_model_len, self.kv_cache_size_tokens) if v]
+        return min(limits) if limits else None
+
+    @classmethod
+    def from_message(cls, message: dict) -> EngineInfo:
+        """Build from the I/O process's ``engines`` control message entry."""
+        names = {f.name for f in fields(cls)}
+        reg = message.get("registration") or {}
+        values = {k: v for k, v in reg.items() if k in names}
+        return cls(
+            index=message["index"],
+            rank=message["rank"],
+            output_address=message.get("output_address", ""),
+            **values,
+        )
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """An engine's latest scheduler load, as reported with its outputs, plus tsfront's count.
+
+    ``num_running``/``num_waiting``/``kv_*`` come from the load tail of the engine's last
+    output frame (0.1.1 engines; zeros for older engines or before any output); ``age`` is how
+    long ago that was, or None if never. ``in_flight`` is tsfront's own exact count.
+    """
+
+    index: int
+    rank: int
+    alive: bool
+    state: str
+    in_flight: int
+    num_running: int
+    num_waiting: int
+    kv_active_pages: int
+    kv_total_pages: int
+    age: float | None
+    requests_total: int
+
+    @property
+    def cache_usage(self) -> float | None:
+        """``kv_active_pages / kv_total_pages``, or None without load information."""
+        if not self.kv_total_pages:
+            return None
+        return self.kv_active_pages / self.kv_total_pages
+
+
+STATE_NAMES = {0: "absent", 1: "handshaking", 2: "live", 3: "dead"}
+
+
+def load_from_row(row, load_ms: int) -> EngineLoad:
+    """Read one engine-table row (a numpy view of shared memory)."""
+    from tsfront import region as r
+
+    state = int(row[r.E_STATE])
+    age = None if load_ms == 0 else max(0.0, time.monotonic() - load_ms / 1000.0)
+    index = int(row[r.E_INDEX])
+    return EngineLoad(
+        index=index,
+        rank=-1,
+        alive=state == r.ENGINE_LIVE,
+        state=STATE_NAMES.get(state, "unknown"),
+        in_flight=int(row[r.E_IN_FLIGHT]),
+        num_running=int(row[r.E_RUNNING]),
+        num_waiting=int(row[r.E_WAITING]),
+        kv_active_pages=int(row[r.E_KV_ACTIVE]),
+        kv_total_pages=int(row[r.E_KV_TOTAL]),
+        age=age,
+        requests_total=int(row[r.E_REQUESTS_LO]) | (int(row[r.E_REQUESTS_HI]) << 32),
+    )

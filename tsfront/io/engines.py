@@ -1,0 +1,62 @@
+"""The I/O process's view of each engine: identity, handshake state, sockets, load.
+
+An `Engine` is one attention-DP rank. It moves HANDSHAKING (HELLO seen, INIT sent) → LIVE
+(registration received) → DEAD (ENGINE_CORE_DEAD, a lost output connection, a missed
+heartbeat or an unreachable input), and back to HANDSHAKING if the same identity says HELLO
+again (a restarted rank).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+import zmq
+
+from tsfront.region import ENGINE_ABSENT
+from tsfront.wire import EngineRegistration, engine_identity
+
+
+@dataclass
+class PendingSend:
+    """A request the engine's input queue did not take yet."""
+
+    slot: int
+    payload: zmq.Frame
+    deadline: float
+
+
+@dataclass
+class Engine:
+    """One engine (attention-DP rank) as the I/O process tracks it."""
+
+    row: int  # 0-based position: rank under aggregated DP
+    index: int  # identity index = first_engine_index + row
+    output_address: str = ""
+    pull: zmq.Socket | None = None
+    monitor: zmq.Socket | None = None
+    state: int = ENGINE_ABSENT
+    registration: EngineRegistration | None = None
+    dead_reason: str = ""
+    in_flight: int = 0
+    requests_total: int = 0
+    # Latest load tail (num_running, num_waiting, kv_active_pages, kv_total_pages), when it
+    # arrived, and our in-flight count at that moment (to count what we sent since).
+    tail: tuple[int, int, int, int] = (0, 0, 0, 0)
+    tail_at: float = 0.0
+    in_flight_at_tail: int = 0
+    backlog: collections.deque[PendingSend] = field(default_factory=collections.deque)
+    slots: set[int] = field(default_factory=set)
+    aborts: list[str] = field(default_factory=list)
+
+    @property
+    def identity(self) -> bytes:
+        """The engine's ZMQ identity: its index as a 2-byte little-endian u16."""
+        return engine_identity(self.index)
+
+    def tail_fresh(self, ttl: float, now: float | None = None) -> bool:
+        """Whether the load tail is recent enough to route on (and carries data)."""
+        if self.tail[3] == 0 or self.tail_at == 0.0:
+            return False
+        return ((now or time.monotonic()) - self.tail_at) <= ttl

@@ -1,0 +1,729 @@
+"""The loop of the I/O process: one thread, one `zmq.Poller`, every socket.
+
+Each turn handles, in this order: engine output (decode → slot rings, in native code), worker
+submissions (route, forward the payload frame unchanged), the handshake and registration
+sockets, the output connections' monitors, the workers' control sockets; then, once per turn,
+it sends the batched ABORTs, retries queued sends, flushes spilled tokens and wakes the parked
+workers that got news. Nothing a peer or a worker sends can raise out of a handler: bad input
+is logged (rate-limited) and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import time
+
+import msgspec
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from tsfront import _native, control
+from tsfront.config import ClientConfig
+from tsfront.errors import WireDecodeError
+from tsfront.io.addresses import advertised, bind_socket, output_address_for
+from tsfront.io.engines import Engine, PendingSend
+from tsfront.io.routing import Router
+from tsfront.region import (
+    E_IN_FLIGHT,
+    E_INDEX,
+    E_KV_ACTIVE,
+    E_KV_TOTAL,
+    E_LOAD_MS_HI,
+    E_LOAD_MS_LO,
+    E_REQUESTS_HI,
+    E_REQUESTS_LO,
+    E_RUNNING,
+    E_STATE,
+    E_WAITING,
+    ENGINE_DEAD,
+    ENGINE_HANDSHAKING,
+    ENGINE_LIVE,
+    FIN_DUPLICATE,
+    FIN_ENGINE_DEAD,
+    FIN_IO_STOPPING,
+    FIN_NO_ENGINE,
+    FIN_SEND_TIMEOUT,
+    Geometry,
+    Region,
+)
+from tsfront.wire import (
+    ABORT,
+    ADD,
+    decode_ready_message,
+    decode_registration,
+    encode_abort,
+    encode_init,
+)
+
+log = logging.getLogger("tsfront.io")
+
+# Submission header: local slot, ticket, pinned rank (-1: none), logprobs flag; the rid follows.
+SUBMIT_HEADER = struct.Struct("<IQiB")
+ABORT_ENTRY = struct.Struct("<IQ")
+SUBMIT_ADD = b"A"
+SUBMIT_ABORT = b"X"
+WORKER_IDENTITY = struct.Struct("<IQ")
+
+# Frames drained from one socket per turn, so one busy peer cannot starve the others.
+DRAIN = 256
+
+
+class Stop(Exception):
+    """Raised (from the SIGTERM handler) to end the loop."""
+
+
+class _RateLimitedLog:
+    """Logs a kind of problem at most once per interval, counting the rest."""
+
+    def __init__(self, interval: float = 5.0) -> None:
+        self.interval = interval
+        self.last: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, kind: str, message: str, *args: object) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        now = time.monotonic()
+        if now - self.last.get(kind, -1e9) >= self.interval:
+            self.last[kind] = now
+            log.warning(message + " (%d so far)", *args, self.counts[kind])
+
+
+class Record:
+    """A request in flight: its rid, the engine holding it, its worker's ticket."""
+
+    __slots__ = ("engine", "rid", "ticket")
+
+    def __init__(self, rid: bytes, engine: Engine, ticket: int) -> None:
+        self.rid = rid
+        self.engine = engine
+        self.ticket = ticket
+
+
+class WorkerConn:
+    """One attached worker: its control socket, id and eventfd."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.reader = control.MessageReader(sock)
+        self.worker: int | None = None
+        self.serial = 0
+        self.eventfd = -1
+        self.pid = 0
+
+
+class IOLoop:
+    """Everything the I/O process owns, and its loop."""
+
+    def __init__(self, config: ClientConfig, token: str) -> None:
+        self.config = config
+        self.token = token
+        self.ctx = zmq.Context(1)
+        self.geometry = Geometry(
+            num_workers=config.max_workers,
+            slots_per_worker=config.slots_per_worker,
+            ring_capacity=config.ring_capacity,
+            max_engines=config.num_engines,
+        )
+        self.spw = config.slots_per_worker
+        self.region = Region.create(self.geometry)
+        self.writer = _native.Writer(
+            self.region.map,
+            config.max_workers,
+            config.slots_per_worker,
+            config.ring_capacity,
+            config.num_engines,
+        )
+        self.engines = [
+            Engine(row=i, index=config.first_engine_index + i) for i in range(config.num_engines)
+        ]
+        self.by_identity = {e.identity: e for e in self.engines}
+        self.router = Router(config.routing.load_balance, config.load_ttl)
+        self.records: dict[int, Record] = {}
+        self.workers: dict[int, WorkerConn] = {}  # by control fd
+        self.by_submit_identity: dict[bytes, WorkerConn] = {}
+        self.free_workers = list(range(config.max_workers - 1, -1, -1))
+        self.serial = 0
+        self.state = "handshaking"
+        self.failure = ""
+        self.deadline = time.monotonic() + config.handshake_timeout
+        self.pending_hello: set[bytes] = set()
+        self.dirty: set[int] = set()
+        self.warn = _RateLimitedLog()
+        self.addresses: dict = {}
+        self._sockets: list[zmq.Socket] = []
+        self._listener: socket.socket | None = None
+        self.backlogged = 0
+
+    # ------------------------------------------------------------------ setup
+
+    def bind(self) -> dict:
+        """Bind every socket; return the real addresses (reported to whoever started us)."""
+        c = self.config
+        self.handshake = self._socket(zmq.ROUTER)
+        handshake = bind_socket(self.handshake, c.handshake_address)
+        self.input = self._socket(zmq.ROUTER)
+        self.input.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.input.setsockopt(zmq.SNDHWM, 100_000)
+        self.input.setsockopt(zmq.LINGER, 200)
+        input_address = bind_socket(self.input, c.input_address)
+        self.input_advertised = advertised(input_address, c.handshake_address)
+        outputs = []
+        for e in self.engines:
+            pull = self._socket(zmq.PULL)
+            pull.setsockopt(zmq.RCVHWM, 0)
+            pull.setsockopt(zmq.HEARTBEAT_IVL, int(c.heartbeat_interval * 1000))
+            pull.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(c.heartbeat_timeout * 1000))
+            pull.setsockopt(zmq.HEARTBEAT_TTL, int(c.heartbeat_timeout * 1000))
+            bound = bind_socket(pull, output_address_for(c.output_address, e.row))
+            e.pull = pull
+            e.output_address = advertised(bound, c.handshake_address)
+            e.monitor = pull.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            self._sockets.append(e.monitor)
+            outputs.append(e.output_address)
+        self.submit = self._socket(zmq.ROUTER)
+        self.submit.setsockopt(zmq.RCVHWM, 0)
+        submit = f"ipc://@tsfront-{self.token}-submit"
+        self.submit.bind(submit)
+        self.submit_address = submit
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        address = f"{control.ADDRESS_PREFIX}tsfront-{self.token}"
+        listener.bind(control.socket_name(address))
+        listener.listen(128)
+        listener.setblocking(False)
+        self._listener = listener
+        self.poller = zmq.Poller()
+        for e in self.engines:
+            self.poller.register(e.pull, zmq.POLLIN)
+            self.poller.register(e.monitor, zmq.POLLIN)
+        self.poller.register(self.submit, zmq.POLLIN)
+        self.poller.register(self.handshake, zmq.POLLIN)
+        self.poller.register(self.input, zmq.POLLIN)
+        self.poller.register(listener.fileno(), zmq.POLLIN)
+        self.pull_engine = {e.pull: e for e in self.engines}
+        self.monitor_engine = {e.monitor: e for e in self.engines}
+        self.addresses = {
+            "address": address,
+            "handshake_address": handshake,
+            "input_address": self.input_advertised,
+            "output_addresses": outputs,
+            "pid": os.getpid(),
+        }
+        for e in self.engines:
+            self._publish_engine(e)
+        return self.addresses
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        s = self.ctx.socket(kind)
+        s.setsockopt(zmq.LINGER, 0)
+        self._sockets.append(s)
+        return s
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        """Serve until `Stop` is raised (SIGTERM) or the process is told to exit."""
+        poll = self.poller.poll
+        pulls = self.pull_engine
+        monitors = self.monitor_engine
+        listener_fd = self._listener.fileno()
+        writer = self.writer
+        while True:
+            events = poll(self._timeout_ms())
+            for sock, _ in events:
+                engine = pulls.get(sock)
+                if engine is not None:
+                    self._on_output(engine)
+            for sock, _ in events:
+                if sock is self.submit:
+                    self._on_submit()
+                elif sock is self.handshake:
+                    self._on_handshake()
+                elif sock is self.input:
+                    self._on_input()
+                elif sock in monitors:
+                    self._on_monitor(monitors[sock])
+                elif sock == listener_fd:
+                    self._on_accept()
+                elif isinstance(sock, int) and sock in self.workers:
+                    self._on_control(self.workers[sock])
+            self._after_turn()
+            writer.wake()
+
+    def _timeout_ms(self) -> int:
+        if self.backlogged or self.writer.stats()["spilling_slots"]:
+            return 1
+        if self.state == "handshaking":
+            return max(0, min(1000, int((self.deadline - time.monotonic()) * 1000) + 1))
+        return 1000
+
+    def _after_turn(self) -> None:
+        now = time.monotonic()
+        if self.state == "handshaking" and now >= self.deadline:
+            self._fail_handshake()
+        for e in self.engines:
+            if e.aborts and e.state == ENGINE_LIVE:
+                self._send_aborts(e)
+            if e.backlog:
+                self._retry_backlog(e, now)
+        if self.writer.stats()["spilling_slots"]:
+            self.writer.flush_spills()
+        if self.dirty:
+            for row in self.dirty:
+                self._publish_engine(self.engines[row])
+            self.dirty.clear()
+
+    # ------------------------------------------------------------------ engine output
+
+    def _on_output(self, engine: Engine) -> None:
+        recv = engine.pull.recv
+        ingest = self.writer.ingest
+        records = self.records
+        for _ in range(DRAIN):
+            try:
+                frame = recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            try:
+                result = ingest(frame)
+            except WireDecodeError as exc:
+                self.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
+                continue
+            if result is None:
+                self._kill(engine, "sent ENGINE_CORE_DEAD")
+                return
+            _index, running, waiting, kv_active, kv_total, _rows, _unknown, finished = result
+            if kv_total:
+                engine.tail = (running, waiting, kv_active, kv_total)
+                engine.tail_at = time.monotonic()
+                engine.in_flight_at_tail = engine.in_flight
+            for slot in finished:
+                record = records.pop(slot, None)
+                if record is not None:
+                    owner = record.engine
+                    owner.in_flight -= 1
+                    owner.slots.discard(slot)
+            self.dirty.add(engine.row)
+
+    # ------------------------------------------------------------------ submissions
+
+    def _on_submit(self) -> None:
+        recv = self.submit.recv_multipart
+        for _ in range(DRAIN):
+            try:
+                frames = recv(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            worker = self.by_submit_identity.get(frames[0].bytes)
+            if worker is None or len(frames) < 3:
+                self.warn("bad-submit", "dropped a submission from an unknown or stale worker")
+                continue
+            kind = frames[1].bytes
+            if kind == SUBMIT_ADD and len(frames) == 4:
+                self._add(worker, frames[2].bytes, frames[3])
+            elif kind == SUBMIT_ABORT:
+                self._abort(worker, frames[2].bytes)
+            else:
+                self.warn(
+                    "bad-submit", "dropped a malformed submission from worker %s", worker.worker
+                )
+
+    def _add(self, worker: WorkerConn, header: bytes, payload: zmq.Frame) -> None:
+        if len(header) < SUBMIT_HEADER.size:
+            self.warn("bad-submit", "dropped a submission with a short header")
+            return
+        local, ticket, pin, with_lp = SUBMIT_HEADER.unpack_from(header)
+        if local >= self.spw or ticket == 0:
+            self.warn("bad-submit", "dropped a submission for slot %d", local)
+            return
+        rid = header[SUBMIT_HEADER.size :]
+        slot = worker.worker * self.spw + local
+        if slot in self.records:
+            # The worker reused a slot whose request we still hold: it cannot have, unless it
+            # skipped the abort. Forget the old request rather than crossing streams.
+            self._forget(slot, abort=True)
+        if pin >= 0:
+            engine = self.engines[pin] if pin < len(self.engines) else None
+            if engine is not None and engine.state != ENGINE_LIVE:
+                engine = None
+        else:
+            engine = self.router.choose(self.engines)
+        if not self.writer.bind(rid, slot, ticket, bool(with_lp), FIN_DUPLICATE):
+            return  # the rid is in flight already; the slot now says so
+        if engine is None:
+            self.writer.finish(slot, FIN_NO_ENGINE, -1)
+            return
+        self.records[slot] = Record(rid, engine, ticket)
+        engine.in_flight += 1
+        engine.requests_total += 1
+        engine.slots.add(slot)
+        self.dirty.add(engine.row)
+        if engine.backlog:
+            self._queue(engine, slot, payload)
+            return
+        try:
+            self.input.send_multipart([engine.identity, ADD, payload], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._queue(engine, slot, payload)
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                self._kill(engine, "input connection unreachable")
+            else:
+                raise
+
+    def _queue(self, engine: Engine, slot: int, payload: zmq.Frame) -> None:
+        engine.backlog.append(
+            PendingSend(slot, payload, time.monotonic() + self.config.send_timeout)
+        )
+        self.backlogged += 1
+
+    def _retry_backlog(self, engine: Engine, now: float) -> None:
+        while engine.backlog:
+            pending = engine.backlog[0]
+            record = self.records.get(pending.slot)
+            if record is None or record.engine is not engine:
+                engine.backlog.popleft()
+                self.backlogged -= 1
+                continue
+            if now >= pending.deadline:
+                engine.backlog.popleft()
+                self.backlogged -= 1
+                self.records.pop(pending.slot, None)
+                engine.in_flight -= 1
+                engine.slots.discard(pending.slot)
+                self.writer.finish(pending.slot, FIN_SEND_TIMEOUT, engine.index)
+                continue
+            try:
+                self.input.send_multipart(
+                    [engine.identity, ADD, pending.payload], zmq.NOBLOCK, copy=False
+                )
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                self._kill(engine, "input connection unreachable")
+                return
+            engine.backlog.popleft()
+            self.backlogged -= 1
+
+    def _abort(self, worker: WorkerConn, data: bytes) -> None:
+        usable = len(data) - len(data) % ABORT_ENTRY.size
+        for local, ticket in ABORT_ENTRY.iter_unpack(data[:usable]):
+            if local >= self.spw:
+                continue
+            slot = worker.worker * self.spw + local
+            record = self.records.get(slot)
+            if record is None or record.ticket != ticket:
+                continue  # finished already (or never bound): nothing to tell the engine
+            self._forget(slot, abort=True)
+
+    def _forget(self, slot: int, *, abort: bool) -> None:
+        record = self.records.pop(slot)
+        engine = record.engine
+        engine.in_flight -= 1
+        engine.slots.discard(slot)
+        self.writer.unbind(slot)
+        self.dirty.add(engine.row)
+        if abort:
+            engine.aborts.append(record.rid.decode("utf-8", "replace"))
+
+    def _send_aborts(self, engine: Engine) -> None:
+        try:
+            self.input.send_multipart(
+                [engine.identity, ABORT, encode_abort(engine.aborts)], zmq.NOBLOCK
+            )
+        except zmq.Again:
+            return  # next turn
+        except zmq.ZMQError:
+            return  # unreachable: kept until it comes back or re-handshakes
+        engine.aborts = []
+
+    # ------------------------------------------------------------------ handshake
+
+    def _on_handshake(self) -> None:
+        for _ in range(DRAIN):
+            try:
+                frames = self.handshake.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            identity = frames[0]
+            engine = self.by_identity.get(identity)
+            if engine is None:
+                self.warn(
+                    "bad-identity",
+                    "refused a handshake from identity %s: not in engines %d..%d",
+                    identity.hex(),
+                    self.engines[0].index,
+                    self.engines[-1].index,
+                )
+                continue
+            if len(frames) < 2:
+                continue
+            try:
+                message = decode_ready_message(frames[-1])
+            except WireDecodeError as exc:
+                self.warn("bad-handshake", "engine %d: bad handshake frame: %s", engine.index, exc)
+                continue
+            if message.status == "HELLO":
+                if engine.state in (ENGINE_LIVE,):
+                    # Either a duplicate of a live engine, or a restart we have not noticed
+                    # yet; answer once the old connection is known dead.
+                    self.pending_hello.add(identity)
+                    self.warn(
+                        "dup-identity",
+                        "engine %d said HELLO while live; INIT deferred until it is dead",
+                        engine.index,
+                    )
+                    continue
+                self._send_init(engine)
+            # READY needs no reply: the registration on the input socket is what counts.
+
+    def _send_init(self, engine: Engine) -> None:
+        init = encode_init([self.input_advertised], [engine.output_address])
+        try:
+            self.handshake.send_multipart([engine.identity, init], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            self.warn("init", "engine %d: INIT not sent: %s", engine.index, exc)
+            return
+        engine.state = ENGINE_HANDSHAKING
+        engine.aborts = []  # a new engine process knows none of the old rids
+        self.dirty.add(engine.row)
+
+    def _on_input(self) -> None:
+        for _ in range(DRAIN):
+            try:
+                frames = self.input.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            engine = self.by_identity.get(frames[0])
+            if engine is None or engine.state != ENGINE_HANDSHAKING or len(frames) < 2:
+                self.warn("bad-input", "dropped an unexpected frame on the input socket")
+                continue
+            try:
+                registration = decode_registration(frames[-1])
+            except WireDecodeError as exc:
+                self.warn("bad-registration", "engine %d: bad registration: %s", engine.index, exc)
+                continue
+            engine.registration = registration
+            engine.state = ENGINE_LIVE
+            engine.dead_reason = ""
+            self.dirty.add(engine.row)
+            log.info("engine %d registered (rank %d)", engine.index, engine.row)
+            if self.state == "handshaking":
+                if all(e.state == ENGINE_LIVE for e in self.engines):
+                    self.state = "ready"
+                    self._broadcast({"op": "engines", "engines": self._engine_infos()})
+            elif self.state == "ready":
+                self._broadcast({"op": "engine", "engine": self._engine_info(engine)})
+
+    def _on_monitor(self, engine: Engine) -> None:
+        while True:
+            try:
+                event = recv_monitor_message(engine.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except Exception:  # a malformed monitor message cannot come from a peer
+                return
+            if event["event"] == zmq.EVENT_DISCONNECTED and engine.state == ENGINE_LIVE:
+                self._kill(engine, "lost its output connection (exit, crash or missed heartbeat)")
+            elif (
+                event["event"] == zmq.EVENT_ACCEPTED
+                and engine.state == ENGINE_DEAD
+                and engine.dead_reason.startswith("lost")
+                and engine.identity not in self.pending_hello
+            ):
+                # Same process, reconnected after a transient loss: it keeps its registration.
+                engine.state = ENGINE_LIVE
+                engine.dead_reason = ""
+                self.dirty.add(engine.row)
+                log.warning("engine %d reconnected", engine.index)
+
+    def _kill(self, engine: Engine, reason: str) -> None:
+        if engine.state == ENGINE_DEAD:
+            return
+        log.warning("engine %d is dead: %s", engine.index, reason)
+        engine.state = ENGINE_DEAD
+        engine.dead_reason = reason
+        for slot in list(engine.slots):
+            record = self.records.pop(slot, None)
+            if record is not None:
+                self.writer.finish(slot, FIN_ENGINE_DEAD, engine.index)
+                engine.aborts.append(record.rid.decode("utf-8", "replace"))
+        self.backlogged -= len(engine.backlog)
+        engine.backlog.clear()
+        engine.slots.clear()
+        engine.in_flight = 0
+        engine.tail = (0, 0, 0, 0)
+        self.dirty.add(engine.row)
+        if engine.identity in self.pending_hello:
+            self.pending_hello.discard(engine.identity)
+            self._send_init(engine)
+
+    def _fail_handshake(self) -> None:
+        missing = [e.index for e in self.engines if e.state != ENGINE_LIVE]
+        self.state = "failed"
+        self.failure = (
+            f"engines {missing} did not register within handshake_timeout="
+            f"{self.config.handshake_timeout}s; check that each engine dials "
+            f"{self.addresses.get('handshake_address')} with --zmq-engine-index "
+            f"{self.config.first_engine_index} and --data-parallel-size {self.config.num_engines}"
+        )
+        log.error("handshake failed: %s", self.failure)
+        self._broadcast({"op": "failed", "kind": "timeout", "error": self.failure})
+
+    # ------------------------------------------------------------------ workers
+
+    def _on_accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.warn("accept", "control accept failed: %s", exc)
+                return
+            sock.setblocking(False)
+            conn = WorkerConn(sock)
+            self.workers[sock.fileno()] = conn
+            self.poller.register(sock.fileno(), zmq.POLLIN)
+
+    def _on_control(self, conn: WorkerConn) -> None:
+        try:
+            messages = conn.reader.feed()
+        except control.ControlError as exc:
+            self.warn("bad-control", "worker %s: %s; detaching it", conn.worker, exc)
+            self._detach(conn)
+            return
+        for message in messages:
+            if message["op"] == "attach" and conn.worker is None:
+                self._attach(conn, message)
+            else:
+                self.warn("bad-control", "worker %s: unexpected %r", conn.worker, message["op"])
+        if conn.reader.eof:
+            self._detach(conn)
+
+    def _attach(self, conn: WorkerConn, message: dict) -> None:
+        fds = conn.reader.take_fds()
+        if len(fds) != 1 or not self.free_workers:
+            for fd in fds:
+                os.close(fd)
+            why = "no eventfd attached" if len(fds) != 1 else "every worker place is taken"
+            self._send(conn, {"op": "failed", "kind": "refused", "error": why})
+            self._detach(conn)
+            return
+        worker = self.free_workers.pop()
+        self.serial += 1
+        conn.worker = worker
+        conn.serial = self.serial
+        conn.eventfd = fds[0]
+        conn.pid = int(message.get("pid", 0)) if isinstance(message.get("pid"), int) else 0
+        self.writer.reset_worker(worker)
+        self.writer.set_worker_fd(worker, conn.eventfd)
+        identity = WORKER_IDENTITY.pack(worker, conn.serial)
+        self.by_submit_identity[identity] = conn
+        g = self.geometry
+        reply = {
+            "op": "attached",
+            "worker": worker,
+            "serial": conn.serial,
+            "geometry": [g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines],
+            "submit": self.submit_address,
+            "config": self.config.to_dict(),
+            "addresses": self.addresses,
+        }
+        try:
+            control.send(conn.sock, reply, [self.region.fd])
+        except OSError:
+            self._detach(conn)
+            return
+        if self.state == "ready":
+            self._send(conn, {"op": "engines", "engines": self._engine_infos()})
+        elif self.state == "failed":
+            self._send(conn, {"op": "failed", "kind": "timeout", "error": self.failure})
+        log.info("worker %d attached (pid %d)", worker, conn.pid)
+
+    def _detach(self, conn: WorkerConn) -> None:
+        fd = conn.sock.fileno()
+        if fd in self.workers:
+            del self.workers[fd]
+            self.poller.unregister(fd)
+        conn.reader.close_fds()
+        if conn.worker is not None:
+            w = conn.worker
+            base = w * self.spw
+            for slot in range(base, base + self.spw):
+                if slot in self.records:
+                    self._forget(slot, abort=True)
+            self.writer.reset_worker(w)
+            self.by_submit_identity.pop(WORKER_IDENTITY.pack(w, conn.serial), None)
+            self.free_workers.append(w)
+            log.info("worker %d detached", w)
+        if conn.eventfd >= 0:
+            os.close(conn.eventfd)
+            conn.eventfd = -1
+        conn.sock.close()
+
+    def _send(self, conn: WorkerConn, message: dict) -> None:
+        try:
+            conn.sock.send(control.pack(message))
+        except OSError:
+            # A worker that does not read its control socket loses it; never block on it.
+            self._detach(conn)
+
+    def _broadcast(self, message: dict) -> None:
+        for conn in list(self.workers.values()):
+            if conn.worker is not None:
+                self._send(conn, message)
+
+    # ------------------------------------------------------------------ publishing
+
+    def _engine_info(self, engine: Engine) -> dict:
+        reg = engine.registration
+        return {
+            "index": engine.index,
+            "rank": engine.row,
+            "output_address": engine.output_address,
+            "registration": msgspec.structs.asdict(reg) if reg is not None else None,
+        }
+
+    def _engine_infos(self) -> list[dict]:
+        return [self._engine_info(e) for e in self.engines]
+
+    def _publish_engine(self, e: Engine) -> None:
+        row = self.region.engines[e.row]
+        running, waiting, active, total = e.tail
+        load_ms = int(e.tail_at * 1000) if e.tail_at else 0
+        row[E_INDEX] = e.index
+        row[E_IN_FLIGHT] = max(e.in_flight, 0)
+        row[E_RUNNING] = running
+        row[E_WAITING] = waiting
+        row[E_KV_ACTIVE] = active
+        row[E_KV_TOTAL] = total
+        row[E_LOAD_MS_LO] = load_ms & 0xFFFFFFFF
+        row[E_LOAD_MS_HI] = load_ms >> 32
+        row[E_REQUESTS_LO] = e.requests_total & 0xFFFFFFFF
+        row[E_REQUESTS_HI] = e.requests_total >> 32
+        row[E_STATE] = e.state
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close(self) -> None:
+        """End every open stream, tell the engines, release every socket, fd and mapping."""
+        for slot, record in list(self.records.items()):
+            self.writer.finish(slot, FIN_IO_STOPPING, record.engine.index)
+            record.engine.aborts.append(record.rid.decode("utf-8", "replace"))
+        self.records.clear()
+        self.writer.wake()
+        for e in self.engines:
+            if e.aborts and e.state == ENGINE_LIVE:
+                self._send_aborts(e)
+        for conn in list(self.workers.values()):
+            self._detach(conn)
+        if self._listener is not None:
+            self._listener.close()
+        for s in self._sockets:
+            s.close(linger=200 if s is getattr(self, "input", None) else 0)
+        self.ctx.term()
+        self.writer = None
+        self.region.close()

@@ -1,0 +1,59 @@
+"""Entry point of the I/O process: ``python -m tsfront.io.main`` (started by `IOProcess`).
+
+Reads the config as JSON on stdin, binds every socket, prints one JSON line with the real
+addresses (or ``{"error": ...}``) on stdout, then serves until SIGTERM or until its parent dies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+
+from tsfront import _native
+from tsfront.config import ClientConfig
+from tsfront.io.loop import IOLoop, Stop
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stop()
+
+
+def main() -> int:
+    """Run one I/O process."""
+    parent = os.getppid()
+    _native.set_parent_death_signal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches it
+    if os.getppid() != parent:
+        return 0  # the parent died before the death signal was armed
+    logging.basicConfig(
+        level=os.environ.get("TSFRONT_LOG", "WARNING").upper(),
+        format="tsfront-io[%(process)d] %(levelname)s %(message)s",
+    )
+    request = json.loads(sys.stdin.readline())
+    loop = None
+    try:
+        config = ClientConfig.from_dict(request["config"])
+        loop = IOLoop(config, request["token"])
+        addresses = loop.bind()
+    except Exception as exc:
+        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        if loop is not None:
+            loop.close()
+        return 2
+    print(json.dumps(addresses), flush=True)
+    try:
+        loop.run()
+    except Stop:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        loop.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

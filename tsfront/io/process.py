@@ -1,0 +1,119 @@
+"""`IOProcess`: start, address and stop the I/O process from the server's master.
+
+The I/O process is a child (``python -m tsfront.io.main``) so it has its own interpreter and
+GIL; it is bound to its parent's life by PR_SET_PDEATHSIG, so it never outlives the process
+that started it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+from tsfront.config import ClientConfig
+from tsfront.errors import ConfigError, Error
+
+START_TIMEOUT = 30.0
+
+
+class IOProcess:
+    """A running I/O process.
+
+    Attributes:
+        address: where workers attach (`EngineClient.attach(address)`), a string.
+        handshake_address: the bound handshake endpoint (port resolved).
+        input_address: the input endpoint advertised to engines.
+        output_addresses: each engine's output endpoint, by rank.
+        pid: the process id.
+    """
+
+    def __init__(self, proc: subprocess.Popen, info: dict) -> None:
+        self._proc = proc
+        self.address: str = info["address"]
+        self.handshake_address: str = info["handshake_address"]
+        self.input_address: str = info["input_address"]
+        self.output_addresses: list[str] = list(info["output_addresses"])
+        self.pid: int = proc.pid
+
+    @classmethod
+    def start(cls, config: ClientConfig, *, timeout: float = START_TIMEOUT) -> IOProcess:
+        """Start an I/O process; return once its sockets are bound.
+
+        Raises `ConfigError` if an address cannot be bound, `Error` if the process fails to
+        start within ``timeout`` seconds.
+        """
+        if not isinstance(config, ClientConfig):
+            raise ConfigError(f"IOProcess.start takes a ClientConfig, got {type(config).__name__}")
+        token = f"{os.getpid()}-{secrets.token_hex(6)}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tsfront.io.main"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        try:
+            proc.stdin.write(json.dumps({"config": config.to_dict(), "token": token}).encode())
+            proc.stdin.write(b"\n")
+            proc.stdin.close()
+            line = _read_line(proc, timeout)
+        except BaseException:
+            _reap(proc)
+            raise
+        info = json.loads(line) if line else {"error": "the I/O process exited at start"}
+        if "error" in info:
+            _reap(proc)
+            raise ConfigError(f"I/O process could not start: {info['error']}")
+        return cls(proc, info)
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self._proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the process (SIGTERM, then SIGKILL after ``timeout``); idempotent."""
+        _reap(self._proc, timeout)
+
+    def __enter__(self) -> IOProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"IOProcess(pid={self.pid}, address={self.address!r})"
+
+
+def _read_line(proc: subprocess.Popen, timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while b"\n" not in buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise Error(f"the I/O process did not report its addresses within {timeout}s")
+            if not sel.select(remaining):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            buf += chunk
+    return buf.split(b"\n", 1)[0]
+
+
+def _reap(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()

@@ -1,0 +1,61 @@
+"""Placement of unpinned requests: the `LoadBalance` policies, pure functions of engine state.
+
+Ties are broken by rotating the scan start, so no policy favours rank 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from tsfront.config import LoadBalance
+from tsfront.io.engines import Engine
+from tsfront.region import ENGINE_LIVE
+
+
+class Router:
+    """Chooses an engine for each unpinned request under one policy."""
+
+    def __init__(self, policy: LoadBalance, load_ttl: float) -> None:
+        self.policy = policy
+        self.load_ttl = load_ttl
+        self._turn = 0
+
+    def choose(self, engines: Sequence[Engine]) -> Engine | None:
+        """The engine for the next request, or None if no engine is live."""
+        n = len(engines)
+        start = self._turn % n
+        self._turn += 1
+        if self.policy is LoadBalance.ROUND_ROBIN:
+            for k in range(n):
+                e = engines[(start + k) % n]
+                if e.state == ENGINE_LIVE:
+                    return e
+            return None
+        now = time.monotonic()
+        best: Engine | None = None
+        best_key: tuple = ()
+        for k in range(n):
+            e = engines[(start + k) % n]
+            if e.state != ENGINE_LIVE:
+                continue
+            key = self._key(e, now)
+            if best is None or key < best_key:
+                best, best_key = e, key
+        return best
+
+    def _key(self, e: Engine, now: float) -> tuple:
+        if self.policy is LoadBalance.LEAST_IN_FLIGHT:
+            return (e.in_flight,)
+        fresh = e.tail_fresh(self.load_ttl, now)
+        if self.policy is LoadBalance.SHORTEST_QUEUE:
+            if not fresh:
+                return (e.in_flight,)
+            running, waiting, _, _ = e.tail
+            sent_since = max(e.in_flight - e.in_flight_at_tail, 0)
+            return (running + waiting + sent_since,)
+        # MIN_CACHE_USAGE
+        if not fresh:
+            return (1.0, e.in_flight)
+        _, _, active, total = e.tail
+        return (active / total, e.in_flight)

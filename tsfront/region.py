@@ -1,0 +1,101 @@
+"""The shared-memory region: creation by the I/O process, mapping by workers.
+
+The region is an anonymous memfd (no name in /dev/shm, so nothing can outlive its last
+holder), passed to each worker over its control socket. Its layout comes from
+`tsfront._native.layout`; the slot rings are read and written only by native code. This
+module also gives numpy views of the engine table, which the I/O process alone writes:
+advisory, naturally aligned single-word values (liveness and load) that need no ordering.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from tsfront import _native
+
+# Engine table row: 16 little-endian u32 words (64 bytes).
+E_STATE, E_INDEX, E_IN_FLIGHT, E_RUNNING, E_WAITING, E_KV_ACTIVE, E_KV_TOTAL = range(7)
+E_LOAD_MS_LO, E_LOAD_MS_HI, E_REQUESTS_LO, E_REQUESTS_HI = 7, 8, 9, 10
+
+ENGINE_ABSENT, ENGINE_HANDSHAKING, ENGINE_LIVE, ENGINE_DEAD = 0, 1, 2, 3
+
+# Local terminal codes a slot can end with, beside the engine's own (native FIN_*).
+FIN_ENGINE_DEAD = 16
+FIN_SEND_TIMEOUT = 17
+FIN_DUPLICATE = 18
+FIN_NO_ENGINE = 19
+FIN_IO_STOPPING = 20
+
+FINISH_REASONS = {
+    _native.FIN_STOP: "stop",
+    _native.FIN_LENGTH: "length",
+    _native.FIN_ABORT: "abort",
+    _native.FIN_OTHER: "other",
+}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The four numbers that fix a region's layout."""
+
+    num_workers: int
+    slots_per_worker: int
+    ring_capacity: int
+    max_engines: int
+
+    def layout(self) -> dict:
+        """Offsets and sizes, from the native module (the single source of truth)."""
+        return _native.layout(
+            num_workers=self.num_workers,
+            slots_per_worker=self.slots_per_worker,
+            ring_capacity=self.ring_capacity,
+            max_engines=self.max_engines,
+        )
+
+
+class Region:
+    """A mapping of the shared region (the I/O process's or a worker's)."""
+
+    def __init__(self, fd: int, geometry: Geometry) -> None:
+        self.fd = fd
+        self.geometry = geometry
+        self.layout = geometry.layout()
+        self.size = self.layout["total_bytes"]
+        self.map = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        off = self.layout["engines_off"]
+        self.engines = np.frombuffer(
+            self.map, dtype="<u4", count=geometry.max_engines * 16, offset=off
+        ).reshape(geometry.max_engines, 16)
+
+    @classmethod
+    def create(cls, geometry: Geometry) -> Region:
+        """Make a fresh region (I/O process side)."""
+        size = geometry.layout()["total_bytes"]
+        fd = os.memfd_create("tsfront-slots", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            return cls(fd, geometry)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def engine_load_ms(self, row: int) -> int:
+        """Monotonic milliseconds at which engine ``row``'s load tail was last seen (0: never)."""
+        e = self.engines[row]
+        return int(e[E_LOAD_MS_LO]) | (int(e[E_LOAD_MS_HI]) << 32)
+
+    def close(self) -> None:
+        """Unmap and close the fd (views must be dropped first)."""
+        self.engines = None
+        try:
+            self.map.close()
+        except BufferError:
+            # A native Writer/Reader still holds the buffer; the mapping goes with it.
+            pass
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1

@@ -1,0 +1,277 @@
+"""`OutputChunk` and `RequestStream`: one request's outputs as an async iterator.
+
+A stream is fed by its worker's `Attachment` with the tuples the native reader copies out of
+the request's slot; it never touches shared memory itself. It ends exactly once: after the
+chunk that carries a finish reason, or by raising one `StreamError`. Leaving an ``async for``
+early, cancelling the task, calling `abort`, or dropping the stream aborts the request on its
+engine and frees its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from typing import TYPE_CHECKING
+
+from tsfront import region
+from tsfront.errors import EngineDied, IOProcessDied, SendTimeout, StreamError, StreamRejected
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from tsfront.worker import Attachment
+
+
+class OutputChunk:
+    """One step (or several coalesced steps) of a request's output.
+
+    Attributes:
+        rid: the request id.
+        output_ids: the token ids generated since the previous chunk (a delta).
+        finish_reason: None while running; ``"stop"``, ``"length"`` or ``"abort"`` (the
+            engine refused or aborted the request) on the last chunk.
+        prompt_tokens: the prompt length as the engine counted it.
+        completion_tokens: tokens generated so far (cumulative).
+        cached_tokens: prompt tokens served from the prefix cache.
+        output_token_logprobs_val / output_token_logprobs_idx: logprobs of the tokens in
+            ``output_ids`` (float32 precision) and their token ids, when the request asked for
+            ``return_logprob``; else None.
+        engine_index: the engine that produced it.
+    """
+
+    __slots__ = (
+        "cached_tokens",
+        "completion_tokens",
+        "engine_index",
+        "finish_reason",
+        "output_ids",
+        "output_token_logprobs_idx",
+        "output_token_logprobs_val",
+        "prompt_tokens",
+        "rid",
+    )
+
+    def __init__(
+        self,
+        rid: str,
+        output_ids: list[int],
+        finish_reason: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int,
+        output_token_logprobs_val: list[float] | None,
+        output_token_logprobs_idx: list[int] | None,
+        engine_index: int,
+    ) -> None:
+        self.rid = rid
+        self.output_ids = output_ids
+        self.finish_reason = finish_reason
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+        self.cached_tokens = cached_tokens
+        self.output_token_logprobs_val = output_token_logprobs_val
+        self.output_token_logprobs_idx = output_token_logprobs_idx
+        self.engine_index = engine_index
+
+    @property
+    def finished(self) -> bool:
+        """Whether this is the request's last chunk."""
+        return self.finish_reason is not None
+
+    def _absorb(self, later: OutputChunk) -> None:
+        # Coalesce a later chunk into this undelivered one (a reader that fell behind).
+        self.output_ids.extend(later.output_ids)
+        if self.output_token_logprobs_val is not None and later.output_token_logprobs_val:
+            self.output_token_logprobs_val.extend(later.output_token_logprobs_val)
+            self.output_token_logprobs_idx.extend(later.output_token_logprobs_idx or [])
+        self.finish_reason = later.finish_reason
+        self.prompt_tokens = later.prompt_tokens
+        self.completion_tokens = later.completion_tokens
+        self.cached_tokens = later.cached_tokens
+        self.engine_index = later.engine_index
+
+    def __repr__(self) -> str:
+        return (
+            f"OutputChunk(rid={self.rid!r}, output_ids={self.output_ids!r}, "
+            f"finish_reason={self.finish_reason!r}, completion_tokens={self.completion_tokens}, "
+            f"engine_index={self.engine_index})"
+        )
+
+
+def _stream_error(code: int, rid: str, engine: int) -> StreamError:
+    idx = engine if engine >= 0 else None
+    if code == region.FIN_ENGINE_DEAD:
+        return EngineDied(
+            f"request {rid!r}: engine {engine} died while serving it; retry on another rank",
+            rid=rid,
+            engine_index=idx,
+        )
+    if code == region.FIN_SEND_TIMEOUT:
+        return SendTimeout(
+            f"request {rid!r}: engine {engine} did not take it within send_timeout; the engine "
+            "is overloaded or stuck",
+            rid=rid,
+            engine_index=idx,
+        )
+    if code == region.FIN_DUPLICATE:
+        return StreamRejected(
+            f"request {rid!r}: a request with this rid is already in flight (another worker); "
+            "rids must be unique",
+            rid=rid,
+        )
+    if code == region.FIN_NO_ENGINE:
+        return StreamRejected(
+            f"request {rid!r}: no live engine could take it when it was routed (its pinned rank "
+            "died, or every rank is down)",
+            rid=rid,
+        )
+    if code == region.FIN_IO_STOPPING:
+        return IOProcessDied(f"request {rid!r}: the I/O process stopped", rid=rid)
+    return StreamError(f"request {rid!r}: ended with unknown code {code}", rid=rid)
+
+
+class RequestStream:
+    """The outputs of one request, in order.
+
+    Iterate with ``async for chunk in stream`` (or ``await anext(stream)``): each chunk is an
+    `OutputChunk`; the iteration ends after the chunk whose ``finish_reason`` is set, or raises
+    one `StreamError`. Use ``async with stream:`` or `abort` to end it early.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_attachment",
+        "_done",
+        "_error",
+        "_pending",
+        "_slot",
+        "_ticket",
+        "_waiter",
+        "engine_index",
+        "rid",
+    )
+
+    def __init__(self, attachment: Attachment, rid: str, slot: int, ticket: int) -> None:
+        self.rid = rid
+        #: The engine that last produced output for it (None before the first chunk).
+        self.engine_index: int | None = None
+        self._attachment = attachment
+        self._slot = slot
+        self._ticket = ticket
+        self._pending: collections.deque[OutputChunk] = collections.deque()
+        self._waiter: asyncio.Future | None = None
+        self._done = False  # no more input from the slot
+        self._error: StreamError | None = None
+
+    # -- fed by the attachment ------------------------------------------------------------
+
+    def _deliver(self, update: tuple) -> None:
+        _local, tokens, lp_val, lp_idx, finish, prompt, completion, cached, engine = update
+        if finish >= region.FIN_ENGINE_DEAD:
+            self._fail(_stream_error(finish, self.rid, engine))
+            return
+        self.engine_index = engine
+        chunk = OutputChunk(
+            self.rid,
+            tokens,
+            region.FINISH_REASONS.get(finish) if finish else None,
+            prompt,
+            completion,
+            cached,
+            lp_val,
+            lp_idx,
+            engine,
+        )
+        if finish:
+            self._done = True
+            self._attachment._release(self)
+        if self._pending and not self._pending[-1].finished:
+            self._pending[-1]._absorb(chunk)
+        else:
+            self._pending.append(chunk)
+        self._wake()
+
+    def _fail(self, error: StreamError) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._error = error
+        self._attachment._release(self)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- consumer side ----------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[OutputChunk]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[OutputChunk]:
+        # A generator, so that leaving the loop early (its aclose at garbage collection) or a
+        # cancellation reaches the `finally` and aborts the request.
+        try:
+            while True:
+                try:
+                    chunk = await self.__anext__()
+                except StopAsyncIteration:
+                    return
+                yield chunk
+        finally:
+            if not self._done:
+                self.abort()
+
+    async def __anext__(self) -> OutputChunk:
+        while True:
+            if self._pending:
+                return self._pending.popleft()
+            if self._error is not None:
+                error, self._error = self._error, None
+                self._pending = None  # type: ignore[assignment]  # ended: raise only once
+                raise error
+            if self._done:
+                raise StopAsyncIteration
+            waiter = self._waiter = self._attachment.loop.create_future()
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if not self._done:
+                    self.abort()
+                raise
+            finally:
+                self._waiter = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the stream has ended (its last chunk or error may still be unread)."""
+        return self._done
+
+    def abort(self) -> None:
+        """Abort the request on its engine and end the stream (idempotent, non-blocking)."""
+        if self._done:
+            return
+        self._done = True
+        self._attachment._abort(self)
+        self._wake()
+
+    async def aclose(self) -> None:
+        """Abort if still running (``async with`` calls this)."""
+        self.abort()
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.abort()
+
+    def __del__(self) -> None:
+        if not self._done:
+            try:
+                self._attachment._abort(self)
+            except Exception:
+                pass
+
+    def __repr__(self) -> str:
+        return f"RequestStream(rid={self.rid!r}, finished={self._done})"

@@ -1,0 +1,308 @@
+"""`Attachment`: one worker process's connection to the I/O process.
+
+It owns the worker's control socket, its eventfd, its mapping of the slot region with a native
+`Reader`, and a ZMQ DEALER (the local submission queue). Submissions go out on the DEALER
+without waiting (a full queue is `Busy`); outputs come in through shared memory: the I/O
+process writes the worker's eventfd only when the worker has published that it is parked, the
+loop's reader callback drains every notified slot in one native call, hands each update to its
+stream, and parks again. Nothing here blocks the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+
+import zmq
+
+from tsfront import _native, control
+from tsfront.config import ClientConfig
+from tsfront.errors import (
+    Busy,
+    ClientClosed,
+    Error,
+    HandshakeError,
+    HandshakeTimeout,
+    IOProcessDied,
+    StreamError,
+)
+from tsfront.info import EngineInfo
+from tsfront.io.loop import ABORT_ENTRY, SUBMIT_ABORT, SUBMIT_ADD, SUBMIT_HEADER, WORKER_IDENTITY
+from tsfront.region import Geometry, Region
+from tsfront.stream import RequestStream
+
+ATTACH_TIMEOUT = 30.0
+
+
+class Attachment:
+    """The worker side of one attach; `EngineClient` is its public face."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.closed = False
+        self.failure: Error | None = None
+        self.streams: dict[int, RequestStream] = {}  # by local slot
+        self.by_rid: dict[str, RequestStream] = {}
+        self.engines: list[EngineInfo] = []
+        self._engines_ready = loop.create_future()
+        self._pending_aborts: list[bytes] = []
+        self._abort_scheduled = False
+        self._next_ticket = 1
+        self.sock: socket.socket | None = None
+        self.eventfd = -1
+        self.region: Region | None = None
+        self.reader = None
+        self.ctx: zmq.Context | None = None
+        self.dealer: zmq.Socket | None = None
+
+    # ------------------------------------------------------------------ attach
+
+    async def open(self, address: str, timeout: float | None) -> None:
+        """Attach to the I/O process at ``address`` and wait until every engine registered."""
+        try:
+            name = control.socket_name(address)
+        except ValueError as exc:
+            raise ClientClosed(str(exc)) from None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock = sock
+        try:
+            sock.connect(name)
+        except OSError as exc:
+            sock.close()
+            self.sock = None
+            raise ClientClosed(
+                f"no I/O process at {address!r} ({exc.strerror}); start one with IOProcess.start"
+            ) from None
+        self.eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        control.send(sock, {"op": "attach", "pid": os.getpid()}, [self.eventfd])
+        sock.setblocking(False)
+        self._control = control.MessageReader(sock)
+        self._attached = self.loop.create_future()
+        self.loop.add_reader(sock.fileno(), self._on_control)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._attached), ATTACH_TIMEOUT)
+        except TimeoutError:
+            self.close()
+            raise ClientClosed(f"the I/O process at {address!r} did not answer") from None
+        except BaseException:
+            self.close()
+            raise
+        try:
+            if timeout is None:
+                timeout = self.config.handshake_timeout + 5.0
+            await asyncio.wait_for(asyncio.shield(self._engines_ready), timeout)
+        except TimeoutError:
+            self.close()
+            raise HandshakeTimeout(
+                f"engines did not all register within {timeout}s of attaching"
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def _on_attached(self, message: dict) -> None:
+        fds = self._control.take_fds()
+        if len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise HandshakeError("the I/O process sent no shared memory")
+        self.worker = message["worker"]
+        self.config = ClientConfig.from_dict(message["config"])
+        self.addresses = message["addresses"]
+        geometry = Geometry(*message["geometry"])
+        self.spw = geometry.slots_per_worker
+        self.region = Region(fds[0], geometry)
+        self.reader = _native.Reader(
+            self.region.map,
+            self.worker,
+            geometry.num_workers,
+            geometry.slots_per_worker,
+            geometry.ring_capacity,
+            geometry.max_engines,
+        )
+        self.free = list(range(self.spw - 1, -1, -1))
+        self.ctx = zmq.Context(1)
+        dealer = self.ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.IDENTITY, WORKER_IDENTITY.pack(self.worker, message["serial"]))
+        dealer.setsockopt(zmq.SNDHWM, self.config.submit_queue_depth)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.setsockopt(zmq.IMMEDIATE, 1)
+        dealer.connect(message["submit"])
+        self.dealer = dealer
+        self.loop.add_reader(self.eventfd, self._on_wake)
+        self._drain()
+
+    def _on_control(self) -> None:
+        try:
+            messages = self._control.feed()
+        except control.ControlError as exc:
+            self._lost(f"the I/O process sent a bad control message: {exc}")
+            return
+        for message in messages:
+            op = message["op"]
+            try:
+                if op == "attached" and not self._attached.done():
+                    self._on_attached(message)
+                    self._attached.set_result(None)
+                elif op == "engines":
+                    self.engines = [EngineInfo.from_message(m) for m in message["engines"]]
+                    if not self._engines_ready.done():
+                        self._engines_ready.set_result(None)
+                elif op == "engine":
+                    info = EngineInfo.from_message(message["engine"])
+                    self.engines = [info if e.index == info.index else e for e in self.engines]
+                elif op == "failed":
+                    kind = HandshakeTimeout if message.get("kind") == "timeout" else HandshakeError
+                    self._fail_waiters(kind(message.get("error", "the handshake failed")))
+            except Error as exc:
+                self._fail_waiters(exc)
+        if self._control.eof:
+            self._lost("the I/O process exited")
+
+    def _fail_waiters(self, exc: Error) -> None:
+        self.failure = exc
+        for fut in (self._attached, self._engines_ready):
+            if not fut.done():
+                fut.set_exception(exc)
+
+    def _lost(self, why: str) -> None:
+        if self.closed:
+            return
+        self._fail_waiters(ClientClosed(why))
+        for stream in list(self.streams.values()):
+            stream._fail(IOProcessDied(f"request {stream.rid!r}: {why}", rid=stream.rid))
+        self.close()
+
+    # ------------------------------------------------------------------ outputs
+
+    def _on_wake(self) -> None:
+        try:
+            os.read(self.eventfd, 8)
+        except BlockingIOError:
+            pass
+        self._drain()
+
+    def _drain(self) -> None:
+        reader = self.reader
+        streams = self.streams
+        while True:
+            for update in reader.poll():
+                stream = streams.get(update[0])
+                if stream is not None:
+                    stream._deliver(update)
+            if reader.park():
+                return
+
+    # ------------------------------------------------------------------ submissions
+
+    def submit(self, rid: str, payload: bytes, pin: int, with_logprobs: bool) -> RequestStream:
+        """Send a request's final ADD payload to the I/O process; the stream that reads it."""
+        if self.closed:
+            raise ClientClosed(str(self.failure) if self.failure else "the client is closed")
+        if not self.free:
+            raise Busy(
+                f"all {self.spw} slots of this worker are in use; wait for streams to finish "
+                "or raise ClientConfig.slots_per_worker"
+            )
+        slot = self.free.pop()
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        self.reader.expect(slot, ticket)
+        header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs) + rid.encode()
+        try:
+            self.dealer.send_multipart([SUBMIT_ADD, header, payload], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self.reader.release(slot)
+            self.free.append(slot)
+            raise Busy(
+                "the local submission queue to the I/O process is full "
+                f"(submit_queue_depth={self.config.submit_queue_depth}); retry later or shed "
+                "load"
+            ) from None
+        stream = RequestStream(self, rid, slot, ticket)
+        self.streams[slot] = stream
+        self.by_rid[rid] = stream
+        return stream
+
+    def _release(self, stream: RequestStream) -> None:
+        # The stream saw its end in the slot: the slot is ours to reuse.
+        if self.streams.get(stream._slot) is stream:
+            del self.streams[stream._slot]
+            self.by_rid.pop(stream.rid, None)
+            if self.reader is not None:
+                self.reader.release(stream._slot)
+            self.free.append(stream._slot)
+
+    def _abort(self, stream: RequestStream) -> None:
+        if self.streams.get(stream._slot) is not stream:
+            return
+        self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
+        self._release(stream)
+        if not self._abort_scheduled and not self.closed:
+            self._abort_scheduled = True
+            self.loop.call_soon(self._flush_aborts)
+
+    def _flush_aborts(self) -> None:
+        # One ABORT message per loop iteration carries every stream dropped in it.
+        self._abort_scheduled = False
+        if not self._pending_aborts or self.dealer is None:
+            return
+        data = b"".join(self._pending_aborts)
+        try:
+            self.dealer.send_multipart([SUBMIT_ABORT, data], zmq.NOBLOCK)
+        except zmq.Again:
+            self._abort_scheduled = True
+            self.loop.call_later(0.001, self._flush_aborts)
+            return
+        self._pending_aborts.clear()
+
+    # ------------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Detach: end every open stream, release every socket, fd and mapping (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        for stream in list(self.streams.values()):
+            self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
+            stream._fail(
+                StreamError(f"request {stream.rid!r}: the client was closed", rid=stream.rid)
+            )
+        if self._pending_aborts and self.dealer is not None:
+            try:
+                self.dealer.send_multipart(
+                    [SUBMIT_ABORT, b"".join(self._pending_aborts)], zmq.NOBLOCK
+                )
+            except zmq.ZMQError:
+                pass
+            self._pending_aborts.clear()
+        if self.sock is not None:
+            try:
+                self.loop.remove_reader(self.sock.fileno())
+            except (ValueError, RuntimeError):
+                pass
+            self.sock.close()
+        if self.eventfd >= 0:
+            try:
+                self.loop.remove_reader(self.eventfd)
+            except (ValueError, RuntimeError):
+                pass
+            os.close(self.eventfd)
+            self.eventfd = -1
+        if self.dealer is not None:
+            self.dealer.close(linger=100)
+            self.dealer = None
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None
+        self.reader = None
+        if self.region is not None:
+            self.region.close()
+            self.region = None
+
+
+def monotonic_ms() -> int:
+    """Milliseconds of CLOCK_MONOTONIC (system-wide, so comparable across processes)."""
+    return int(time.monotonic() * 1000)
