@@ -182,11 +182,13 @@ class SimRequest:
 class SimRank:
     """One DP rank: engine handshake, then a step loop around the engine's sockets."""
 
-    def __init__(self, opts: Options, rank: int, ctx: zmq.Context, log: JsonLog) -> None:
+    def __init__(self, opts: Options, rank: int, log: JsonLog) -> None:
         self.opts = opts
         self.rank = rank
         self.engine_index = opts.first_engine_index + rank
-        self.ctx = ctx
+        # One context per rank, as each engine rank is its own process with its own
+        # context: terminating it on shutdown flushes ENGINE_CORE_DEAD (bounded by linger).
+        self.ctx = zmq.Context()
         self.log = log
         self.running: dict[str, SimRequest] = {}
         self.pending_aborts: dict[str, float] = {}
@@ -229,12 +231,12 @@ class SimRank:
             enable_output_logprobs=self.opts.enable_output_logprobs,
             supports_prompt_logprobs=False,
         )
+        self.serving.set()
         if self.opts.output_form != 14:
             # The adapter owns its PUSH socket privately; swapping in the
             # wrapper is the only way to cut frames the engine class encoded.
             self.send._socket = TruncatingSocket(self.send._socket, self.opts.output_form)
         self.log.write("registered", self.engine_index, dp_rank=self.rank)
-        self.serving.set()
         try:
             while not stop.is_set():
                 if self._dead_now():
@@ -259,6 +261,7 @@ class SimRank:
         self.log.write("engine_dead", self.engine_index, steps=self.steps)
         self.send._socket.close(linger=1000)
         self.recv._socket.close(linger=0)
+        self.ctx.term()
 
     # -- one scheduler round -------------------------------------------------
 
@@ -433,11 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     log = JsonLog(opts.log)
-    ctx = zmq.Context()
     ranks: list[tuple[SimRank, threading.Thread]] = []
     for rank in range(opts.num_engines):
         dialling = threading.Event()
-        sim = SimRank(opts, rank, ctx, log)
+        sim = SimRank(opts, rank, log)
         thread = threading.Thread(target=sim.run, args=(dialling, stop), daemon=True)
         thread.start()
         dialling.wait()

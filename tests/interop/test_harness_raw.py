@@ -193,6 +193,10 @@ def test_dead_rank_sends_engine_core_dead_after_n_steps(frontend, start_harness)
 def test_sigterm_sends_engine_core_dead_and_exits_zero(frontend, start_harness):
     harness = start_harness(1, 0)
     frontend.register(1)
+    # A served request proves the rank left the handshake (a SIGTERM inside it, as in the
+    # real engine, sends nothing: there is no output socket yet).
+    frontend.send_add(0, add_payload("warm", [1], sampling_array(max_new_tokens=1)))
+    frontend.collect({"warm"})
     assert harness.stop() == 0
     assert frontend.recv_output() == ENGINE_CORE_DEAD
 
