@@ -1367,9 +1367,24 @@ static PyObject *read_slot(Reader *self, uint32_t local) {
      * tokens than have been delivered. */
     if (state != SLOT_DONE && completion > ws) completion = (uint32_t)ws;
     if (state == SLOT_DONE) self->tickets[local] = 0;
-    PyObject *out = Py_BuildValue("(INNNIIIIi)", local, toks, vals ? vals : Py_NewRef(Py_None),
-                                  idx ? idx : Py_NewRef(Py_None), finish, prompt, completion, cached,
-                                  engine);
+    PyObject *out = PyTuple_New(9);
+    if (!out) goto fail;
+    /* Built by hand: Py_BuildValue's format parsing costs more than the rest of a 1-token read. */
+    PyTuple_SET_ITEM(out, 0, PyLong_FromUnsignedLong(local));
+    PyTuple_SET_ITEM(out, 1, toks);
+    PyTuple_SET_ITEM(out, 2, vals ? vals : Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(out, 3, idx ? idx : Py_NewRef(Py_None));
+    PyTuple_SET_ITEM(out, 4, PyLong_FromUnsignedLong(finish));
+    PyTuple_SET_ITEM(out, 5, PyLong_FromUnsignedLong(prompt));
+    PyTuple_SET_ITEM(out, 6, PyLong_FromUnsignedLong(completion));
+    PyTuple_SET_ITEM(out, 7, PyLong_FromUnsignedLong(cached));
+    PyTuple_SET_ITEM(out, 8, PyLong_FromLong(engine));
+    for (int k = 0; k < 9; k++) {
+        if (!PyTuple_GET_ITEM(out, k)) {
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
     return out;
 fail:
     Py_XDECREF(toks);
@@ -1388,14 +1403,19 @@ static PyObject *reader_poll(Reader *self, PyObject *unused) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
     if (head - tail > spw) tail = head - spw; /* cannot happen with a sane writer */
+    /* Clear every entry's `notified` first, then one fence for all of them (pairs with the
+     * writer's fence before its exchange on `notified`), then read the slots. */
+    for (uint64_t t = tail; t != head; t++) {
+        uint32_t local = ring[t % spw];
+        if (local < spw)
+            atomic_store_explicit(&slot_a(r, self->worker * spw + local)->notified, 0,
+                                  memory_order_relaxed);
+    }
+    atomic_thread_fence(memory_order_seq_cst);
     while (tail != head) {
         uint32_t local = ring[tail % spw];
         tail++;
         if (local >= spw) continue;
-        uint32_t slot = self->worker * spw + local;
-        atomic_store_explicit(&slot_a(r, slot)->notified, 0, memory_order_relaxed);
-        /* Pairs with the writer's fence before its exchange on `notified`. */
-        atomic_thread_fence(memory_order_seq_cst);
         PyObject *item = read_slot(self, local);
         if (!item) {
             if (PyErr_Occurred()) {
