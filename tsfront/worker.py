@@ -128,7 +128,6 @@ class Attachment:
         dealer.setsockopt(zmq.IDENTITY, WORKER_IDENTITY.pack(self.worker, message["serial"]))
         dealer.setsockopt(zmq.SNDHWM, self.config.submit_queue_depth)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.setsockopt(zmq.IMMEDIATE, 1)
         dealer.connect(message["submit"])
         self.dealer = dealer
         self.loop.add_reader(self.eventfd, self._on_wake)
