@@ -83,6 +83,10 @@ class Attachment:
         self.loop.add_reader(sock.fileno(), self._on_control)
         try:
             await asyncio.wait_for(asyncio.shield(self._attached), ATTACH_TIMEOUT)
+        except Error:
+            # Before TimeoutError: HandshakeTimeout is one, and its message names the cause.
+            self.close()
+            raise
         except TimeoutError:
             self.close()
             raise ClientClosed(f"the I/O process at {address!r} did not answer") from None
@@ -93,6 +97,9 @@ class Attachment:
             if timeout is None:
                 timeout = self.config.handshake_timeout + 5.0
             await asyncio.wait_for(asyncio.shield(self._engines_ready), timeout)
+        except Error:
+            self.close()
+            raise
         except TimeoutError:
             self.close()
             raise HandshakeTimeout(
