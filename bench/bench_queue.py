@@ -4,7 +4,8 @@ Each queue benchmark moves a burst of ``BURST`` messages (a 1,024-token ADD payl
 behind a submission header) through a candidate mechanism, sender and receiver in this
 process, so the figure divided by ``BURST`` is the cost of the path per message when requests
 arrive back to back (a ping-pong of one message would measure ZMQ's I/O-thread hand-offs,
-not its cost per message). Each wake-up benchmark is one signal, polled and consumed. Compare them side by side from one run:
+not its cost per message). Each wake-up benchmark is one signal, polled and consumed.
+Compare them side by side from one run:
 
     .venv/bin/python -m pytest bench/bench_queue.py --benchmark-columns=median,ops
 

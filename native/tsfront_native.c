@@ -517,6 +517,8 @@ typedef struct {
     uint64_t frames, rows_total, unknown_rows, spilled_tokens, wakes, tokens;
 } Writer;
 
+static void publish_stats(Writer *self);
+
 static void writer_dealloc(Writer *self) {
     if (self->keys) {
         for (uint32_t i = 0; i < self->total_slots; i++) free(self->keys[i]);
@@ -1167,6 +1169,7 @@ static PyObject *writer_wake(Writer *self, PyObject *unused) {
         self->touched_workers_n = 0;
     }
     self->wakes += writes;
+    publish_stats(self);
     return PyLong_FromUnsignedLong(writes);
 }
 
@@ -1206,6 +1209,24 @@ static PyObject *writer_reset_worker(Writer *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* Counters the workers can read (header + 64: u64 words, see tsfront/region.py METRICS). */
+#define METRICS_OFF 64
+static void publish_stats(Writer *self) {
+    _Atomic uint64_t *m = (_Atomic uint64_t *)(self->r.base + METRICS_OFF);
+    atomic_store_explicit(&m[0], self->frames, memory_order_relaxed);
+    atomic_store_explicit(&m[1], self->rows_total, memory_order_relaxed);
+    atomic_store_explicit(&m[2], self->tokens, memory_order_relaxed);
+    atomic_store_explicit(&m[3], self->unknown_rows, memory_order_relaxed);
+    atomic_store_explicit(&m[4], self->spilled_tokens, memory_order_relaxed);
+    atomic_store_explicit(&m[5], self->wakes, memory_order_relaxed);
+    atomic_store_explicit(&m[6], self->map_used, memory_order_relaxed);
+    atomic_store_explicit(&m[7], self->spill_count, memory_order_relaxed);
+}
+
+static PyObject *writer_spilling(Writer *self, PyObject *unused) {
+    return PyLong_FromUnsignedLong(self->spill_count);
+}
+
 static PyObject *writer_stats(Writer *self, PyObject *unused) {
     return Py_BuildValue("{sKsKsKsKsKsKsIsI}", "frames", self->frames, "rows", self->rows_total,
                          "unknown_rows", self->unknown_rows, "tokens", self->tokens,
@@ -1233,6 +1254,8 @@ static PyMethodDef writer_methods[] = {
     {"reset_worker", (PyCFunction)writer_reset_worker, METH_O,
      "reset_worker(worker): forget a departed worker's requests and zero its slots."},
     {"stats", (PyCFunction)writer_stats, METH_NOARGS, "stats() -> dict of counters."},
+    {"spilling", (PyCFunction)writer_spilling, METH_NOARGS,
+     "spilling() -> int: slots whose tokens wait in the spill path."},
     {NULL, NULL, 0, NULL},
 };
 

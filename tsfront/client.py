@@ -150,6 +150,15 @@ class EngineClient:
             out.append(EngineLoad(**{**load.__dict__, "rank": info.rank, "index": info.index}))
         return out
 
+    def metrics(self) -> dict[str, int]:
+        """The I/O process's counters: output frames, rows and tokens it wrote to slots, rows
+        for unknown rids (aborted or foreign), tokens that went through the spill path,
+        eventfd wake-ups, requests in flight, slots spilling now."""
+        att = self._att
+        if att.closed or att.region is None:
+            raise ClientClosed("the client is closed")
+        return att.region.metrics()
+
     @property
     def address(self) -> str:
         """The I/O process's address: other processes can `attach` to it."""

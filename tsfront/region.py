@@ -30,6 +30,19 @@ FIN_DUPLICATE = 18
 FIN_NO_ENGINE = 19
 FIN_IO_STOPPING = 20
 
+# Counters the I/O process publishes at header offset 64 (u64 each), in this order.
+METRICS = (
+    "frames",
+    "rows",
+    "tokens",
+    "unknown_rows",
+    "spilled_tokens",
+    "wakes",
+    "in_flight",
+    "spilling_slots",
+)
+METRICS_OFFSET = 64
+
 FINISH_REASONS = {
     _native.FIN_STOP: "stop",
     _native.FIN_LENGTH: "length",
@@ -82,6 +95,13 @@ class Region:
         except BaseException:
             os.close(fd)
             raise
+
+    def metrics(self) -> dict[str, int]:
+        """The I/O process's counters (see `METRICS`), as last published."""
+        words = np.frombuffer(self.map, dtype="<u8", count=len(METRICS), offset=METRICS_OFFSET)
+        values = dict(zip(METRICS, (int(v) for v in words), strict=True))
+        del words
+        return values
 
     def engine_load_ms(self, row: int) -> int:
         """Monotonic milliseconds at which engine ``row``'s load tail was last seen (0: never)."""

@@ -253,7 +253,7 @@ class IOLoop:
             writer.wake()
 
     def _timeout_ms(self) -> int:
-        if self.backlogged or self.writer.stats()["spilling_slots"]:
+        if self.backlogged or self.writer.spilling():
             return 1
         if self.state == "handshaking":
             return max(0, min(1000, int((self.deadline - time.monotonic()) * 1000) + 1))
@@ -268,7 +268,7 @@ class IOLoop:
                 self._send_aborts(e)
             if e.backlog:
                 self._retry_backlog(e, now)
-        if self.writer.stats()["spilling_slots"]:
+        if self.writer.spilling():
             self.writer.flush_spills()
         if self.dirty:
             for row in self.dirty:
