@@ -1528,8 +1528,25 @@ static PyObject *set_parent_death_signal(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* Index of the first element of a list that is not an exact int in [0, 2**31), or -1. The
+ * prompt check of every request: msgspec.convert of 1,024 ids costs ~11 us, this ~1 us. */
+static PyObject *first_bad_token(PyObject *self, PyObject *arg) {
+    if (!PyList_CheckExact(arg)) return PyLong_FromLong(0);
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(arg, i);
+        if (!PyLong_CheckExact(o)) return PyLong_FromSsize_t(i);
+        int overflow = 0;
+        long v = PyLong_AsLongAndOverflow(o, &overflow);
+        if (overflow || v < 0 || v > INT32_MAX) return PyLong_FromSsize_t(i);
+    }
+    return PyLong_FromLong(-1);
+}
+
 static PyMethodDef methods[] = {
     {"abi_version", abi_version, METH_NOARGS, "Version of the shared-memory layout."},
+    {"first_bad_token", first_bad_token, METH_O,
+     "first_bad_token(ids) -> int: index of the first entry that is not a token id, or -1."},
     {"layout", (PyCFunction)(void (*)(void))py_layout, METH_VARARGS | METH_KEYWORDS,
      "layout(num_workers, slots_per_worker, ring_capacity, max_engines) -> dict of offsets."},
     {"set_parent_death_signal", set_parent_death_signal, METH_O,

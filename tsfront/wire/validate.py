@@ -13,10 +13,11 @@ O(prompt) work is one msgspec conversion of ``input_ids``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
+from tsfront._native import first_bad_token
 from tsfront.errors import InvalidRequest, PromptTooLong, StopStringsRefused
 from tsfront.wire.request import SessionParams, TokenizedGenerateReqInput
 from tsfront.wire.sampling import SamplingParams
@@ -27,7 +28,6 @@ __all__ = ["validate_request"]
 _NUMBER = (int, float)
 _INT_OR_NONE = (int, type(None))
 _STR_OR_NONE = (str, type(None))
-_TOKEN_IDS = list[Annotated[int, msgspec.Meta(ge=0)]]
 _ANY_IDS = list[int]
 _ID_LISTS = list[list[int]]
 _MAPS = list[dict[Any, Any]]
@@ -78,13 +78,13 @@ def validate_request(
             "input_ids", ids, "must be a non-empty list of token ids (nil kills the engine loop)",
             "send the tokenized prompt as a list of ints",
         )  # fmt: skip
-    try:
-        msgspec.convert(ids, _TOKEN_IDS)
-    except msgspec.ValidationError as exc:
+    bad = first_bad_token(ids)
+    if bad >= 0:
         raise InvalidRequest(
-            "input_ids", ids, f"must hold only non-negative ints ({exc})",
+            "input_ids", ids,
+            f"must hold only non-negative int32 token ids (input_ids[{bad}]={ids[bad]!r})",
             "send token ids from the model's vocabulary as Python ints",
-        ) from None  # fmt: skip
+        )  # fmt: skip
     if req.input_embeds is not None:
         raise InvalidRequest(
             "input_embeds", req.input_embeds, "is not supported on this wire",
