@@ -1,20 +1,348 @@
-"""The ``tsfront`` command."""
+"""The ``tsfront`` command: a demo, a one-shot generator, a standalone I/O process, simulators.
+
+Subcommands:
+
+* ``tsfront demo`` — simulated engines, an I/O process and two worker processes, no GPU;
+* ``tsfront generate`` — be the frontend of a running engine group and run requests;
+* ``tsfront io`` — run an I/O process on its own, for a server's workers to attach to;
+* ``tsfront sim`` — run simulated TokenSpeed ranks against a frontend.
+
+Progress goes to stderr, results to stdout. An error is one line on stderr,
+``tsfront: error: ...``, and a non-zero exit (2 for a bad command line, 1 otherwise).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
+
+from tsfront.config import ClientConfig, LoadBalance, Routing
+from tsfront.errors import Error
+
+__all__ = ["CommandError", "add_engine_arguments", "config_from_args", "main", "progress"]
+
+USAGE_EXIT = 2
+ERROR_EXIT = 1
+INTERRUPTED_EXIT = 130
+
+
+class CommandError(Error):
+    """A subcommand cannot go on (bad input file, ...); reported as one line."""
+
+
+class _UsageError(Exception):
+    def __init__(self, prog: str, message: str) -> None:
+        self.prog = prog
+        super().__init__(message)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An `ArgumentParser` whose errors become one line instead of usage plus a message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(self.prog, message)
+
+
+def one_line(text: object) -> str:
+    """``text`` as a single line (newlines folded)."""
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
+def progress(command: str, message: str) -> None:
+    """Write one progress line to stderr."""
+    sys.stderr.write(f"tsfront {command}: {message}\n")
+    sys.stderr.flush()
+
+
+# ---------------------------------------------------------------------- shared arguments
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser, *, handshake_timeout: float) -> None:
+    """The options that describe the engine group and the frontend's sockets."""
+    group = parser.add_argument_group("engine group")
+    group.add_argument(
+        "--handshake",
+        required=True,
+        metavar="ADDR",
+        help="handshake endpoint to BIND, which the engines dial (TokenSpeed's "
+        "--data-parallel-address/--data-parallel-rpc-port), e.g. tcp://127.0.0.1:30500; "
+        "port 0 picks a free port (reported on stderr)",
+    )
+    group.add_argument(
+        "--num-engines",
+        type=int,
+        required=True,
+        metavar="N",
+        help="number of attention-DP ranks expected (--data-parallel-size)",
+    )
+    group.add_argument(
+        "--first-engine-index",
+        type=int,
+        default=0,
+        metavar="K",
+        help="identity of rank 0 (the engines' --zmq-engine-index); default 0",
+    )
+    group.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=handshake_timeout,
+        metavar="S",
+        help=f"seconds for every engine to register; default {handshake_timeout:g}",
+    )
+    group.add_argument(
+        "--input-address",
+        default="tcp://127.0.0.1:0",
+        metavar="ADDR",
+        help="endpoint of the input ROUTER the engines connect to; default tcp://127.0.0.1:0",
+    )
+    group.add_argument(
+        "--output-address",
+        default="tcp://127.0.0.1:0",
+        metavar="ADDR",
+        help="output PULL endpoint: port 0 = ephemeral per engine, port P = P+rank, "
+        "ipc://path = ipc://path.rank; default tcp://127.0.0.1:0",
+    )
+    group.add_argument(
+        "--load-balance",
+        choices=[lb.value for lb in LoadBalance],
+        default=LoadBalance.LEAST_IN_FLIGHT.value,
+        help="placement of unpinned requests; default least_in_flight",
+    )
+
+
+def config_from_args(args: argparse.Namespace, **overrides: object) -> ClientConfig:
+    """The `ClientConfig` the engine-group options describe (raises `ConfigError`)."""
+    values: dict = {
+        "handshake_address": args.handshake,
+        "input_address": args.input_address,
+        "output_address": args.output_address,
+        "num_engines": args.num_engines,
+        "first_engine_index": args.first_engine_index,
+        "handshake_timeout": args.handshake_timeout,
+        "routing": Routing.aggregated(LoadBalance(args.load_balance)),
+    }
+    values.update(overrides)
+    return ClientConfig(**values)
+
+
+# ---------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``tsfront`` command line."""
+    from tsfront import __version__
+    from tsfront.sim.cli import add_arguments as add_sim_arguments
+
+    parser = _Parser(
+        prog="tsfront",
+        description=__doc__.split("\n\n")[0],
+        epilog="Run 'tsfront COMMAND --help' for the options of a command.",
+    )
+    parser.add_argument("--version", action="version", version=f"tsfront {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the demo against simulated engines (no GPU)",
+        description="Start two simulated engine ranks, an I/O process and two worker "
+        "processes attached to it; stream a handful of requests (each line prefixed with "
+        "its worker and rid) and print a per-rank summary. Finishes in a few seconds.",
+    )
+    demo.add_argument("--requests", type=int, default=4, metavar="N", help="requests to run (4)")
+    demo.add_argument(
+        "--max-new-tokens", type=int, default=10, metavar="M", help="tokens per request (10)"
+    )
+    demo.add_argument("--workers", type=int, default=2, metavar="W", help="worker processes (2)")
+    demo.add_argument("--engines", type=int, default=2, metavar="N", help="simulated ranks (2)")
+    demo.add_argument(
+        "--step-ms", type=float, default=20.0, metavar="MS", help="simulated decode step (20)"
+    )
+    demo.add_argument(
+        "--sim-processes",
+        action="store_true",
+        help="run each simulated rank as its own OS process (default: threads of this process)",
+    )
+    demo.add_argument(
+        "--quiet", action="store_true", help="print only the summary, not every token line"
+    )
+    demo.set_defaults(run="tsfront.demo:run")
+
+    gen = sub.add_parser(
+        "generate",
+        help="bind the handshake, wait for the engines, run requests and print their tokens",
+        description="Be the frontend of an engine group: bind the handshake at --handshake, "
+        "wait for --num-engines engines to dial it and register, run one request "
+        "(--input-ids) or many (--requests FILE.jsonl), printing tokens as they arrive.",
+        epilog="Each line of a --requests file is a JSON object with 'input_ids' (a list of "
+        "ints) and optionally 'rid', 'data_parallel_rank', and any SamplingParams field "
+        "('max_new_tokens', 'stop_token_ids', 'temperature', 'top_p', 'top_k', 'ignore_eos', "
+        "'seed', ...), at the top level or under 'sampling_params'. Stop strings are refused: "
+        "tsfront sends token ids only. Exit status: 0 if every request finished, 1 otherwise.",
+    )
+    add_engine_arguments(gen, handshake_timeout=60.0)
+    req = gen.add_argument_group("requests")
+    what = req.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--input-ids", metavar="IDS", help="the prompt of one request, comma-separated token ids"
+    )
+    what.add_argument(
+        "--requests",
+        metavar="FILE",
+        help="a JSON-lines file of requests, one object per line ('-' reads stdin)",
+    )
+    req.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=16,
+        metavar="M",
+        help="default max_new_tokens (16)",
+    )
+    req.add_argument(
+        "--stop-token-ids",
+        metavar="IDS",
+        help="default stop_token_ids, comma-separated",
+    )
+    req.add_argument(
+        "--temperature", type=float, default=None, metavar="T", help="default temperature"
+    )
+    req.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help="pin requests to this data-parallel rank (default: load-balanced)",
+    )
+    req.add_argument(
+        "--concurrency",
+        type=int,
+        default=64,
+        metavar="C",
+        help="requests in flight at once (64)",
+    )
+    out = gen.add_argument_group("output")
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per chunk (rid, output_ids, finish_reason, prompt_tokens, "
+        "completion_tokens, cached_tokens, engine_index); errors as {rid, error}",
+    )
+    out.add_argument(
+        "--quiet", action="store_true", help="no progress on stderr (errors still shown)"
+    )
+    gen.set_defaults(run="tsfront.generate:run")
+
+    io = sub.add_parser(
+        "io",
+        help="run an I/O process on its own, for a server's workers to attach to",
+        description="Start an I/O process bound to --handshake, print its attach address "
+        "(workers call EngineClient.attach(ADDRESS)) and serve until SIGINT/SIGTERM. Engine "
+        "registration and liveness changes are reported on stderr.",
+    )
+    add_engine_arguments(io, handshake_timeout=600.0)
+    tune = io.add_argument_group("I/O process")
+    defaults = ClientConfig()
+    tune.add_argument(
+        "--max-workers",
+        type=int,
+        default=defaults.max_workers,
+        help=f"worker processes that may attach at once ({defaults.max_workers}; one more is "
+        "taken by this command's own monitor unless --no-monitor)",
+    )
+    tune.add_argument(
+        "--slots-per-worker",
+        type=int,
+        default=defaults.slots_per_worker,
+        help=f"requests one worker may have in flight ({defaults.slots_per_worker})",
+    )
+    tune.add_argument(
+        "--send-timeout",
+        type=float,
+        default=defaults.send_timeout,
+        help=f"seconds an engine may take to accept a request ({defaults.send_timeout:g})",
+    )
+    tune.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=defaults.heartbeat_timeout,
+        help=f"seconds of silence before an engine is dead ({defaults.heartbeat_timeout:g})",
+    )
+    io.add_argument(
+        "--json",
+        action="store_true",
+        help="print the addresses as one JSON object (address, handshake_address, "
+        "input_address, output_addresses, pid)",
+    )
+    io.add_argument(
+        "--no-monitor",
+        action="store_true",
+        help="do not attach a monitor (no engine reports on stderr; exit only on a signal or "
+        "if the I/O process dies)",
+    )
+    io.set_defaults(run="tsfront.iocmd:run")
+
+    sim = sub.add_parser(
+        "sim",
+        help="run simulated TokenSpeed ranks that dial a frontend",
+        description="Run simulated TokenSpeed ranks (no GPU) that dial --handshake exactly as "
+        "real engines do; serve until SIGINT/SIGTERM. Exits 1 as soon as a rank dies.",
+    )
+    add_sim_arguments(sim)
+    sim.set_defaults(run="tsfront.cli:_run_sim")
+    return parser
+
+
+def _run_sim(args: argparse.Namespace) -> int:
+    from tsfront.sim import cli as sim_cli
+
+    # Check what the simulator would refuse first, so it is one line like every other error.
+    try:
+        sim_cli._group_from_args(args)
+    except (TypeError, ValueError) as exc:
+        raise _UsageError("tsfront sim", one_line(exc)) from None
+    return sim_cli.cli_main(args.argv)
+
+
+def _resolve(target: str):
+    import importlib
+
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``tsfront`` console script."""
-    parser = argparse.ArgumentParser(prog="tsfront", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run the demo against simulated engines (no GPU)")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        print("tsfront demo: not wired yet")
-    return 0
+    """Entry point of the ``tsfront`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help / --version
+            return exc.code if isinstance(exc.code, int) else 0
+        args.argv = argv[argv.index(args.command) + 1 :]
+        return int(_resolve(args.run)(args) or 0)
+    except _UsageError as exc:
+        hint = f" (see '{exc.prog} --help')"
+        _error(f"{one_line(exc)}{hint}")
+        return USAGE_EXIT
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return INTERRUPTED_EXIT
+    except Error as exc:
+        _error(one_line(exc))
+        return ERROR_EXIT
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        _error(f"{exc.strerror or exc}{where}")
+        return ERROR_EXIT
+
+
+def _error(message: str) -> None:
+    try:
+        sys.stderr.write(f"tsfront: error: {message}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

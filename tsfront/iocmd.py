@@ -1,0 +1,110 @@
+"""``tsfront io``: run an I/O process on its own, for a server's workers to attach to.
+
+Starts the I/O process (`IOProcess.start`), prints its attach address on stdout (one line, or
+one JSON object with ``--json``) and serves until SIGINT/SIGTERM, then stops it and exits 0.
+Unless ``--no-monitor``, the command attaches a monitor of its own (one worker place) that
+reports on stderr when every engine has registered and whenever an engine's liveness
+changes; a failed handshake is the command's error (exit 1). If the I/O process dies, the
+command exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+
+from tsfront.cli import config_from_args, progress
+from tsfront.client import EngineClient
+from tsfront.errors import Error
+from tsfront.io.process import IOProcess
+
+__all__ = ["run"]
+
+_WATCH_S = 0.25
+
+
+def _note(message: str) -> None:
+    progress("io", message)
+
+
+async def _monitor(io: IOProcess) -> None:
+    """Attach, report registration, then report every liveness change until cancelled."""
+    client = await EngineClient.attach(io.address)
+    try:
+        engines = ", ".join(f"rank {e.rank} = engine {e.index}" for e in client.engines())
+        _note(f"every engine registered ({engines}); serving")
+        states = {load.index: load.state for load in client.load()}
+        while not client.closed:
+            await asyncio.sleep(_WATCH_S)
+            for load in client.load():
+                if states.get(load.index) != load.state:
+                    _note(f"engine {load.index} (rank {load.rank}) is now {load.state}")
+                    states[load.index] = load.state
+    finally:
+        await client.close()
+
+
+async def _main(args: argparse.Namespace) -> int:
+    config = config_from_args(
+        args,
+        max_workers=args.max_workers + (0 if args.no_monitor else 1),
+        slots_per_worker=args.slots_per_worker,
+        send_timeout=args.send_timeout,
+        heartbeat_timeout=args.heartbeat_timeout,
+    )
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    io = await loop.run_in_executor(None, IOProcess.start, config)
+    try:
+        info = {
+            "address": io.address,
+            "handshake_address": io.handshake_address,
+            "input_address": io.input_address,
+            "output_addresses": io.output_addresses,
+            "pid": io.pid,
+        }
+        sys.stdout.write((json.dumps(info) if args.json else io.address) + "\n")
+        sys.stdout.flush()
+        _note(
+            f"I/O process {io.pid} up; engines dial {io.handshake_address} "
+            f"({config.num_engines} expected, timeout {config.handshake_timeout:g}s); workers "
+            f"attach at {io.address}; SIGINT/SIGTERM stops it"
+        )
+        monitor = None if args.no_monitor else asyncio.ensure_future(_monitor(io))
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                waits = {stopping} | ({monitor} if monitor is not None else set())
+                done, _ = await asyncio.wait(
+                    waits, timeout=_WATCH_S, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopping in done:
+                    _note("stopping")
+                    return 0
+                if not io.alive():
+                    raise Error(f"the I/O process {io.pid} exited unexpectedly")
+                if monitor is not None and monitor in done:
+                    exc, monitor = monitor.exception(), None
+                    if exc is not None and io.alive():
+                        raise exc  # e.g. HandshakeTimeout: this I/O process is of no use
+        finally:
+            stopping.cancel()
+            if monitor is not None:
+                monitor.cancel()
+                await asyncio.gather(monitor, return_exceptions=True)
+    finally:
+        await loop.run_in_executor(None, io.stop)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``tsfront io``; returns the exit status."""
+    import uvloop
+
+    return uvloop.run(_main(args))
