@@ -270,10 +270,12 @@ class IOLoop:
                 self._retry_backlog(e, now)
         if self.writer.spilling():
             self.writer.flush_spills()
-        if self.dirty:
-            for row in self.dirty:
-                self._publish_engine(self.engines[row])
-            self.dirty.clear()
+        self._publish_dirty()
+
+    def _publish_dirty(self) -> None:
+        for row in self.dirty:
+            self._publish_engine(self.engines[row])
+        self.dirty.clear()
 
     # ------------------------------------------------------------------ engine output
 
@@ -672,6 +674,8 @@ class IOLoop:
             self._detach(conn)
 
     def _broadcast(self, message: dict) -> None:
+        # Workers act on a message at once: the engine table must already say what it says.
+        self._publish_dirty()
         for conn in list(self.workers.values()):
             if conn.worker is not None:
                 self._send(conn, message)
