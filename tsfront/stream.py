@@ -269,7 +269,7 @@ class RequestStream:
     def __del__(self) -> None:
         if not self._done:
             try:
-                self._attachment._abort(self)
+                self._attachment._dropped(self)
             except Exception:
                 pass
 

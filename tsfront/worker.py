@@ -14,6 +14,7 @@ import asyncio
 import os
 import socket
 import time
+import weakref
 
 import zmq
 
@@ -43,8 +44,11 @@ class Attachment:
         self.loop = loop
         self.closed = False
         self.failure: Error | None = None
-        self.streams: dict[int, RequestStream] = {}  # by local slot
-        self.by_rid: dict[str, RequestStream] = {}
+        # Weak, so that a stream its owner dropped is collected and aborts (`_dropped`).
+        self.streams: weakref.WeakValueDictionary[int, RequestStream] = (
+            weakref.WeakValueDictionary()
+        )  # by local slot
+        self.by_rid: weakref.WeakValueDictionary[str, RequestStream] = weakref.WeakValueDictionary()
         self.engines: list[EngineInfo] = []
         self._engines_ready = loop.create_future()
         self._pending_aborts: list[bytes] = []
@@ -247,6 +251,24 @@ class Attachment:
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
         self._release(stream)
         if not self._abort_scheduled and not self.closed:
+            self._abort_scheduled = True
+            self.loop.call_soon(self._flush_aborts)
+
+    def _dropped(self, stream: RequestStream) -> None:
+        # An unfinished stream was garbage-collected. A collected reference cycle clears weak
+        # references before finalizers run, so its entries may be gone already: the slot is
+        # still its own (only `_release` frees a slot), so abort by what the stream knows.
+        current = self.streams.get(stream._slot)
+        if current is stream:
+            self._abort(stream)
+            return
+        if current is not None or self.closed:
+            return
+        self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
+        if self.reader is not None:
+            self.reader.release(stream._slot)
+        self.free.append(stream._slot)
+        if not self._abort_scheduled:
             self._abort_scheduled = True
             self.loop.call_soon(self._flush_aborts)
 
