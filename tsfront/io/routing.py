@@ -20,6 +20,7 @@ class Router:
         self.policy = policy
         self.load_ttl = load_ttl
         self._turn = 0
+        self._next = 0
 
     def choose(self, engines: Sequence[Engine]) -> Engine | None:
         """The engine for the next request, or None if no engine is live."""
@@ -27,10 +28,13 @@ class Router:
         start = self._turn % n
         self._turn += 1
         if self.policy is LoadBalance.ROUND_ROBIN:
+            # Its own cursor, resumed after the engine chosen: advancing by one per request
+            # would hand a dead engine's turns to the live engine after it.
             for k in range(n):
-                e = engines[(start + k) % n]
-                if e.state == ENGINE_LIVE:
-                    return e
+                i = (self._next + k) % n
+                if engines[i].state == ENGINE_LIVE:
+                    self._next = i + 1
+                    return engines[i]
             return None
         now = time.monotonic()
         best: Engine | None = None
