@@ -1,0 +1,225 @@
+"""The baselines, each a process body driven over a `multiprocessing` pipe.
+
+Every one binds a PULL (TCP loopback, like tsfront's output sockets), tells the driver its
+address, receives the same pre-encoded frames from a replay pusher, and reports when it has
+seen ``frames`` of them. The driver reads the process's CPU from /proc around the run.
+
+* ``recv`` — the floor: a pyzmq PULL receiving and discarding;
+* ``decode`` — the floor plus :func:`tsfront.wire.decode_output` on each frame;
+* ``recv_lat`` — the floor, reading the first row's send stamp: the ZMQ hop's latency;
+* ``forward`` — per-batch forwarding (SGLang's multi-tokenizer shape): decode each batch,
+  split it per worker by rid, re-encode each share, send it over a ZMQ ipc PUSH per worker;
+  ``forward_sink`` is such a worker (receives and decodes its shares);
+* ``single`` — one asyncio process doing the I/O and consuming every stream with one task
+  per stream (decode, route by rid, deliver a chunk, wake the awaiting task).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import time
+
+import zmq
+
+from tsfront.bench.replay import STAMP_MASK
+from tsfront.wire import BatchTokenIDOutSlim, decode_output, encode_output
+
+
+def _bind_pull(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.RCVHWM, 0)
+    pull.setsockopt(zmq.LINGER, 0)
+    pull.bind("tcp://127.0.0.1:*")
+    return pull, pull.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def receiver_main(conn, mode: str, options: dict) -> None:
+    """Process body of the ``recv``, ``decode``, ``recv_lat``, ``forward`` and sink modes."""
+    ctx = zmq.Context(1)
+    if mode == "forward_sink":
+        pull = ctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.RCVHWM, 0)
+        pull.setsockopt(zmq.LINGER, 0)
+        pull.connect(options["address"])
+        address = options["address"]
+    else:
+        pull, address = _bind_pull(ctx)
+    pushes = []
+    if mode == "forward":
+        for w in range(options["workers"]):
+            push = ctx.socket(zmq.PUSH)
+            push.setsockopt(zmq.SNDHWM, 0)
+            push.setsockopt(zmq.LINGER, 1000)
+            push.bind(f"ipc://@tsfront-bench-fwd-{options['token']}-{w}")
+            pushes.append(push)
+    conn.send(("ready", address))
+    recv = pull.recv
+    try:
+        while True:
+            cmd, *args = conn.recv()
+            if cmd == "exit":
+                break
+            frames = args[0]
+            lat: list[int] = []
+            if mode == "recv":
+                for _ in range(frames):
+                    recv()
+            elif mode == "decode":
+                for _ in range(frames):
+                    decode_output(recv())
+            elif mode == "recv_lat":
+                off = options["offset"]
+                for _ in range(frames):
+                    f = recv()
+                    now = time.monotonic_ns() // 100
+                    stamp = int.from_bytes(f[off : off + 4], "big")
+                    lat.append(((now - stamp) & STAMP_MASK) * 100)
+            elif mode == "forward":
+                _forward(recv, pushes, options["owner"], frames)
+            elif mode == "forward_sink":
+                rows = 0
+                while rows < frames:  # counted in rows: a sink gets shares, not frames
+                    rows += len(decode_output(recv()).rids)
+            conn.send(("done", lat))
+    finally:
+        pull.close()
+        for p in pushes:
+            p.close()
+        ctx.term()
+
+
+def _forward(recv, pushes: list[zmq.Socket], owner: dict[str, int], frames: int) -> None:
+    """Decode, split per worker, re-encode, send: what a per-batch forwarding I/O does."""
+    nw = len(pushes)
+    for _ in range(frames):
+        batch = decode_output(recv())
+        shares = [[] for _ in range(nw)]
+        for i, rid in enumerate(batch.rids):
+            shares[owner[rid]].append(i)
+        for w, idx in enumerate(shares):
+            if not idx:
+                continue
+            share = BatchTokenIDOutSlim(
+                rids=[batch.rids[i] for i in idx],
+                output_ids=[batch.output_ids[i] for i in idx],
+                finished_reasons=[batch.finished_reasons[i] for i in idx],
+                prompt_tokens=[batch.prompt_tokens[i] for i in idx],
+                completion_tokens=[batch.completion_tokens[i] for i in idx],
+                cached_tokens=[batch.cached_tokens[i] for i in idx],
+                output_token_logprobs_val=[batch.output_token_logprobs_val[i] for i in idx],
+                output_token_logprobs_idx=[batch.output_token_logprobs_idx[i] for i in idx],
+                engine_index=batch.engine_index,
+                num_running=batch.num_running,
+                num_waiting=batch.num_waiting,
+                kv_active_pages=batch.kv_active_pages,
+                kv_total_pages=batch.kv_total_pages,
+            )
+            pushes[w].send(encode_output(share))
+
+
+# ----------------------------------------------------------------------------- single process
+
+
+class _Chunk:
+    __slots__ = ("completion_tokens", "finish_reason", "output_ids", "rid")
+
+    def __init__(self, rid, output_ids, finish_reason, completion_tokens) -> None:
+        self.rid = rid
+        self.output_ids = output_ids
+        self.finish_reason = finish_reason
+        self.completion_tokens = completion_tokens
+
+
+class _Stream:
+    """A minimal per-request stream: pending chunks plus the awaiting task's future."""
+
+    __slots__ = ("done", "loop", "pending", "waiter")
+
+    def __init__(self, loop) -> None:
+        self.loop = loop
+        self.pending: collections.deque = collections.deque()
+        self.waiter = None
+        self.done = False
+
+    def deliver(self, chunk: _Chunk) -> None:
+        self.pending.append(chunk)
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def next(self) -> _Chunk | None:
+        while True:
+            if self.pending:
+                return self.pending.popleft()
+            if self.done:
+                return None
+            self.waiter = self.loop.create_future()
+            await self.waiter
+            self.waiter = None
+
+
+def single_main(conn, rids: list[str], use_uvloop: bool) -> None:
+    """Process body of the single-process baseline."""
+    if use_uvloop:
+        import uvloop
+
+        uvloop.install()
+    asyncio.run(_single(conn, rids))
+
+
+async def _single(conn, rids: list[str]) -> None:
+    loop = asyncio.get_running_loop()
+    ctx = zmq.Context(1)
+    pull, address = _bind_pull(ctx)
+    conn.send(("ready", address))
+    commands: asyncio.Queue = asyncio.Queue()
+    loop.add_reader(conn.fileno(), lambda: commands.put_nowait(conn.recv()))
+    os.set_blocking(conn.fileno(), True)  # uvloop made it non-blocking; big replies
+    fd = pull.getsockopt(zmq.FD)
+    try:
+        while True:
+            cmd, *_args = await commands.get()
+            if cmd == "exit":
+                break
+            streams = {rid: _Stream(loop) for rid in rids}
+            counts = [0, 0]
+
+            def on_readable(streams=streams) -> None:
+                while True:
+                    try:
+                        frame = pull.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        return
+                    b = decode_output(frame)
+                    for rid, ids, fin, comp in zip(
+                        b.rids, b.output_ids, b.finished_reasons, b.completion_tokens
+                    ):
+                        s = streams.get(rid)
+                        if s is None:
+                            continue
+                        s.deliver(_Chunk(rid, ids, fin or None, comp))
+                        if fin:
+                            s.done = True
+
+            async def consume(s: _Stream, counts=counts) -> None:
+                while True:
+                    c = await s.next()
+                    if c is None:
+                        return
+                    counts[0] += 1
+                    counts[1] += len(c.output_ids)
+                    if c.finish_reason is not None:
+                        return
+
+            tasks = [asyncio.ensure_future(consume(s)) for s in streams.values()]
+            loop.add_reader(fd, on_readable)
+            on_readable()
+            conn.send(("armed",))
+            await asyncio.gather(*tasks)
+            loop.remove_reader(fd)
+            conn.send(("done", counts))
+    finally:
+        pull.close()
+        ctx.term()

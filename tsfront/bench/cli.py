@@ -1,0 +1,90 @@
+"""The ``tsfront bench`` command: ``add_arguments(parser)`` and ``run(args) -> int``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+
+from tsfront.bench.measure import Params, run_suite
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the bench options to ``parser`` (a subcommand's parser)."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
+    parser.add_argument("--quick", action="store_true", help="B=256, W=1 only; under a minute")
+    parser.add_argument("--batches", type=_ints, help="requests per engine step, e.g. 64,256,1024")
+    parser.add_argument("--workers", type=_ints, help="worker counts, e.g. 1,2,4 (first: default)")
+    parser.add_argument("--ranks", type=int, help="engine ranks (each steps B requests)")
+    parser.add_argument("--primary-batch", type=int, help="batch of the headline figures")
+    parser.add_argument("--target-cpu", type=float, help="CPU seconds per measured burst")
+    parser.add_argument("--heap-streams", type=int, help="in-flight streams for the heap figure")
+    parser.add_argument("--no-uvloop", action="store_true", help="asyncio's default loop")
+    parser.add_argument("--out", help="also write the full report (JSON) to this file")
+
+
+def params_from(args: argparse.Namespace) -> Params:
+    p = Params.quick() if args.quick else Params()
+    changes = {}
+    for name, field in (
+        ("batches", "batches"),
+        ("workers", "workers"),
+        ("ranks", "ranks"),
+        ("primary_batch", "primary_batch"),
+        ("target_cpu", "target_cpu_s"),
+        ("heap_streams", "heap_streams"),
+    ):
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[field] = value
+    if getattr(args, "no_uvloop", False):
+        changes["uvloop"] = False
+    p = dataclasses.replace(p, **changes)
+    if p.primary_batch not in p.batches:
+        p = dataclasses.replace(p, primary_batch=p.batches[0])
+    return p
+
+
+def _clean(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items() if k != "latency_ns"}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the suite; print the report (JSON with ``--json``, else a summary)."""
+    p = params_from(args)
+    report = run_suite(p, verbose=not args.json)
+    report["params"] = dataclasses.asdict(p)
+    report = _clean(report)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.json:
+        json.dump(report, sys.stdout)
+        sys.stdout.write("\n")
+        return 0
+    for key, value in report.items():
+        if not isinstance(value, dict):
+            print(f"{key:40s} {value:.4g}" if isinstance(value, float) else f"{key:40s} {value}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tsfront bench", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

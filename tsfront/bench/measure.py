@@ -1,0 +1,874 @@
+"""The throughput suite: processes, phases, CPU accounting and the figures.
+
+CPU of a process is its utime + stime, whole process (every thread, so ZMQ's I/O thread and
+the receive path are included). It is read from ``/proc/<pid>/task/*/schedstat`` (the same
+kernel counter, ``sum_exec_runtime``, at nanosecond resolution) and cross-checked against
+``/proc/<pid>/stat`` (clock ticks). Every figure of one report comes from one run, side by
+side on the same frames, so ratios between them hold on any machine.
+
+A *session* is one I/O process (``IOProcess.start``), ``R`` replay engines that handshake
+with it, and ``W`` worker processes (``EngineClient.attach``). Its phases:
+
+* **burst** — workers submit ``B`` pinned requests per rank, each consumed by one task;
+  every engine then replays ``K`` pre-encoded steps back to back (one token per request per
+  step), the last finishing every request. I/O CPU / K is the cost of an engine step.
+* **paced** — the same with stamped frames one per ``interval``: each frame is its own loop
+  turn in the I/O process (the serving case), so wake-ups per step and latency are measured.
+* **idle** — one second with no traffic: CPU of the I/O process and of a parked worker.
+
+The *heap session* (one worker, default ring) measures submission (I/O CPU per request,
+submit → engine latency), Python heap per in-flight stream (tracemalloc) and idle CPU with
+10,000 streams open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import glob
+import mmap
+import multiprocessing
+import os
+import secrets
+import statistics
+import time
+import tracemalloc
+from dataclasses import dataclass
+
+from tsfront import _native
+from tsfront.bench import baselines, replay
+from tsfront.bench.replay import make_rids, stamp_age_ns
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# Rough CPU per row and per frame of each design, only to size K to a target CPU time.
+_EST_ROW_US = {"tsfront": 0.12, "recv": 0.01, "decode": 0.12, "forward": 1.2, "single": 2.5}
+_EST_FRAME_US = 12.0
+
+
+# ----------------------------------------------------------------------------- CPU & stats
+
+
+def cpu_ns(pid: int) -> int:
+    """utime + stime of a whole process in ns (sum of its threads' ``sum_exec_runtime``)."""
+    total = 0
+    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
+
+
+def cpu_stat_ns(pid: int) -> int:
+    """utime + stime from ``/proc/<pid>/stat`` (clock-tick resolution), in ns."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // _CLK_TCK
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, round(q * (len(s) - 1))))
+    return float(s[k])
+
+
+def steps_for(design: str, rows: int, target_s: float, minimum: int = 100) -> int:
+    per = _EST_FRAME_US + _EST_ROW_US[design] * rows
+    return max(minimum, int(target_s * 1e6 / per))
+
+
+# ----------------------------------------------------------------------------- worker process
+
+
+def _request(rid: str, rank: int | None):
+    from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
+
+    return TokenizedGenerateReqInput(
+        rid=rid,
+        input_ids=list(range(100, 116)),
+        sampling_params=SamplingParams(max_new_tokens=16384),
+        stream=True,
+        data_parallel_rank=rank,
+    )
+
+
+async def _generate(client, request):
+    from tsfront.errors import Busy
+
+    while True:
+        try:
+            return await client.generate(request)
+        except Busy:
+            await asyncio.sleep(0.0005)
+
+
+async def _consume(stream, stats: list[int], lat: list[int] | None) -> None:
+    from tsfront.errors import StreamError
+
+    chunks = tokens = 0
+    try:
+        async for chunk in stream:
+            chunks += 1
+            tokens += len(chunk.output_ids)
+            if lat is not None:
+                lat.append(stamp_age_ns(chunk.output_ids[-1]))
+    except StreamError:
+        pass  # the bench closed the client with the stream open
+    stats[0] += chunks
+    stats[1] += tokens
+
+
+def worker_main(conn, address: str, use_uvloop: bool) -> None:
+    """Process body of one bench worker: attach, then run the driver's commands."""
+    if use_uvloop:
+        import uvloop
+
+        uvloop.install()
+    asyncio.run(_worker(conn, address))
+
+
+async def _worker(conn, address: str) -> None:
+    from tsfront.client import EngineClient
+
+    client = await EngineClient.attach(address, timeout=60)
+    att = client._att
+    loop = asyncio.get_running_loop()
+    commands: asyncio.Queue = asyncio.Queue()
+    loop.add_reader(conn.fileno(), lambda: commands.put_nowait(conn.recv()))
+    os.set_blocking(conn.fileno(), True)  # uvloop made it non-blocking; big replies
+    conn.send(("attached", att.worker))
+    tasks: list[asyncio.Future] = []
+    stats = [0, 0]
+    lat: list[int] = []
+    spinning = False
+    spinner: asyncio.Future | None = None
+    held: list = []
+    heap_base = 0
+
+    async def spin() -> None:
+        while spinning:
+            await asyncio.sleep(0)
+
+    while True:
+        cmd, *args = await commands.get()
+        if cmd == "exit":
+            break
+        if cmd == "submit":
+            rids, ranks, stamped, spacing = args
+            requests = [_request(r, k) for r, k in zip(rids, ranks)]
+            stats, lat = [0, 0], []
+            submit_ns = []
+            for req in requests:
+                if spacing:
+                    await asyncio.sleep(spacing)
+                t = time.monotonic_ns()
+                stream = await _generate(client, req)
+                submit_ns.append(t)
+                tasks.append(
+                    asyncio.ensure_future(_consume(stream, stats, lat if stamped else None))
+                )
+            conn.send(("submitted", dict(zip(rids, submit_ns)) if spacing else None))
+        elif cmd == "wait":
+            await asyncio.gather(*tasks)
+            tasks = []
+            conn.send(("done", stats, lat))
+        elif cmd == "wakes":
+            conn.send(("wakes", att.reader.wakes()))
+        elif cmd == "spin":
+            spinning = args[0]
+            if spinning:
+                spinner = asyncio.ensure_future(spin())
+            elif spinner is not None:
+                await spinner
+                spinner = None
+            conn.send(("spin", spinning))
+        elif cmd == "heap_submit":
+            requests = [_request(r, None) for r in args[0]]
+            gc.collect()
+            if args[1]:
+                tracemalloc.start()
+                heap_base = tracemalloc.get_traced_memory()[0]
+            for req in requests:
+                held.append(await _generate(client, req))
+            conn.send(("submitted", len(held)))
+        elif cmd == "heap_measure":
+            requests = []
+            await asyncio.sleep(0.05)
+            gc.collect()
+            used = tracemalloc.get_traced_memory()[0] - heap_base
+            tracemalloc.stop()
+            conn.send(("heap", used / max(1, len(held))))
+        elif cmd == "drop":
+            for s in held:
+                s.abort()
+            held = []
+            conn.send(("dropped",))
+        else:
+            raise RuntimeError(f"unknown command {cmd!r}")
+    loop.remove_reader(conn.fileno())
+    await client.close()
+
+
+# ----------------------------------------------------------------------------- in-process
+
+
+def reader_poll_ns_per_token(rows: int, steps: int = 200, tokens_per_row: int = 1) -> float:
+    """`Reader.poll` cost per token: a Writer and a Reader on one private mapping (no IPC).
+
+    Each step ingests one frame of ``rows`` requests (untimed), then one ``poll()`` copies
+    every notified slot out (timed with ``time.perf_counter_ns``).
+    """
+    from tsfront.wire import encode_output
+
+    spw = rows
+    lay = _native.layout(num_workers=1, slots_per_worker=spw, ring_capacity=256, max_engines=1)
+    mem = mmap.mmap(-1, lay["total_bytes"])
+    w = _native.Writer(mem, 1, spw, 256, 1)
+    r = _native.Reader(mem, 0, 1, spw, 256, 1)
+    rids = make_rids("poll", rows)
+    for i, rid in enumerate(rids):
+        w.bind(rid.encode(), i, i + 1, False, 18)
+        r.expect(i, i + 1)
+    batch = replay._batch(rids, [1000 + i for i in range(rows)], 1, "", 0)
+    batch.output_ids = [[1000 + i + j for j in range(tokens_per_row)] for i in range(rows)]
+    frame = encode_output(batch)
+    total = 0
+    for s in range(steps + 10):
+        w.ingest(frame)
+        t0 = time.perf_counter_ns()
+        out = r.poll()
+        dt = time.perf_counter_ns() - t0
+        assert len(out) == rows
+        del out
+        if s >= 10:
+            total += dt
+    del w, r
+    mem.close()
+    return total / (steps * rows * tokens_per_row)
+
+
+def ingest_us_per_frame(rows: int, steps: int = 500) -> float:
+    """`Writer.ingest` alone (no I/O), for reference: µs per frame of ``rows`` requests."""
+    spw = rows
+    lay = _native.layout(num_workers=1, slots_per_worker=spw, ring_capacity=256, max_engines=1)
+    mem = mmap.mmap(-1, lay["total_bytes"])
+    w = _native.Writer(mem, 1, spw, 256, 1)
+    r = _native.Reader(mem, 0, 1, spw, 256, 1)
+    rids = make_rids("ing", rows)
+    for i, rid in enumerate(rids):
+        w.bind(rid.encode(), i, i + 1, False, 18)
+        r.expect(i, i + 1)
+    frame = replay.build_frames(rids, 0).running[0]
+    total = 0
+    for _ in range(steps):
+        t0 = time.perf_counter_ns()
+        w.ingest(frame)
+        total += time.perf_counter_ns() - t0
+        r.poll()
+    del w, r
+    mem.close()
+    return total / steps / 1000
+
+
+# ----------------------------------------------------------------------------- sessions
+
+
+class _Child:
+    """A spawned process and the driver's end of its pipe."""
+
+    def __init__(self, ctx, target, *args) -> None:
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=target, args=(child, *args), daemon=True)
+        self.proc.start()
+        child.close()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, *msg) -> None:
+        self.conn.send(msg)
+
+    def recv(self, timeout: float = 120.0):
+        if not self.conn.poll(timeout):
+            raise TimeoutError(f"bench child {self.pid} did not answer in {timeout}s")
+        return self.conn.recv()
+
+    def close(self) -> None:
+        try:
+            self.conn.send(("exit",))
+        except (OSError, BrokenPipeError):
+            pass
+        self.proc.join(10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
+@dataclass
+class Snapshot:
+    sched: dict[int, int]
+    stat: dict[int, int]
+    t: float
+
+    @classmethod
+    def take(cls, pids: list[int]) -> Snapshot:
+        return cls(
+            {p: cpu_ns(p) for p in pids}, {p: cpu_stat_ns(p) for p in pids}, time.monotonic()
+        )
+
+    def cpu_s(self, later: Snapshot, pid: int) -> float:
+        return (later.sched[pid] - self.sched[pid]) / 1e9
+
+    def stat_s(self, later: Snapshot, pid: int) -> float:
+        return (later.stat[pid] - self.stat[pid]) / 1e9
+
+
+class Session:
+    """One I/O process, R replay engines and W workers."""
+
+    def __init__(
+        self,
+        rows: int,
+        workers: int,
+        ranks: int,
+        *,
+        ring_capacity: int,
+        slots_per_worker: int,
+        use_uvloop: bool,
+    ) -> None:
+        from tsfront.config import ClientConfig
+        from tsfront.io.process import IOProcess
+
+        self.rows, self.nw, self.nr = rows, workers, ranks
+        self.mp = multiprocessing.get_context("spawn")
+        self.config = ClientConfig(
+            handshake_address="tcp://127.0.0.1:0",
+            num_engines=ranks,
+            max_workers=workers,
+            slots_per_worker=slots_per_worker,
+            ring_capacity=ring_capacity,
+            handshake_timeout=60.0,
+            submit_queue_depth=16384,
+        )
+        self.io = IOProcess.start(self.config)
+        self.engines: list[_Child] = []
+        self.workers: list[_Child] = []
+        self.rounds = 0
+        try:
+            for rank in range(ranks):
+                hs = (self.io.handshake_address, rank, rank, ranks)
+                self.engines.append(_Child(self.mp, replay.engine_main, hs))
+            for _ in range(workers):
+                self.workers.append(_Child(self.mp, worker_main, self.io.address, use_uvloop))
+            for e in self.engines:
+                assert e.recv()[0] == "ready"
+            for w in self.workers:
+                assert w.recv()[0] == "attached"
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def io_pid(self) -> int:
+        return self.io.pid
+
+    def close(self) -> None:
+        for c in self.workers + self.engines:
+            c.close()
+        self.io.stop()
+
+    # -- rounds ---------------------------------------------------------------------------
+
+    def new_round(self, rows: int | None = None, ranks: int | None = None) -> dict:
+        """Fresh rids (``rows`` per rank on the first ``ranks`` ranks) and their frames."""
+        rows = rows or self.rows
+        ranks = ranks or self.nr
+        self.rounds += 1
+        name = f"q{self.rounds}"
+        per_rank = [make_rids(f"{name}r{k}", rows) for k in range(ranks)]
+        offsets = []
+        for k in range(ranks):
+            self.engines[k].send("build", name, per_rank[k], k)
+        for k in range(ranks):
+            offsets.append(self.engines[k].recv()[1])
+        flat = [
+            (rid, k) for i in range(rows) for k, rids in enumerate(per_rank) for rid in [rids[i]]
+        ]
+        return {
+            "name": name,
+            "per_rank": per_rank,
+            "flat": flat,
+            "offset": offsets[0],
+            "rows": rows,
+            "ranks": ranks,
+        }
+
+    def submit(self, rnd: dict, *, stamped: bool, workers: int | None = None) -> None:
+        nw = workers or self.nw
+        for w in range(nw):
+            share = rnd["flat"][w::nw]
+            self.workers[w].send("submit", [r for r, _ in share], [k for _, k in share], stamped, 0)
+        for w in range(nw):
+            assert self.workers[w].recv()[0] == "submitted"
+        for k in range(rnd["ranks"]):
+            self.engines[k].send("expect", rnd["rows"])
+        for k in range(rnd["ranks"]):
+            assert self.engines[k].recv()[0] == "got"
+
+    def wakes(self) -> list[int]:
+        for w in self.workers:
+            w.send("wakes")
+        return [w.recv()[1] for w in self.workers]
+
+    def wait_workers(self, nw: int) -> list[tuple]:
+        for w in self.workers[:nw]:
+            w.send("wait")
+        return [self.workers[i].recv(600) for i in range(nw)]
+
+    def run(self, rnd: dict, k: int, *, interval: float = 0.0, workers: int | None = None) -> dict:
+        """Replay ``k`` steps of ``rnd`` (burst, or paced with stamps) and account for them."""
+        nw = workers or self.nw
+        pids = [self.io_pid] + [w.pid for w in self.workers[:nw]]
+        wakes0 = self.wakes()
+        before = Snapshot.take(pids)
+        for e in self.engines[: rnd["ranks"]]:
+            if interval:
+                e.send("paced", rnd["name"], k, interval, None)
+            else:
+                e.send("burst", rnd["name"], k, None)
+        for e in self.engines[: rnd["ranks"]]:
+            assert e.recv(600)[0] == "sent"
+        done = self.wait_workers(nw)
+        after = Snapshot.take(pids)
+        wakes1 = self.wakes()
+        chunks = sum(d[1][0] for d in done)
+        tokens = sum(d[1][1] for d in done)
+        lat = [x for d in done for x in d[2]]
+        steps = k * rnd["ranks"]
+        io_s = before.cpu_s(after, self.io_pid)
+        worker_s = sum(before.cpu_s(after, w.pid) for w in self.workers[:nw])
+        return {
+            "steps": k,
+            "rows": rnd["rows"],
+            "ranks": rnd["ranks"],
+            "workers": nw,
+            "wall_s": after.t - before.t,
+            "io_cpu_s": io_s,
+            "io_cpu_stat_s": before.stat_s(after, self.io_pid),
+            "worker_cpu_s": worker_s,
+            "chunks": chunks,
+            "tokens": tokens,
+            "expected_tokens": rnd["rows"] * steps,
+            "wakes_per_worker_step": sum(b - a for a, b in zip(wakes0, wakes1)) / (nw * k),
+            "latency_ns": lat,
+        }
+
+    def idle(self, seconds: float = 1.0) -> dict:
+        pids = [self.io_pid, self.workers[0].pid]
+        before = Snapshot.take(pids)
+        time.sleep(seconds)
+        after = Snapshot.take(pids)
+        dt = after.t - before.t
+        return {
+            "io_percent": 100 * before.cpu_s(after, self.io_pid) / dt,
+            "worker_percent": 100 * before.cpu_s(after, self.workers[0].pid) / dt,
+        }
+
+    # -- baselines --------------------------------------------------------------------------
+
+    def baseline(self, mode: str, rnd: dict, k: int, *, interval: float = 0.0) -> dict:
+        """Run one baseline on rank 0's frames of ``rnd``: receiver CPU per step, latency."""
+        engine = self.engines[0]
+        rids = rnd["per_rank"][0]
+        extra: list[_Child] = []
+        if mode == "single":
+            recv = _Child(self.mp, baselines.single_main, rids, True)
+        else:
+            opts: dict = {"offset": rnd["offset"]}
+            if mode == "forward":
+                token = secrets.token_hex(4)
+                opts.update(
+                    workers=self.nw,
+                    token=token,
+                    owner={rid: i % self.nw for i, rid in enumerate(rids)},
+                )
+            recv = _Child(self.mp, baselines.receiver_main, mode, opts)
+        try:
+            address = recv.recv()[1]
+            if mode == "forward":
+                for w in range(self.nw):
+                    ipc = f"ipc://@tsfront-bench-fwd-{token}-{w}"
+                    extra.append(
+                        _Child(self.mp, baselines.receiver_main, "forward_sink", {"address": ipc})
+                    )
+                for c in extra:
+                    c.recv()
+            time.sleep(0.2)  # let the connections settle
+            before = Snapshot.take([recv.pid])
+            recv.send("run", k)
+            for w, c in enumerate(extra):
+                c.send("run", k * len(rids[w :: self.nw]))
+            if mode == "single":
+                assert recv.recv()[0] == "armed"
+            if interval:
+                engine.send("paced", rnd["name"], k, interval, address)
+            else:
+                engine.send("burst", rnd["name"], k, address)
+            assert engine.recv(600)[0] == "sent"
+            out = recv.recv(600)
+            after = Snapshot.take([recv.pid])
+            for c in extra:
+                c.recv(600)
+            return {
+                "mode": mode,
+                "steps": k,
+                "rows": len(rids),
+                "cpu_s": before.cpu_s(after, recv.pid),
+                "wall_s": after.t - before.t,
+                "latency_ns": out[1] if mode == "recv_lat" else [],
+                "counts": out[1] if mode == "single" else None,
+            }
+        finally:
+            for c in [recv, *extra]:
+                c.close()
+
+
+# ----------------------------------------------------------------------------- heap session
+
+
+def heap_session(streams: int, paced_submits: int, use_uvloop: bool) -> dict:
+    """Submission cost and latency, heap per in-flight stream, idle CPU with streams open."""
+    s = Session(
+        1,
+        1,
+        1,
+        ring_capacity=256,
+        slots_per_worker=streams + paced_submits + 16,
+        use_uvloop=use_uvloop,
+    )
+    try:
+        w, e = s.workers[0], s.engines[0]
+        before = Snapshot.take([s.io_pid])
+        w.send("heap_submit", make_rids("burst", streams), False)
+        assert w.recv()[0] == "submitted"
+        e.send("expect", streams)
+        assert e.recv(300)[0] == "got"
+        after = Snapshot.take([s.io_pid])
+        w.send("drop")
+        w.recv()
+        w.send("heap_submit", make_rids("heap", streams), True)
+        assert w.recv()[0] == "submitted"
+        e.send("expect", streams)
+        assert e.recv(300)[0] == "got"
+        w.send("heap_measure")
+        heap = w.recv()[1]
+        idle = s.idle(1.0)
+        rids2 = make_rids("paced", paced_submits)
+        w.send("submit", rids2, [None] * paced_submits, False, 0.001)
+        submitted = w.recv(300)[1]
+        e.send("expect", paced_submits)
+        arrived = e.recv(300)[1]
+        lat = [arrived[r] - submitted[r] for r in rids2 if r in arrived]
+        return {
+            "streams": streams,
+            "submit_io_us_per_request": before.cpu_s(after, s.io_pid) * 1e6 / streams,
+            "submit_burst_wall_s": after.t - before.t,
+            "heap_bytes_per_stream": heap,
+            "idle_io_percent_10k_streams": idle["io_percent"],
+            "idle_worker_percent_10k_streams": idle["worker_percent"],
+            "submit_to_engine_p50_us": percentile(lat, 0.5) / 1000,
+            "submit_to_engine_p99_us": percentile(lat, 0.99) / 1000,
+        }
+    finally:
+        s.close()
+
+
+def shm_bytes_per_stream() -> dict:
+    """Shared memory per stream for the default ClientConfig (and the slot alone)."""
+    from tsfront.config import ClientConfig
+
+    c = ClientConfig()
+    lay = _native.layout(
+        num_workers=c.max_workers,
+        slots_per_worker=c.slots_per_worker,
+        ring_capacity=c.ring_capacity,
+        max_engines=c.num_engines,
+    )
+    return {
+        "slot_bytes": lay["slot_bytes"],
+        "region_bytes_per_stream": lay["total_bytes"] / (c.max_workers * c.slots_per_worker),
+        "ring_capacity": c.ring_capacity,
+    }
+
+
+def summarize_latency(values_ns: list[int]) -> dict:
+    us = [v / 1000 for v in values_ns]
+    return {
+        "p50_us": percentile(us, 0.5),
+        "p99_us": percentile(us, 0.99),
+        "p999_us": percentile(us, 0.999),
+        "mean_us": statistics.fmean(us) if us else float("nan"),
+        "n": len(us),
+    }
+
+
+# ----------------------------------------------------------------------------- the suite
+
+
+@dataclass
+class Params:
+    """What one run of the suite measures."""
+
+    batches: tuple[int, ...] = (64, 256, 1024)
+    workers: tuple[int, ...] = (1, 2, 4)
+    ranks: int = 1
+    primary_batch: int = 256
+    target_cpu_s: float = 1.0
+    paced_steps: int = 1000
+    paced_interval_s: float = 0.002
+    latency_steps: int = 2000
+    latency_interval_s: float = 0.001
+    latency_batch: int = 1
+    heap_streams: int = 10_000
+    submit_paced: int = 300
+    ring_capacity: int = 1024
+    uvloop: bool = True
+
+    @classmethod
+    def quick(cls) -> Params:
+        return cls(
+            batches=(256,),
+            workers=(1,),
+            target_cpu_s=0.25,
+            paced_steps=250,
+            latency_steps=400,
+            submit_paced=100,
+        )
+
+
+def _bursts(s: Session, rows: int, p: Params) -> dict:
+    """Back-to-back bursts totalling about ``p.target_cpu_s`` of I/O CPU, summed.
+
+    A burst is at most ``ring_capacity - 8`` steps, so however far a starved worker falls
+    behind, no token ever takes the spill path: the figure is the ring path's.
+    """
+    total = steps_for("tsfront", rows, p.target_cpu_s)
+    per = max(1, min(total, p.ring_capacity - 8))
+    acc: dict | None = None
+    for _ in range(max(1, round(total / per))):
+        rnd = s.new_round()
+        s.submit(rnd, stamped=False)
+        r = s.run(rnd, per)
+        if acc is None:
+            acc = r
+            acc["wakes"] = r["wakes_per_worker_step"] * per
+            continue
+        for key in (
+            "steps",
+            "wall_s",
+            "io_cpu_s",
+            "io_cpu_stat_s",
+            "worker_cpu_s",
+            "chunks",
+            "tokens",
+            "expected_tokens",
+        ):
+            acc[key] += r[key]
+        acc["wakes"] += r["wakes_per_worker_step"] * per
+    acc["wakes_per_worker_step"] = acc["wakes"] / acc["steps"]
+    return acc
+
+
+def _burst_figures(b: dict) -> dict:
+    steps = b["steps"] * b["ranks"]
+    req_steps = b["rows"] * steps
+    return {
+        "io_us_per_step": b["io_cpu_s"] * 1e6 / steps,
+        "io_request_steps_per_s": req_steps / b["io_cpu_s"],
+        "io_cpu_s_per_mtok": b["io_cpu_s"] * 1e6 / b["tokens"],
+        "io_stat_us_per_step": b["io_cpu_stat_s"] * 1e6 / steps,
+        "wall_request_steps_per_s": req_steps / b["wall_s"],
+        "worker_us_per_chunk": b["worker_cpu_s"] * 1e6 / max(1, b["chunks"]),
+        "worker_ns_per_token_e2e": b["worker_cpu_s"] * 1e9 / max(1, b["tokens"]),
+        "chunks_per_request_step": b["chunks"] / req_steps,
+        "tokens_ok": b["tokens"] == b["expected_tokens"],
+        "wakes_per_worker_step": b["wakes_per_worker_step"],
+        "steps": b["steps"],
+        "wall_s": b["wall_s"],
+    }
+
+
+def _baseline_figures(r: dict) -> dict:
+    rows = r["rows"] * r["steps"]
+    return {
+        "us_per_step": r["cpu_s"] * 1e6 / r["steps"],
+        "request_steps_per_s": rows / r["cpu_s"] if r["cpu_s"] else float("inf"),
+        "cpu_s_per_mtok": r["cpu_s"] * 1e6 / rows,
+        "wall_request_steps_per_s": rows / r["wall_s"],
+        "steps": r["steps"],
+    }
+
+
+def _log(verbose: bool, msg: str) -> None:
+    if verbose:
+        print(f"[tsfront bench] {msg}", flush=True)
+
+
+def run_suite(p: Params, verbose: bool = False) -> dict:
+    """Run every measurement; returns the report (flat headline keys plus details)."""
+    t_start = time.monotonic()
+    out: dict = {"by_batch": {}, "by_workers": {}}
+    w0 = p.workers[0]
+    for rows in p.batches:
+        _log(verbose, f"session B={rows} W={w0} R={p.ranks}")
+        streams = rows * p.ranks
+        s = Session(
+            rows,
+            w0,
+            p.ranks,
+            ring_capacity=p.ring_capacity,
+            slots_per_worker=-(-streams // w0) + 8,
+            use_uvloop=p.uvloop,
+        )
+        try:
+            entry: dict = {}
+            entry["tsfront"] = _burst_figures(_bursts(s, rows, p))
+            rnd = s.new_round()
+            for mode in ("recv", "decode", "forward", "single"):
+                kb = steps_for(mode, rows, p.target_cpu_s)
+                _log(verbose, f"  baseline {mode} K={kb}")
+                entry[mode] = _baseline_figures(s.baseline(mode, rnd, kb))
+            entry["reader_poll_ns_per_token"] = reader_poll_ns_per_token(rows)
+            entry["ingest_only_us_per_frame"] = ingest_us_per_frame(rows)
+            if rows == p.primary_batch:
+                _log(verbose, "  paced")
+                rnd = s.new_round()
+                s.submit(rnd, stamped=True)
+                paced = s.run(rnd, p.paced_steps, interval=p.paced_interval_s)
+                entry["paced"] = {
+                    **_burst_figures(paced),
+                    "latency_all_tasks": summarize_latency(paced["latency_ns"]),
+                    "interval_s": p.paced_interval_s,
+                }
+                for mode in ("recv", "decode"):
+                    r = s.baseline(mode, rnd, p.paced_steps, interval=p.paced_interval_s)
+                    entry[f"{mode}_paced"] = _baseline_figures(r)
+                lat_rows = p.latency_batch
+                for mode in ("parked", "busy"):
+                    _log(verbose, f"  latency {mode}")
+                    rnd = s.new_round(rows=lat_rows, ranks=1)
+                    s.submit(rnd, stamped=True, workers=1)
+                    if mode == "busy":
+                        s.workers[0].send("spin", True)
+                        s.workers[0].recv()
+                    r = s.run(rnd, p.latency_steps, interval=p.latency_interval_s, workers=1)
+                    if mode == "busy":
+                        s.workers[0].send("spin", False)
+                        s.workers[0].recv()
+                    entry[f"latency_{mode}"] = {
+                        **summarize_latency(r["latency_ns"]),
+                        "io_us_per_step": r["io_cpu_s"] * 1e6 / r["steps"],
+                        "wakes_per_worker_step": r["wakes_per_worker_step"],
+                    }
+                hop = s.baseline("recv_lat", rnd, p.latency_steps, interval=p.latency_interval_s)
+                entry["zmq_hop"] = summarize_latency(hop["latency_ns"])
+                entry["zmq_hop"]["us_per_step"] = hop["cpu_s"] * 1e6 / hop["steps"]
+                _log(verbose, "  idle")
+                entry["idle"] = s.idle(1.0)
+            out["by_batch"][rows] = entry
+        finally:
+            s.close()
+    for nw in p.workers[1:]:
+        rows = p.primary_batch
+        _log(verbose, f"session B={rows} W={nw} R={p.ranks}")
+        streams = rows * p.ranks
+        s = Session(
+            rows,
+            nw,
+            p.ranks,
+            ring_capacity=p.ring_capacity,
+            slots_per_worker=-(-streams // nw) + 8,
+            use_uvloop=p.uvloop,
+        )
+        try:
+            entry = {"tsfront": _burst_figures(_bursts(s, rows, p))}
+            rnd = s.new_round()
+            kb = steps_for("forward", rows, p.target_cpu_s)
+            entry["forward"] = _baseline_figures(s.baseline("forward", rnd, kb))
+            out["by_workers"][nw] = entry
+        finally:
+            s.close()
+    if p.primary_batch in p.batches and w0 not in out["by_workers"]:
+        e = out["by_batch"][p.primary_batch]
+        out["by_workers"][w0] = {"tsfront": e["tsfront"], "forward": e["forward"]}
+    _log(verbose, "heap session")
+    out["heap"] = heap_session(p.heap_streams, p.submit_paced, p.uvloop)
+    out["shm"] = shm_bytes_per_stream()
+    out["elapsed_s"] = time.monotonic() - t_start
+    out.update(_headline(p, out))
+    return out
+
+
+def _headline(p: Params, out: dict) -> dict:
+    primary = p.primary_batch if p.primary_batch in out["by_batch"] else p.batches[0]
+    e = out["by_batch"][primary]
+    t = e["tsfront"]
+    hop50 = e.get("zmq_hop", {}).get("p50_us", float("nan"))
+    busy = e.get("latency_busy", {})
+    parked = e.get("latency_parked", {})
+    paced = e.get("paced", {})
+    idle = e.get("idle", {})
+    h = {
+        "batch": primary,
+        "workers": p.workers[0],
+        "ranks": p.ranks,
+        "io_us_per_step": t["io_us_per_step"],
+        "io_request_steps_per_s": t["io_request_steps_per_s"],
+        "io_tokens_per_s": t["io_request_steps_per_s"],  # one token per request-step
+        "io_cpu_s_per_mtok": t["io_cpu_s_per_mtok"],
+        "io_us_per_step_paced": paced.get("io_us_per_step", float("nan")),
+        "floor_recv_us_per_step": e["recv"]["us_per_step"],
+        "floor_decode_us_per_step": e["decode"]["us_per_step"],
+        "floor_recv_us_per_step_paced": e.get("recv_paced", {}).get("us_per_step", float("nan")),
+        "floor_decode_us_per_step_paced": e.get("decode_paced", {}).get(
+            "us_per_step", float("nan")
+        ),
+        "forwarding_us_per_step": e["forward"]["us_per_step"],
+        "forwarding_cpu_s_per_mtok": e["forward"]["cpu_s_per_mtok"],
+        "single_process_request_steps_per_s": e["single"]["request_steps_per_s"],
+        "ratio_vs_decode_floor": e["decode"]["us_per_step"] / t["io_us_per_step"],
+        "ratio_vs_forwarding": e["forward"]["cpu_s_per_mtok"] / t["io_cpu_s_per_mtok"],
+        "worker_ns_per_token": e["reader_poll_ns_per_token"],
+        "worker_us_per_chunk": paced.get("worker_us_per_chunk", float("nan")),
+        "worker_us_per_chunk_burst": t["worker_us_per_chunk"],
+        "worker_ns_per_token_burst": t["worker_ns_per_token_e2e"],
+        "wakes_per_worker_step": paced.get("wakes_per_worker_step", float("nan")),
+        "wakes_per_worker_step_burst": t["wakes_per_worker_step"],
+        "idle_cpu_percent": max(
+            idle.get("io_percent", float("nan")),
+            idle.get("worker_percent", float("nan")),
+            out["heap"]["idle_io_percent_10k_streams"],
+            out["heap"]["idle_worker_percent_10k_streams"],
+        ),
+        "send_to_task_p50_us_busy": busy.get("p50_us", float("nan")),
+        "send_to_task_p50_us_parked": parked.get("p50_us", float("nan")),
+        "zmq_hop_p50_us": hop50,
+        "frame_to_task_p50_us": busy.get("p50_us", float("nan")) - hop50,
+        "frame_to_task_p99_us": busy.get("p99_us", float("nan")) - hop50,
+        "frame_to_task_p999_us": busy.get("p999_us", float("nan")) - hop50,
+        "frame_to_task_p50_us_parked": parked.get("p50_us", float("nan")) - hop50,
+        "frame_to_task_p99_us_parked": parked.get("p99_us", float("nan")) - hop50,
+        "frame_to_task_p999_us_parked": parked.get("p999_us", float("nan")) - hop50,
+        "submit_io_us_per_request": out["heap"]["submit_io_us_per_request"],
+        "submit_to_engine_p50_us": out["heap"]["submit_to_engine_p50_us"],
+        "submit_to_engine_p99_us": out["heap"]["submit_to_engine_p99_us"],
+        "shm_bytes_per_stream": out["shm"]["region_bytes_per_stream"],
+        "heap_bytes_per_stream": out["heap"]["heap_bytes_per_stream"],
+    }
+    return h
