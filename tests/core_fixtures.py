@@ -29,8 +29,8 @@ from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 #: Seconds any single wait may take before the test fails (never reached when things work).
 DEADLINE = 10.0
 
-#: A request that runs until it is aborted (the sim emits one token per step).
-FOREVER = 1 << 20
+#: A request that outlives any test (one token per 2 ms step: 40 s) unless it is aborted.
+FOREVER = 20_000
 
 
 def free_port() -> int:
