@@ -17,8 +17,13 @@ from tsfront.config import ClientConfig
 from tsfront.io.loop import IOLoop, Stop
 
 
+class _Terminate(BaseException):
+    """SIGTERM. A BaseException: the handler can interrupt any code, and an ``except
+    Exception`` there (logging's ``emit`` among them) would swallow `Stop` and keep serving."""
+
+
 def _stop(signum: int, frame: object) -> None:
-    raise Stop()
+    raise _Terminate()
 
 
 def main() -> int:
@@ -47,7 +52,7 @@ def main() -> int:
     print(json.dumps(addresses), flush=True)
     try:
         loop.run()
-    except Stop:
+    except (Stop, _Terminate):
         pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
