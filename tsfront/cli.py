@@ -346,4 +346,8 @@ def _error(message: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the imported module's main, so that its exception classes are the ones raised by
+    # the subcommand modules (which import tsfront.cli, not __main__).
+    from tsfront.cli import main as _main
+
+    sys.exit(_main())
