@@ -321,3 +321,53 @@ def test_hf_detokenizer_incremental() -> None:
     detok = tok.detokenizer()
     out = "".join(detok.feed([i]) for i in ids) + detok.flush()
     assert out == "hé ☕!"
+
+
+def test_server_attached_to_tsfront_io() -> None:
+    """``tsfront io`` owns the engine; the server's workers only ``--attach`` to it."""
+    env = {**os.environ, "TSFRONT_LOG": "ERROR"}
+    io = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tsfront.cli",
+            "io",
+            *("--handshake", "tcp://127.0.0.1:0"),
+            "--json",
+            "--num-engines",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
+    io_lines = Server(io)
+    sim = server = None
+    try:
+        info = json.loads(io_lines.wait_line(r"^\{", DEADLINE_S).string)
+        sim = SimGroup(info["handshake_address"], 1, token_fn=token_fn).start()
+        server = Server(
+            subprocess.Popen(
+                [
+                    *(sys.executable, str(SERVER_DIR / "server.py")),
+                    *("--attach", info["address"], "--workers", "2", "--port", "0"),
+                ],
+                stdout=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+            )
+        )
+        hostport = server.wait_line(r"^listening: http://(\S+) ", DEADLINE_S).group(1)
+        body = {"prompt": "p", "max_tokens": 300, "stop": ["fox"], "stream": True}
+        status, headers, events = run(post(hostport, body))
+        assert status == 200
+        text, last = joined(events)
+        rid = headers["x-request-id"]
+        full = expected_text(rid, 200)
+        assert text == full[: full.index("fox")] and last["finish_reason"] == "stop"
+        sim.wait_abort(rid, DEADLINE_S)
+    finally:
+        codes = [s.stop() for s in (server, io_lines) if s is not None]
+        if sim is not None:
+            sim.stop()
+    assert codes == [0, 0]

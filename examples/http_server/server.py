@@ -122,8 +122,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Multi-worker HTTP text generation on tsfront (POST /generate).",
     )
-    p.add_argument("--handshake", required=True, help="handshake endpoint the engines dial")
-    p.add_argument("--num-engines", type=int, required=True, help="attention-DP ranks expected")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--handshake", help="handshake endpoint to bind, which the engines dial")
+    src.add_argument(
+        "--attach",
+        metavar="ADDRESS",
+        help="use a running I/O process instead of starting one (e.g. the address `tsfront io` "
+        "prints); the engine options are then that process's",
+    )
+    p.add_argument("--num-engines", type=int, default=1, help="attention-DP ranks expected (1)")
     p.add_argument("--first-engine-index", type=int, default=0, help="identity of rank 0 (0)")
     p.add_argument(
         "--handshake-timeout", type=float, default=600.0, help="seconds for the engines (600)"
@@ -166,16 +173,21 @@ def main(argv: list[str] | None = None) -> int:
     io = None
     reserved = None
     try:
-        config = ClientConfig(
-            handshake_address=args.handshake,
-            num_engines=args.num_engines,
-            first_engine_index=args.first_engine_index,
-            handshake_timeout=args.handshake_timeout,
-            max_workers=args.workers,
-        )
-        io = IOProcess.start(config)
-        _say(f"handshake: {io.handshake_address}")
-        _log(f"I/O process {io.pid}; waiting for {args.num_engines} engine(s)")
+        if args.attach is None:
+            config = ClientConfig(
+                handshake_address=args.handshake,
+                num_engines=args.num_engines,
+                first_engine_index=args.first_engine_index,
+                handshake_timeout=args.handshake_timeout,
+                max_workers=args.workers,
+            )
+            io = IOProcess.start(config)
+            address = io.address
+            _say(f"handshake: {io.handshake_address}")
+            _log(f"I/O process {io.pid}; waiting for {args.num_engines} engine(s)")
+        else:
+            address = args.attach
+            _log(f"attaching {args.workers} workers to the I/O process at {address}")
         # Hold the port (bound, not listening: the kernel routes nothing to it) so that port 0
         # resolves once and every worker joins the same SO_REUSEPORT group.
         reserved = listening_socket(args.host, args.port, listen=False)
@@ -183,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         for index in range(args.workers):
             proc = ctx.Process(
                 target=worker_main,
-                args=(index, args, io.address, port, events),
+                args=(index, args, address, port, events),
                 name=f"http-worker-{index}",
             )
             proc.start()
@@ -198,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 kind, index, payload = events.get(timeout=0.2)
             except queue.Empty:
-                if not io.alive():
+                if io is not None and not io.alive():
                     raise Error("the I/O process exited") from None
                 dead = [p.name for p in procs if p.exitcode is not None]
                 if dead:
@@ -212,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         host = f"[{args.host}]" if ":" in args.host else args.host
         _say(f"listening: http://{host}:{port} workers={args.workers}")
         while not stop.wait(0.2):
-            if not io.alive():
+            if io is not None and not io.alive():
                 raise Error("the I/O process exited; stopping")
             dead = [p for p in procs if p.exitcode is not None]
             if dead:
