@@ -1277,9 +1277,31 @@ typedef struct {
     PyObject_HEAD region_t r;
     uint32_t worker;
     uint64_t *tickets; /* per local slot: the ticket this worker expects, 0 if none */
+    /* Per local slot: the int objects last handed out for its slot number, prompt and cached
+     * counts (they rarely change within a request), reused instead of allocated per update. */
+    struct int_cache {
+        PyObject *obj;
+        uint32_t value;
+    } *ints;
 } Reader;
 
+enum { IC_LOCAL = 0, IC_PROMPT = 1, IC_CACHED = 2, IC_N = 3 };
+
+static inline PyObject *cached_int(struct int_cache *c, uint32_t value) {
+    if (c->obj == NULL || c->value != value) {
+        PyObject *o = PyLong_FromUnsignedLong(value);
+        if (!o) return NULL;
+        Py_XSETREF(c->obj, o);
+        c->value = value;
+    }
+    return Py_NewRef(c->obj);
+}
+
 static void reader_dealloc(Reader *self) {
+    if (self->ints) {
+        for (uint32_t i = 0; i < self->r.l.slots_per_worker * IC_N; i++) Py_XDECREF(self->ints[i].obj);
+        free(self->ints);
+    }
     free(self->tickets);
     if (self->r.base) PyBuffer_Release(&self->r.view);
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -1303,7 +1325,8 @@ static int reader_init(Reader *self, PyObject *args, PyObject *kw) {
     }
     self->worker = worker;
     self->tickets = calloc(s, sizeof(uint64_t));
-    if (!self->tickets) {
+    self->ints = calloc((size_t)s * IC_N, sizeof(struct int_cache));
+    if (!self->tickets || !self->ints) {
         PyErr_NoMemory();
         return -1;
     }
@@ -1393,14 +1416,15 @@ static PyObject *read_slot(Reader *self, uint32_t local) {
     PyObject *out = PyTuple_New(9);
     if (!out) goto fail;
     /* Built by hand: Py_BuildValue's format parsing costs more than the rest of a 1-token read. */
-    PyTuple_SET_ITEM(out, 0, PyLong_FromUnsignedLong(local));
+    struct int_cache *ic = &self->ints[(size_t)local * IC_N];
+    PyTuple_SET_ITEM(out, 0, cached_int(&ic[IC_LOCAL], local));
     PyTuple_SET_ITEM(out, 1, toks);
     PyTuple_SET_ITEM(out, 2, vals ? vals : Py_NewRef(Py_None));
     PyTuple_SET_ITEM(out, 3, idx ? idx : Py_NewRef(Py_None));
     PyTuple_SET_ITEM(out, 4, PyLong_FromUnsignedLong(finish));
-    PyTuple_SET_ITEM(out, 5, PyLong_FromUnsignedLong(prompt));
+    PyTuple_SET_ITEM(out, 5, cached_int(&ic[IC_PROMPT], prompt));
     PyTuple_SET_ITEM(out, 6, PyLong_FromUnsignedLong(completion));
-    PyTuple_SET_ITEM(out, 7, PyLong_FromUnsignedLong(cached));
+    PyTuple_SET_ITEM(out, 7, cached_int(&ic[IC_CACHED], cached));
     PyTuple_SET_ITEM(out, 8, PyLong_FromLong(engine));
     for (int k = 0; k < 9; k++) {
         if (!PyTuple_GET_ITEM(out, k)) {
