@@ -354,11 +354,6 @@ def test_errors_are_one_line(args: list[str], code: int, needle: str) -> None:
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.xfail(
-    reason="tsfront/io/main.py: on a bind failure IOProcess.start SIGTERMs the child while it is "
-    "still closing, and its Stop handler prints a traceback to the inherited stderr",
-    strict=False,
-)
 def test_address_in_use_is_one_line() -> None:
     import socket
 

@@ -45,6 +45,7 @@ def main() -> int:
         loop = IOLoop(config, request["token"])
         addresses = loop.bind()
     except Exception as exc:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # we are exiting anyway: close quietly
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         if loop is not None:
             loop.close()

@@ -67,6 +67,10 @@ class IOProcess:
             raise
         info = json.loads(line) if line else {"error": "the I/O process exited at start"}
         if "error" in info:
+            try:
+                proc.wait(timeout)  # it exits by itself after reporting
+            except subprocess.TimeoutExpired:
+                pass
             _reap(proc)
             raise ConfigError(f"I/O process could not start: {info['error']}")
         return cls(proc, info)
