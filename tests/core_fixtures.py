@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -154,12 +155,18 @@ async def rig(
     **sim_options: Any,
 ) -> AsyncIterator[Rig]:
     """Start an I/O process for ``num_engines`` ranks, the sim ranks and one client."""
+    # Input and outputs on private abstract ipc names: an ephemeral TCP port may be one that a
+    # rank of another test (or test run) still reconnects to, and its ENGINE_CORE_DEAD would
+    # then kill our engine. Only the handshake must be TCP.
+    private = f"ipc://@tsfront-test-{secrets.token_hex(8)}"
+    options = {"input_address": f"{private}-in", "output_address": f"{private}-out"}
+    options.update(config or {})
     cfg = ClientConfig(
         handshake_address="tcp://127.0.0.1:0",
         num_engines=num_engines,
         first_engine_index=first_engine_index,
         handshake_timeout=DEADLINE,
-        **(config or {}),
+        **options,
     )
     io = await asyncio.to_thread(IOProcess.start, cfg)
     sim = None
