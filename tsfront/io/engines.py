@@ -49,6 +49,8 @@ class Engine:
     backlog: collections.deque[PendingSend] = field(default_factory=collections.deque)
     slots: set[int] = field(default_factory=set)
     aborts: list[str] = field(default_factory=list)
+    # fds of the connections accepted on this engine's output PULL (its own, and any peer's).
+    connections: set[int] = field(default_factory=set)
 
     @property
     def identity(self) -> bytes:

@@ -527,10 +527,22 @@ class IOLoop:
                 return
             except Exception:  # a malformed monitor message cannot come from a peer
                 return
-            if event["event"] == zmq.EVENT_DISCONNECTED and engine.state == ENGINE_LIVE:
-                self._kill(engine, "lost its output connection (exit, crash or missed heartbeat)")
-            elif (
-                event["event"] == zmq.EVENT_ACCEPTED
+            kind, fd = event["event"], event["value"]
+            if kind == zmq.EVENT_DISCONNECTED:
+                # Only the last connection going counts: anyone may connect to a PULL, and a
+                # stray peer leaving must not kill the engine that is still connected.
+                if fd not in engine.connections:
+                    continue
+                engine.connections.discard(fd)
+                if not engine.connections and engine.state == ENGINE_LIVE:
+                    self._kill(
+                        engine, "lost its output connection (exit, crash or missed heartbeat)"
+                    )
+                continue
+            if kind == zmq.EVENT_ACCEPTED:
+                engine.connections.add(fd)
+            if (
+                kind == zmq.EVENT_ACCEPTED
                 and engine.state == ENGINE_DEAD
                 and engine.dead_reason.startswith("lost")
                 and engine.identity not in self.pending_hello
