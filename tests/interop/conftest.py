@@ -61,3 +61,26 @@ def start_harness(
     yield start
     for harness in started:
         harness.stop()
+
+
+@pytest.fixture
+def spawn_engine_harness(interop_python: Path, tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    """Factory: ``spawn_engine_harness(handshake, num_engines, first_index, *extra)`` → a ready
+    Harness dialling ``handshake`` (e.g. a tsfront I/O process's bound handshake address).
+
+    Unlike ``start_harness`` it needs no raw frontend; every harness it started is terminated
+    and reaped in teardown.
+    """
+    started: list[Harness] = []
+
+    def start(handshake: str, num_engines: int = 1, first_index: int = 0, *extra: str) -> Harness:
+        log_path = tmp_path / f"engine-harness{len(started)}.jsonl"
+        harness = spawn_harness(
+            interop_python, handshake, log_path, num_engines, first_index, *extra
+        )
+        started.append(harness)
+        return harness
+
+    yield start
+    for harness in started:
+        harness.stop()
