@@ -24,10 +24,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from core_fixtures import expected_tokens, reap, request, spawn, wait_until  # noqa: E402
-from test_hardening_support import fd_count, io_rig, shm_names, wait_state  # noqa: E402
+from core_fixtures import expected_tokens, reap, request, spawn, wait_until
+from test_hardening_support import fd_count, io_rig, shm_names, wait_state
 
-from tsfront import EngineClient, StreamError  # noqa: E402
+from tsfront import EngineClient, StreamError
 
 CONCURRENCY = 48
 
@@ -93,9 +93,7 @@ async def soak(requests: int, *, quiet: bool = True) -> dict:
         fds0 = fd_count(r.io.pid)
         shm0 = shm_names()
         share = requests // 4
-        workers = {
-            w: spawn(soak_worker_main, r.io.address, f"w{w}", share, w) for w in range(4)
-        }
+        workers = {w: spawn(soak_worker_main, r.io.address, f"w{w}", share, w) for w in range(4)}
         await wait_until(lambda: watcher.metrics()["frames"] > 200, "traffic", 30)
         # Fault 1: worker 3 is SIGKILLed mid-run and replaced by a fresh one.
         proc3, _pipe3 = workers.pop(3)
