@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
 import socket
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from harness_process import Harness
+from harness_process import Harness, spawn_harness
 from sim_rules import expected_tokens, logprob_of, token_at
 
 from tsfront import (
@@ -35,6 +36,7 @@ from tsfront import (
     InvalidRequest,
     IOProcess,
     OutputChunk,
+    PromptTooLong,
     RequestStream,
     StopStringsRefused,
 )
@@ -154,6 +156,97 @@ async def engine_group(
         await asyncio.to_thread(io.stop)
 
 
+def worker_main(address: str, jobs: list[tuple[str, int, int]], conn: Any) -> None:
+    """Body of a spawned worker process: attach to the I/O process, run every ``(rid,
+    prompt_len, rank)`` job (3 new tokens, pinned), send back ``{rid: (tokens, finish reason,
+    engine indices)}`` or ``("error", repr)``."""
+
+    async def run() -> dict:
+        client = await EngineClient.attach(address, timeout=DEADLINE)
+        try:
+            streams = {
+                rid: await client.generate(request(rid, n, 3, pin=rank)) for rid, n, rank in jobs
+            }
+            out = {}
+            for rid, stream in streams.items():
+                chunks = await collect(stream)
+                out[rid] = (
+                    tokens_of(chunks),
+                    chunks[-1].finish_reason,
+                    sorted({c.engine_index for c in chunks}),
+                )
+            return out
+        finally:
+            await client.close()
+
+    try:
+        conn.send(("ok", asyncio.run(run())))
+    except BaseException as exc:  # report, never hang the parent
+        conn.send(("error", repr(exc)))
+    finally:
+        conn.close()
+
+
+@dataclass
+class SharedGroup:
+    """An I/O process and harness kept for a whole module (each test attaches its own worker)."""
+
+    io: IOProcess
+    harness: Harness
+
+
+def start_shared(
+    python: Any, log_path: Any, num_engines: int, first_index: int, *harness_args: str
+) -> Iterator[SharedGroup]:
+    """Generator body of a module-scoped group fixture: start, yield, stop harness then I/O."""
+    config = ClientConfig(
+        handshake_address="tcp://127.0.0.1:0",
+        num_engines=num_engines,
+        first_engine_index=first_index,
+        handshake_timeout=DEADLINE,
+    )
+    io = IOProcess.start(config)
+    harness = None
+    try:
+        harness = spawn_harness(
+            python, io.handshake_address, log_path, num_engines, first_index, *harness_args
+        )
+        yield SharedGroup(io, harness)
+    finally:
+        if harness is not None:
+            harness.stop()
+        io.stop()
+
+
+#: The EOS the plain group's harness is started with (token_at(495, 2) == 500).
+PLAIN_EOS = 500
+
+
+@pytest.fixture(scope="module")
+def plain_group(interop_python, tmp_path_factory) -> Iterator[SharedGroup]:
+    """One rank (index 0), no server logprobs, ``--eos-token-id 500``; shared by the tests
+    that neither kill the engine nor read its load."""
+    log = tmp_path_factory.mktemp("plain") / "harness.jsonl"
+    yield from start_shared(interop_python, log, 1, 0, "--eos-token-id", str(PLAIN_EOS))
+
+
+@pytest.fixture(scope="module")
+def logprob_group(interop_python, tmp_path_factory) -> Iterator[SharedGroup]:
+    """Two ranks from index 3 with ``--enable-output-logprobs``."""
+    log = tmp_path_factory.mktemp("logprob") / "harness.jsonl"
+    yield from start_shared(interop_python, log, 2, 3, "--enable-output-logprobs")
+
+
+@contextlib.asynccontextmanager
+async def attached(shared: SharedGroup) -> AsyncIterator[Group]:
+    """A fresh worker (`EngineClient.attach`) of a shared group, closed on exit."""
+    client = await EngineClient.attach(shared.io.address, timeout=DEADLINE)
+    try:
+        yield Group(shared.io, shared.harness, client)
+    finally:
+        await client.close()
+
+
 def check_registration(client: EngineClient, outputs: list[str], first: int, n: int) -> None:
     """`EngineInfo` of every rank = what the harness's engine code registered."""
     engines = client.engines()
@@ -203,6 +296,8 @@ async def test_single_rank_via_listener_registers_the_engines_geometry(spawn_eng
         await wait_log(harness, "registered", engine_index=0, dp_rank=0)
         chunks = await collect(await client.generate(request("solo", 3, 4)))
         assert tokens_of(chunks) == expected_tokens(3, 4)[0]
+        # Engines first, so their ENGINE_CORE_DEAD meets a live I/O process (no linger wait).
+        await asyncio.to_thread(harness.stop)
     finally:
         if client is not None:
             await client.close()
@@ -221,7 +316,13 @@ async def test_four_ranks_from_a_nonzero_first_index_each_answer_on_their_rank(
             assert e.kv_cache_size_tokens == 1000 * 64
             assert e.instance_id == "tsfront-interop-harness"
         assert len(set(g.io.output_addresses)) == 4
-        # A second worker of the same I/O process sees the same group.
+        # A worker in another process, and a second worker in this one, share the group.
+        ctx = multiprocessing.get_context("spawn")
+        parent, child = ctx.Pipe()
+        jobs = [("far-rank1", 6, 1), ("far-rank3", 7, 3)]
+        proc = ctx.Process(target=worker_main, args=(g.io.address, jobs, child), daemon=True)
+        proc.start()
+        child.close()
         other = await EngineClient.attach(g.io.address, timeout=DEADLINE)
         try:
             assert other.engines() == g.client.engines()
@@ -231,20 +332,32 @@ async def test_four_ranks_from_a_nonzero_first_index_each_answer_on_their_rank(
                 for rank, c in enumerate(clients)
             ]
             results = await asyncio.gather(*(collect(s) for s in streams))
+            if not await asyncio.to_thread(parent.poll, 3 * DEADLINE):
+                raise AssertionError("the spawned worker did not report")
+            status, far = parent.recv()
         finally:
             await other.close()
+            proc.join(DEADLINE)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            parent.close()
         for rank, chunks in enumerate(results):
             assert tokens_of(chunks) == expected_tokens(2 + rank, 3)[0]
             assert {c.engine_index for c in chunks} == {5 + rank}
             logged = await wait_log(g.harness, "request", rid=f"rank{rank}")
             assert logged["engine_index"] == 5 + rank
             assert logged["data_parallel_rank"] == rank
+        assert status == "ok", far
+        assert far == {
+            rid: (expected_tokens(n, 3)[0], "length", [5 + rank]) for rid, n, rank in jobs
+        }
 
 
 async def test_connect_on_a_fixed_port_with_the_engine_dialling_first(spawn_engine_harness):
     # The engine's DEALER queues its HELLO until the frontend binds, so start order is free.
     handshake = f"tcp://127.0.0.1:{free_port()}"
-    await asyncio.to_thread(spawn_engine_harness, handshake, 2, 9)
+    harness = await asyncio.to_thread(spawn_engine_harness, handshake, 2, 9)
     config = ClientConfig(
         handshake_address=handshake,
         num_engines=2,
@@ -256,12 +369,13 @@ async def test_connect_on_a_fixed_port_with_the_engine_dialling_first(spawn_engi
         chunks = await collect(await client.generate(request("dialled", 4, 3, pin=1)))
         assert tokens_of(chunks) == expected_tokens(4, 3)[0]
         assert chunks[-1].engine_index == 10
+        await asyncio.to_thread(harness.stop)
 
 
 # ------------------------------------------------------------------------ what arrives
 
 
-async def test_every_field_arrives_as_the_engine_decodes_it(spawn_engine_harness):
+async def test_every_field_arrives_as_the_engine_decodes_it(logprob_group):
     sp = SamplingParams(
         max_new_tokens=7,
         stop_token_ids=[990, 991, 990],
@@ -299,7 +413,7 @@ async def test_every_field_arrives_as_the_engine_decodes_it(spawn_engine_harness
         bootstrap_room=424242,
         data_parallel_rank=1,
     )
-    async with engine_group(spawn_engine_harness, 2, 3, "--enable-output-logprobs") as g:
+    async with attached(logprob_group) as g:
         chunks = await collect(await g.client.generate(req))
         logged = await wait_log(g.harness, "request", rid="every-field")
     want_sp = {
@@ -376,7 +490,7 @@ async def test_every_field_arrives_as_the_engine_decodes_it(spawn_engine_harness
     assert all(c.completion_tokens % 2 == 1 for c in chunks)
 
 
-async def test_the_engines_post_decode_rewrites_of_sampling_params(spawn_engine_harness):
+async def test_the_engines_post_decode_rewrites_of_sampling_params(plain_group):
     cases = {
         # seed None → crc32(rid); top_k -1 → 1 << 30; empty stop_token_ids → None.
         "defaults": {"stop_token_ids": []},
@@ -387,7 +501,7 @@ async def test_the_engines_post_decode_rewrites_of_sampling_params(spawn_engine_
         # stop_token_ids → a set (logged sorted), duplicates gone.
         "stop-set": {"stop_token_ids": [900, 4, 900, 17]},
     }
-    async with engine_group(spawn_engine_harness, 1, 0) as g:
+    async with attached(plain_group) as g:
         streams = [await g.client.generate(request(rid, 2, 2, **sp)) for rid, sp in cases.items()]
         for chunks in await asyncio.gather(*(collect(s) for s in streams)):
             assert tokens_of(chunks) == expected_tokens(2, 2)[0]
@@ -413,10 +527,16 @@ async def test_streams_every_token_in_order_until_length(spawn_engine_harness):
         # max_new_tokens=None: the engine clamps to max_model_len - prompt - 2.
         clamped = await g.client.generate(request("clamped", 6, None))
         quiet = await g.client.generate(request("quiet", 2, 6, stream=False))
-        long_chunks, clamped_chunks, quiet_chunks = await asyncio.gather(
-            collect(long), collect(clamped), collect(quiet)
+        # The whole context as tsfront reckons it (max_model_len - 2) is served in full...
+        full = await g.client.generate(request("full", 10, 64 - 10 - 2))
+        # ...and one token more is refused before sending.
+        with pytest.raises(PromptTooLong):
+            await g.client.generate(request("over", 10, 64 - 10 - 1))
+        long_chunks, clamped_chunks, quiet_chunks, full_chunks = await asyncio.gather(
+            collect(long), collect(clamped), collect(quiet), collect(full)
         )
         load = g.client.load()
+        assert "over" not in {r["rid"] for r in g.harness.events("request")}
     want = expected_tokens(5, 40, max_model_len=64)[0]
     assert tokens_of(long_chunks) == want
     # completion_tokens is cumulative and matches the deltas received so far.
@@ -432,15 +552,18 @@ async def test_streams_every_token_in_order_until_length(spawn_engine_harness):
     assert tokens_of(clamped_chunks) == tokens and clamped_chunks[-1].finish_reason == reason
     assert tokens_of(quiet_chunks) == expected_tokens(2, 6)[0]
     assert quiet_chunks[-1].finish_reason == "length" and len(quiet_chunks) <= 2
+    assert tokens_of(full_chunks) == expected_tokens(10, 52, max_model_len=64)[0]
+    assert full_chunks[-1].completion_tokens == 52 and full_chunks[-1].finish_reason == "length"
     # The 14-element form's load tail reached the engine table.
     [row] = load
-    assert row.kv_total_pages == 1000 and row.age is not None and row.requests_total == 3
+    assert row.kv_total_pages == 1000 and row.age is not None and row.requests_total == 4
 
 
-async def test_stop_token_and_eos_finish_with_stop_unless_ignore_eos(spawn_engine_harness):
+async def test_stop_token_and_eos_finish_with_stop_unless_ignore_eos(plain_group):
     # Prompt length 495 makes the third token 3 + 497 = 500: the harness's EOS.
     eos = token_at(495, 2)
-    async with engine_group(spawn_engine_harness, 1, 0, "--eos-token-id", str(eos)) as g:
+    assert eos == PLAIN_EOS
+    async with attached(plain_group) as g:
         stop_at = expected_tokens(4, 10)[0][2]
         streams = {
             "stop-token": request("stop-token", 4, 10, stop_token_ids=[stop_at]),
@@ -465,10 +588,8 @@ async def test_stop_token_and_eos_finish_with_stop_unless_ignore_eos(spawn_engin
     }
 
 
-async def test_logprobs_arrive_with_their_tokens_when_the_server_enables_them(
-    spawn_engine_harness,
-):
-    async with engine_group(spawn_engine_harness, 1, 0, "--enable-output-logprobs") as g:
+async def test_logprobs_arrive_with_their_tokens_when_the_server_enables_them(logprob_group):
+    async with attached(logprob_group) as g:
         with_lp = await g.client.generate(request("lp", 3, 12, return_logprob=True))
         without = await g.client.generate(request("plain", 3, 4))
         lp_chunks, plain_chunks = await asyncio.gather(collect(with_lp), collect(without))
@@ -482,24 +603,21 @@ async def test_logprobs_arrive_with_their_tokens_when_the_server_enables_them(
     assert tokens_of(plain_chunks) == tokens[:4]
 
 
-@pytest.mark.parametrize("form", [10, 9])
-async def test_older_output_forms_still_stream(spawn_engine_harness, form):
-    async with engine_group(spawn_engine_harness, 1, 0, "--output-form", str(form)) as g:
+@pytest.mark.parametrize(("form", "first"), [(10, 2), (9, 0)])
+async def test_older_output_forms_still_stream(spawn_engine_harness, form, first):
+    # 10 elements carry engine_index (so a non-zero one shows); 9 do not (1 rank, index 0).
+    async with engine_group(spawn_engine_harness, 1, first, "--output-form", str(form)) as g:
         chunks = await collect(await g.client.generate(request("old", 2, 6)))
         load = g.client.load()
     assert tokens_of(chunks) == expected_tokens(2, 6)[0]
-    assert [c.completion_tokens for c in chunks] == [1, 2, 3, 4, 5, 6]
-    assert chunks[-1].finish_reason == "length" and chunks[-1].prompt_tokens == 2
-    assert {c.engine_index for c in chunks} == {0}
+    seen = 0
+    for c in chunks:  # chunks may coalesce steps; counts follow the tokens
+        seen += len(c.output_ids)
+        assert c.completion_tokens == seen and c.prompt_tokens == 2
+    assert chunks[-1].finish_reason == "length" and seen == 6
+    assert {c.engine_index for c in chunks} == {first}
     # No load tail in these forms: the engine table has no kv figures.
     assert (load[0].kv_total_pages, load[0].age, load[0].alive) == (0, None, True)
-
-
-async def test_ten_element_form_carries_a_nonzero_engine_index(spawn_engine_harness):
-    async with engine_group(spawn_engine_harness, 1, 2, "--output-form", "10") as g:
-        chunks = await collect(await g.client.generate(request("ten", 2, 3)))
-    assert tokens_of(chunks) == expected_tokens(2, 3)[0]
-    assert {c.engine_index for c in chunks} == {2}
 
 
 @pytest.mark.xfail(
@@ -522,9 +640,9 @@ async def test_nine_element_form_reports_the_engine_that_sent_it(spawn_engine_ha
 # ------------------------------------------------------------------ refusals and aborts
 
 
-async def test_requests_the_engine_rejects_end_with_an_abort_chunk(spawn_engine_harness):
+async def test_requests_the_engine_rejects_end_with_an_abort_chunk(plain_group):
     # Neither is refused by tsfront: it knows neither the server's logprob flag nor the vocab.
-    async with engine_group(spawn_engine_harness, 1, 0) as g:
+    async with attached(plain_group) as g:
         no_flag = await g.client.generate(request("no-flag", 3, 4, return_logprob=True))
         bad_bias = await g.client.generate(request("bad-bias", 3, 4, logit_bias={"5000": 1.0}))
         ok = await g.client.generate(request("fine", 3, 2))
@@ -541,8 +659,8 @@ async def test_requests_the_engine_rejects_end_with_an_abort_chunk(spawn_engine_
     assert "logit_bias" in finishes[1]["error"]
 
 
-async def test_abort_and_leaving_the_stream_reach_the_engine(spawn_engine_harness):
-    async with engine_group(spawn_engine_harness, 1, 0) as g:
+async def test_abort_and_leaving_the_stream_reach_the_engine(plain_group):
+    async with attached(plain_group) as g:
         client = g.client
         # stream.abort()
         explicit = await client.generate(request("explicit", 2, FOREVER))
@@ -574,20 +692,17 @@ async def test_abort_and_leaving_the_stream_reach_the_engine(spawn_engine_harnes
         for rid in ("scoped", "by-rid"):
             assert (await wait_log(g.harness, "abort", rid=rid))["live"] is True
 
-        # Nothing was finished by the engine, and the rids are free again in this worker.
-        assert g.harness.events("finish") == []
-        again = await collect(await client.generate(request("explicit2", 2, 2)))
+        # The engine finished none of them; each was aborted exactly once, in order.
+        mine = ("explicit", "broken", "scoped", "by-rid")
+        assert [r for r in g.harness.events("finish") if r["rid"] in mine] == []
+        again = await collect(await client.generate(request("after-aborts", 2, 2)))
         assert again[-1].finish_reason == "length"
-        assert [r["rid"] for r in g.harness.events("abort")] == [
-            "explicit",
-            "broken",
-            "scoped",
-            "by-rid",
-        ]
+        aborts = [r["rid"] for r in g.harness.events("abort") if r["rid"] in mine]
+        assert aborts == list(mine)
 
 
-async def test_stop_strings_are_refused_before_anything_is_sent(spawn_engine_harness):
-    async with engine_group(spawn_engine_harness, 1, 0) as g:
+async def test_stop_strings_are_refused_before_anything_is_sent(plain_group):
+    async with attached(plain_group) as g:
         refused = {
             "stop-str": {"stop": "###"},
             "stop-list": {"stop": ["</s>", "\n\n"]},
@@ -605,42 +720,56 @@ async def test_stop_strings_are_refused_before_anything_is_sent(spawn_engine_har
         chunks = await collect(await g.client.generate(request("sentinel", 3, 1)))
         assert chunks[-1].finish_reason == "length"
         await wait_log(g.harness, "finish", rid="sentinel")
-        assert [r["rid"] for r in g.harness.events("request")] == ["sentinel"]
+        mine = {*refused, "two", "top-p", "sentinel"}
+        assert [r["rid"] for r in g.harness.events("request") if r["rid"] in mine] == ["sentinel"]
 
 
 # ------------------------------------------------------------------------- engine death
 
 
-async def test_engine_core_dead_fails_only_that_ranks_streams(spawn_engine_harness):
-    harness_args = ("--dead-after-steps", "5", "--dead-rank", "1")
+@pytest.mark.parametrize("form", [14, 9])
+async def test_engine_core_dead_fails_only_that_ranks_streams(spawn_engine_harness, form):
+    # In the 9-element form no output carries engine_index: the death is still attributed,
+    # because ENGINE_CORE_DEAD arrives on the dead engine's own output PULL.
+    harness_args = ("--dead-after-steps", "5", "--dead-rank", "1", "--output-form", str(form))
     async with engine_group(spawn_engine_harness, 2, 2, *harness_args) as g:
         survivor = await g.client.generate(request("survivor", 3, 150, pin=0))
-        doomed = await g.client.generate(request("doomed", 4, FOREVER, pin=1))
-        doomed_chunks: list[OutputChunk] = []
+        doomed = {
+            rid: await g.client.generate(request(rid, n, FOREVER, pin=1))
+            for rid, n in (("doomed-a", 4), ("doomed-b", 9))
+        }
+        received: dict[str, list[OutputChunk]] = {rid: [] for rid in doomed}
+        survivor_running_at_death: list[bool] = []
 
-        async def read_doomed() -> EngineDied:
+        async def read_doomed(rid: str) -> EngineDied:
             try:
-                async for chunk in doomed:
-                    doomed_chunks.append(chunk)
+                async for chunk in doomed[rid]:
+                    received[rid].append(chunk)
             except EngineDied as exc:
+                survivor_running_at_death.append(not survivor.finished)
                 return exc
-            raise AssertionError("the doomed stream ended without EngineDied")
+            raise AssertionError(f"{rid} ended without EngineDied")
 
-        died, survived = await asyncio.gather(
-            asyncio.wait_for(read_doomed(), DEADLINE), collect(survivor)
+        *died, survived = await asyncio.gather(
+            *(asyncio.wait_for(read_doomed(rid), DEADLINE) for rid in doomed), collect(survivor)
         )
-        assert died.engine_index == 3 and died.rid == "doomed"
+        assert [(e.rid, e.engine_index) for e in died] == [("doomed-a", 3), ("doomed-b", 3)]
+        assert survivor_running_at_death == [True, True]
         await wait_log(g.harness, "engine_dead", engine_index=3)
         # Whatever arrived before the death was in order.
-        got = tokens_of(doomed_chunks)
-        assert got == expected_tokens(4, FOREVER)[0][: len(got)] and len(got) <= 5
+        for rid, n in (("doomed-a", 4), ("doomed-b", 9)):
+            got = tokens_of(received[rid])
+            assert got == expected_tokens(n, FOREVER)[0][: len(got)] and len(got) <= 5
         assert tokens_of(survived) == expected_tokens(3, 150)[0]
         assert survived[-1].finish_reason == "length"
-        assert {c.engine_index for c in survived} == {2}
         # The dead rank is out of service; the live one still takes pinned and unpinned work.
         load = {x.index: (x.alive, x.state) for x in g.client.load()}
         assert load == {2: (True, "live"), 3: (False, "dead")}
         with pytest.raises(EngineUnavailable):
             await g.client.generate(request("pinned-dead", 2, 2, pin=1))
         after = await collect(await g.client.generate(request("after", 2, 2)))
-        assert after[-1].finish_reason == "length" and after[-1].engine_index == 2
+        assert after[-1].finish_reason == "length"
+        assert tokens_of(after) == expected_tokens(2, 2)[0]
+        assert {r["engine_index"] for r in g.harness.events("request") if r["rid"] == "after"} == {
+            2
+        }
