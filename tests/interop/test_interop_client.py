@@ -692,8 +692,31 @@ async def test_abort_and_leaving_the_stream_reach_the_engine(plain_group):
         for rid in ("scoped", "by-rid"):
             assert (await wait_log(g.harness, "abort", rid=rid))["live"] is True
 
+        # A reader task cancelled while it waits for the next chunk.
+        cancelled = await client.generate(request("cancelled", 2, FOREVER))
+        await asyncio.wait_for(anext(cancelled), DEADLINE)
+        reading = asyncio.Event()
+
+        async def read_forever() -> None:
+            reading.set()  # from here the task only ever waits inside the stream
+            async for _ in cancelled:
+                pass
+
+        waiter = asyncio.ensure_future(read_forever())
+        await asyncio.wait_for(reading.wait(), DEADLINE)
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert (await wait_log(g.harness, "abort", rid="cancelled"))["live"] is True
+
+        # Aborted in the same loop iteration as it was submitted: the ADD still goes first, so
+        # the engine admits it and then aborts it (never an ABORT for a rid it has not seen).
+        early = await client.generate(request("early", 2, FOREVER))
+        early.abort()
+        assert (await wait_log(g.harness, "abort", rid="early"))["live"] is True
+
         # The engine finished none of them; each was aborted exactly once, in order.
-        mine = ("explicit", "broken", "scoped", "by-rid")
+        mine = ("explicit", "broken", "scoped", "by-rid", "cancelled", "early")
         assert [r for r in g.harness.events("finish") if r["rid"] in mine] == []
         again = await collect(await client.generate(request("after-aborts", 2, 2)))
         assert again[-1].finish_reason == "length"
@@ -773,3 +796,36 @@ async def test_engine_core_dead_fails_only_that_ranks_streams(spawn_engine_harne
         assert {r["engine_index"] for r in g.harness.events("request") if r["rid"] == "after"} == {
             2
         }
+
+
+async def test_a_killed_engine_fails_its_streams_and_a_restarted_one_serves_again(
+    spawn_engine_harness,
+):
+    async with engine_group(spawn_engine_harness, 1, 4) as g:
+        live = await g.client.generate(request("live", 3, FOREVER))
+        await asyncio.wait_for(anext(live), DEADLINE)
+        g.harness.proc.kill()  # SIGKILL: no ENGINE_CORE_DEAD, only the lost connection
+        with pytest.raises(EngineDied) as info:
+            await collect(live)
+        assert (info.value.rid, info.value.engine_index) == ("live", 4)
+        assert [(x.alive, x.state) for x in g.client.load()] == [(False, "dead")]
+        with pytest.raises(EngineUnavailable):
+            await g.client.generate(request("while-dead", 3, 2))
+        # The same rank comes back (a new process, same --zmq-engine-index): HELLO re-runs the
+        # handshake and the group serves again.
+        restarted = await asyncio.to_thread(
+            spawn_engine_harness, g.io.handshake_address, 1, 4, "--instance-id", "second-life"
+        )
+        deadline = time.monotonic() + DEADLINE
+        while not g.client.load()[0].alive:
+            assert time.monotonic() < deadline, "the restarted engine never went live"
+            await asyncio.sleep(0.005)
+        # Its new registration replaces the old one in EngineInfo.
+        while g.client.engines()[0].instance_id != "second-life":
+            assert time.monotonic() < deadline, f"stale registration: {g.client.engines()}"
+            await asyncio.sleep(0.005)
+        await wait_log(restarted, "registered", engine_index=4)
+        chunks = await collect(await g.client.generate(request("reborn", 3, 4)))
+        assert tokens_of(chunks) == expected_tokens(3, 4)[0] and chunks[-1].engine_index == 4
+        assert [r["rid"] for r in restarted.events("request")] == ["reborn"]
+        await asyncio.to_thread(restarted.stop)
