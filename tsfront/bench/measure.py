@@ -615,7 +615,12 @@ def summarize_latency(values_ns: list[int]) -> dict:
         "p999_us": percentile(us, 0.999),
         "mean_us": statistics.fmean(us) if us else float("nan"),
         "n": len(us),
+        # (quantile, µs) points of the distribution, for the CDF plot.
+        "cdf": [(q, percentile(us, q)) for q in _CDF_QUANTILES] if us else [],
     }
+
+
+_CDF_QUANTILES = [i / 100 for i in range(100)] + [0.995, 0.999, 1.0]
 
 
 # ----------------------------------------------------------------------------- the suite
