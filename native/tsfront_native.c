@@ -1145,6 +1145,8 @@ static PyObject *writer_set_worker_fd(Writer *self, PyObject *args) {
 static PyObject *writer_wake(Writer *self, PyObject *unused) {
     region_t *r = &self->r;
     uint32_t writes = 0;
+    /* Counters first: a worker woken below must see the state that woke it. */
+    publish_stats(self);
     if (self->touched_workers_n) {
         /* Pairs with the reader's fence between setting `parked` and loading `head`. */
         atomic_thread_fence(memory_order_seq_cst);
@@ -1169,7 +1171,6 @@ static PyObject *writer_wake(Writer *self, PyObject *unused) {
         self->touched_workers_n = 0;
     }
     self->wakes += writes;
-    publish_stats(self);
     return PyLong_FromUnsignedLong(writes);
 }
 

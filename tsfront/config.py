@@ -80,7 +80,12 @@ class ClientConfig:
             before `generate` raises `Busy`.
         heartbeat_interval: seconds between ZMTP heartbeats on each engine's output
             connection.
-        heartbeat_timeout: seconds without traffic after which an engine is declared dead.
+        heartbeat_timeout: seconds without a heartbeat reply after which an engine's output
+            connection is dropped and the engine declared dead. A partition is detected in
+            about ``heartbeat_interval + heartbeat_timeout`` (3 s with the defaults).
+        max_message_size: largest frame accepted from an engine on the handshake and input
+            sockets (HELLO/READY and registrations are a few hundred bytes); larger frames
+            cut that connection. Output sockets have no limit: a big batch is legitimate.
         load_ttl: seconds a load tail stays fresh for routing.
     """
 
@@ -97,7 +102,8 @@ class ClientConfig:
     ring_capacity: int = 256
     submit_queue_depth: int = 4096
     heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 3.0
+    heartbeat_timeout: float = 2.0
+    max_message_size: int = 1 << 20
     load_ttl: float = 2.0
 
     def __post_init__(self) -> None:
@@ -133,7 +139,13 @@ class ClientConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a positive number")
-        counts = ("max_workers", "slots_per_worker", "ring_capacity", "submit_queue_depth")
+        counts = (
+            "max_workers",
+            "slots_per_worker",
+            "ring_capacity",
+            "submit_queue_depth",
+            "max_message_size",
+        )
         for name in counts:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -163,9 +163,11 @@ class IOLoop:
         """Bind every socket; return the real addresses (reported to whoever started us)."""
         c = self.config
         self.handshake = self._socket(zmq.ROUTER)
+        self.handshake.setsockopt(zmq.MAXMSGSIZE, c.max_message_size)
         handshake = bind_socket(self.handshake, c.handshake_address)
         self.input = self._socket(zmq.ROUTER)
         self.input.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.input.setsockopt(zmq.MAXMSGSIZE, c.max_message_size)
         self.input.setsockopt(zmq.SNDHWM, 100_000)
         self.input.setsockopt(zmq.LINGER, 200)
         input_address = bind_socket(self.input, c.input_address)
