@@ -37,7 +37,7 @@ KEYS = [
 @pytest.mark.timeout(300)
 def test_bench_quick_json() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "tsfront.bench.cli", "--quick", "--json"],
+        [sys.executable, "-m", "tsfront", "bench", "--quick", "--json"],
         capture_output=True,
         text=True,
         timeout=280,

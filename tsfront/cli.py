@@ -289,6 +289,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_sim_arguments(sim)
     sim.set_defaults(run="tsfront.cli:_run_sim")
+
+    from tsfront.bench import cli as bench_cli
+
+    bench = sub.add_parser(
+        "bench",
+        help="run the throughput suite (I/O process, workers, baselines)",
+        description="Measure tsfront against the floor and the designs users would pick "
+        "instead, on replayed engine frames; --quick finishes in under a minute.",
+    )
+    bench_cli.add_arguments(bench)
+    bench.set_defaults(run="tsfront.bench.cli:run")
     return parser
 
 
