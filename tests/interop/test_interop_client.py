@@ -7,8 +7,12 @@ ranks dial its bound handshake address with the engine's own ``connect_msgpack_e
 serve through the engine's ``MsgpackRecvSocket`` / ``MsgpackSendSocket``. What the engine
 decoded is read back from the harness's JSON-lines log.
 
-Waits are events with deadlines: streams are read under ``asyncio.wait_for`` and the log is
-re-read until the awaited line appears (`wait_log`). Every process is stopped in teardown.
+Tests that keep their engines alive share one I/O process + harness per module
+(``plain_group``, ``logprob_group``; each test attaches its own worker and uses its own rids);
+tests that need their own harness flags, kill an engine or read the load table start a group of
+their own (`engine_group`). Waits are events with deadlines: streams are read under
+``asyncio.wait_for`` and the log is re-read until the awaited line appears (`wait_log`). Every
+process is stopped and reaped in teardown.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 
 #: Seconds any single wait may take before the test fails (never reached when things work).
 DEADLINE = 10.0
-#: The harness's defaults (harness.py parse_args), as the engine registers them.
+#: What the engine's code registers as its version (``f"tokenspeed-{__version__}"``).
 ENGINE_VERSION = "tokenspeed-0.1.1"
 #: A request that outlives its test (one token per ~2 ms harness step; fits the 4096 context).
 FOREVER = 4000
@@ -388,6 +392,7 @@ async def test_every_field_arrives_as_the_engine_decodes_it(logprob_group):
         repetition_penalty=1.1,
         min_new_tokens=2,
         regex="[a-z]+",
+        structural_tag='{"begin": "<tool>", "end": "</tool>"}',
         ignore_eos=True,
         skip_special_tokens=False,
         spaces_between_special_tokens=False,
@@ -431,7 +436,7 @@ async def test_every_field_arrives_as_the_engine_decodes_it(logprob_group):
         "json_schema": None,
         "regex": "[a-z]+",
         "ebnf": None,
-        "structural_tag": None,
+        "structural_tag": '{"begin": "<tool>", "end": "</tool>"}',
         "ignore_eos": True,
         "skip_special_tokens": False,
         "spaces_between_special_tokens": False,
@@ -601,6 +606,8 @@ async def test_logprobs_arrive_with_their_tokens_when_the_server_enables_them(lo
     assert lp_chunks[-1].finish_reason == "length"
     assert all(c.output_token_logprobs_val is None for c in plain_chunks)
     assert tokens_of(plain_chunks) == tokens[:4]
+    # Unpinned and in flight together: least-in-flight placed them on different ranks.
+    assert {lp_chunks[-1].engine_index, plain_chunks[-1].engine_index} == {3, 4}
 
 
 @pytest.mark.parametrize(("form", "first"), [(10, 2), (9, 0)])
