@@ -888,7 +888,8 @@ static const char *COLUMN_NAMES[] = {"rids",
                                      "output_token_logprobs_idx"};
 
 /* Pass 1: walk and validate the whole frame, recording each row's pieces. */
-static int parse_frame(Writer *self, cur_t *c, uint32_t *nrows_out, int64_t tail[5]) {
+static int parse_frame(Writer *self, cur_t *c, uint32_t *nrows_out, int64_t tail[5],
+                       int64_t default_index) {
     uint32_t n;
     if (rd_array(c, &n) < 0) return -1;
     if (n < 9) {
@@ -1000,6 +1001,7 @@ static int parse_frame(Writer *self, cur_t *c, uint32_t *nrows_out, int64_t tail
     }
     /* engine_index and the load tail; absent in older engines (default 0). */
     for (int k = 0; k < 5; k++) tail[k] = 0;
+    tail[0] = default_index; /* 9-element (Aug3) frames carry no engine_index */
     for (uint32_t k = 9; k < n; k++) {
         if (k < 14) {
             if (rd_int(c, &tail[k - 9]) < 0) return -1;
@@ -1015,7 +1017,17 @@ static int parse_frame(Writer *self, cur_t *c, uint32_t *nrows_out, int64_t tail
     return 0;
 }
 
-static PyObject *writer_ingest(Writer *self, PyObject *arg) {
+static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "ingest(frame, engine_index=0)");
+        return NULL;
+    }
+    PyObject *arg = args[0];
+    long long default_index = 0;
+    if (nargs == 2) {
+        default_index = PyLong_AsLongLong(args[1]);
+        if (default_index == -1 && PyErr_Occurred()) return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
     const uint8_t *data = view.buf;
@@ -1026,7 +1038,7 @@ static PyObject *writer_ingest(Writer *self, PyObject *arg) {
     cur_t c = {data, data + view.len, NULL};
     uint32_t nrows = 0;
     int64_t tail[5];
-    if (parse_frame(self, &c, &nrows, tail) < 0) {
+    if (parse_frame(self, &c, &nrows, tail, default_index) < 0) {
         PyBuffer_Release(&view);
         PyErr_Format(WireDecodeError, "invalid BatchTokenIDOutSlim frame (%zd bytes): %s",
                      (Py_ssize_t)(c.end - data), c.err ? c.err : "malformed");
@@ -1243,9 +1255,11 @@ static PyMethodDef writer_methods[] = {
      "unbind(slot) -> bool: forget the slot's request (its worker aborted it)."},
     {"finish", (PyCFunction)writer_finish, METH_VARARGS,
      "finish(slot, code, engine_index) -> bool: end a live slot with a local terminal code."},
-    {"ingest", (PyCFunction)writer_ingest, METH_O,
-     "ingest(frame) -> (engine_index, running, waiting, kv_active, kv_total, rows, unknown, "
-     "finished_slots) | None\n\nApply one output frame; None for ENGINE_CORE_DEAD."},
+    {"ingest", (PyCFunction)(void (*)(void))writer_ingest, METH_FASTCALL,
+     "ingest(frame, engine_index=0) -> (engine_index, running, waiting, kv_active, kv_total, "
+     "rows, unknown, finished_slots) | None\n\nApply one output frame; None for "
+     "ENGINE_CORE_DEAD. engine_index is the engine whose socket it came from, used when the "
+     "frame does not say (the 9-element form)."},
     {"flush_spills", (PyCFunction)writer_flush_spills, METH_NOARGS,
      "flush_spills() -> int: move spilled tokens into rings with room; slots still spilling."},
     {"set_worker_fd", (PyCFunction)writer_set_worker_fd, METH_VARARGS,

@@ -627,14 +627,6 @@ async def test_older_output_forms_still_stream(spawn_engine_harness, form, first
     assert (load[0].kv_total_pages, load[0].age, load[0].alive) == (0, None, True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "9-element frames carry no engine_index; the native Writer.ingest stores the frame's "
-        "tail (default 0) as each slot's engine_index instead of the engine whose output PULL "
-        "received the frame, so OutputChunk.engine_index reports 0 for engine 2"
-    ),
-)
 async def test_nine_element_form_reports_the_engine_that_sent_it(spawn_engine_harness):
     async with engine_group(spawn_engine_harness, 1, 2, "--output-form", "9") as g:
         stream = await g.client.generate(request("nine", 2, 3))

@@ -284,6 +284,7 @@ class IOLoop:
     def _on_output(self, engine: Engine) -> None:
         recv = engine.pull.recv
         ingest = self.writer.ingest
+        index = engine.index
         records = self.records
         for _ in range(DRAIN):
             try:
@@ -291,7 +292,7 @@ class IOLoop:
             except zmq.Again:
                 break
             try:
-                result = ingest(frame)
+                result = ingest(frame, index)
             except WireDecodeError as exc:
                 self.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
                 continue
