@@ -78,6 +78,10 @@ class ClientConfig:
             memory (never blocking on a slow reader).
         submit_queue_depth: submissions a worker may have queued towards the I/O process
             before `generate` raises `Busy`.
+        engine_queue_depth: requests the I/O process lets ZMQ queue towards one engine
+            (the input ROUTER's send high-water mark); beyond it requests wait in the I/O
+            process's backlog for up to ``send_timeout``, so an engine that stops reading its
+            input costs bounded memory and its requests end with `SendTimeout`.
         heartbeat_interval: seconds between ZMTP heartbeats on each engine's output
             connection.
         heartbeat_timeout: seconds without a heartbeat reply after which an engine's output
@@ -101,6 +105,7 @@ class ClientConfig:
     slots_per_worker: int = 2048
     ring_capacity: int = 256
     submit_queue_depth: int = 4096
+    engine_queue_depth: int = 4096
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 2.0
     max_message_size: int = 1 << 20
@@ -144,6 +149,7 @@ class ClientConfig:
             "slots_per_worker",
             "ring_capacity",
             "submit_queue_depth",
+            "engine_queue_depth",
             "max_message_size",
         )
         for name in counts:

@@ -168,7 +168,7 @@ class IOLoop:
         self.input = self._socket(zmq.ROUTER)
         self.input.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.input.setsockopt(zmq.MAXMSGSIZE, c.max_message_size)
-        self.input.setsockopt(zmq.SNDHWM, 100_000)
+        self.input.setsockopt(zmq.SNDHWM, c.engine_queue_depth)
         self.input.setsockopt(zmq.LINGER, 200)
         input_address = bind_socket(self.input, c.input_address)
         self.input_advertised = advertised(input_address, c.handshake_address)

@@ -1,0 +1,142 @@
+"""An engine that registers and then never reads its input.
+
+Its requests fill the engine's ZMQ queue (``engine_queue_depth``) and then the I/O process's
+backlog, where each waits at most ``send_timeout`` before its stream ends with `SendTimeout`;
+the healthy rank keeps serving throughout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+import zmq
+from core_fixtures import DEADLINE, collect, expected_tokens, in_thread
+
+from tsfront import ClientConfig, EngineClient, IOProcess, SendTimeout
+from tsfront.sim import SimGroup
+from tsfront.wire import (
+    EngineRegistration,
+    SamplingParams,
+    TokenizedGenerateReqInput,
+    decode_init,
+    encode_hello,
+    encode_ready,
+    encode_registration,
+    engine_identity,
+)
+
+SEND_TIMEOUT = 0.5
+STUCK = 1  # rank of the engine that never reads
+
+
+def _register_stuck_engine(ctx: zmq.Context, handshake: str) -> list[zmq.Socket]:
+    """Handshake and register rank 1 by hand; its input DEALER is never read."""
+    hs = ctx.socket(zmq.DEALER)
+    hs.setsockopt(zmq.IDENTITY, engine_identity(STUCK))
+    hs.connect(handshake)
+    hs.send(encode_hello())
+    if not hs.poll(int(DEADLINE * 1000)):
+        raise AssertionError("no INIT for the stuck engine")
+    init = decode_init(hs.recv_multipart()[-1])
+    hs.send(encode_ready())
+    inp = ctx.socket(zmq.DEALER)
+    inp.setsockopt(zmq.IDENTITY, engine_identity(STUCK))
+    inp.setsockopt(zmq.RCVHWM, 1)
+    inp.setsockopt(zmq.RCVBUF, 4096)
+    inp.connect(init.addresses.inputs[0])
+    inp.send(
+        encode_registration(
+            EngineRegistration(max_model_len=1 << 20, data_parallel_rank=1, data_parallel_size=2)
+        )
+    )
+    out = ctx.socket(zmq.PUSH)
+    out.connect(init.addresses.outputs[0])
+    return [hs, inp, out]
+
+
+def _big_request(rid: str, pin: int, new_tokens: int = 4) -> TokenizedGenerateReqInput:
+    # Large prompts, so the kernel's socket buffers hold few of them.
+    return TokenizedGenerateReqInput(
+        rid=rid,
+        input_ids=[7] * 16384,
+        stream=True,
+        data_parallel_rank=pin,
+        sampling_params=SamplingParams(max_new_tokens=new_tokens),
+    )
+
+
+async def test_engine_that_never_reads_gets_send_timeouts_and_the_healthy_rank_serves():
+    # ipc data sockets: loopback TCP's autotuned buffers would absorb megabytes of requests
+    # that the engine never reads, which says nothing about tsfront.
+    private = f"ipc://@tsfront-test-{secrets.token_hex(8)}"
+    config = ClientConfig(
+        handshake_address="tcp://127.0.0.1:0",
+        input_address=f"{private}-in",
+        output_address=f"{private}-out",
+        num_engines=2,
+        handshake_timeout=DEADLINE,
+        send_timeout=SEND_TIMEOUT,
+        engine_queue_depth=4,
+    )
+    io = await asyncio.to_thread(IOProcess.start, config)
+    ctx = zmq.Context()
+    sim = None
+    client = None
+    sockets: list[zmq.Socket] = []
+    try:
+        # Rank 0 is a simulated engine; rank 1 is registered by hand and never reads.
+        sim = SimGroup(io.handshake_address, 1).start()
+        sockets = await in_thread(_register_stuck_engine, ctx, io.handshake_address)
+        client = await EngineClient.attach(io.address, timeout=DEADLINE)
+        stuck = [await client.generate(_big_request(f"stuck-{i}", STUCK)) for i in range(200)]
+        healthy = await client.generate(
+            TokenizedGenerateReqInput(
+                rid="healthy",
+                input_ids=[1, 2, 3],
+                stream=True,
+                data_parallel_rank=0,
+                sampling_params=SamplingParams(max_new_tokens=50),
+            )
+        )
+        tokens, chunks = await collect(healthy, DEADLINE)
+        assert tokens == expected_tokens("healthy", 50)
+        assert chunks[-1].finish_reason == "length"
+
+        async def outcome(stream) -> str:
+            try:
+                async for _ in stream:
+                    pass
+            except SendTimeout as exc:
+                assert exc.engine_index == STUCK
+                return "timeout"
+            return "finished"
+
+        pending = [asyncio.create_task(outcome(s)) for s in stuck]
+        done, _ = await asyncio.wait(pending, timeout=SEND_TIMEOUT * 4 + 2)
+        timed_out = [t.result() for t in done].count("timeout")
+        # Most of the 200 never fit into the engine's queue or socket buffers: they time out
+        # after send_timeout instead of piling up without bound.
+        assert timed_out >= 150, timed_out
+        assert client.load()[0].alive
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        if client is not None:
+            await client.close()
+        for s in sockets:
+            s.close(linger=0)
+        ctx.term()
+        if sim is not None:
+            await asyncio.to_thread(sim.stop)
+        await asyncio.to_thread(io.stop)
+
+
+@pytest.mark.parametrize("depth", [0, -1])
+def test_engine_queue_depth_must_be_positive(depth):
+    from tsfront import ConfigError
+
+    with pytest.raises(ConfigError, match="engine_queue_depth"):
+        ClientConfig(engine_queue_depth=depth)
