@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def params_from(args: argparse.Namespace) -> Params:
+    """The suite's parameters from the command line (``--quick`` starts from the quick set)."""
     p = Params.quick() if args.quick else Params()
     changes = {}
     for name, field in (
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run as ``python -m tsfront.bench.cli``; the same as ``tsfront bench``."""
     parser = argparse.ArgumentParser(prog="tsfront bench", description=__doc__)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -69,6 +69,7 @@ def cpu_stat_ns(pid: int) -> int:
 
 
 def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by nearest rank; NaN when empty."""
     if not values:
         return float("nan")
     s = sorted(values)
@@ -77,6 +78,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def steps_for(design: str, rows: int, target_s: float, minimum: int = 100) -> int:
+    """How many steps of a design fit in about ``target_s`` seconds of CPU."""
     per = _EST_FRAME_US + _EST_ROW_US[design] * rows
     return max(minimum, int(target_s * 1e6 / per))
 
@@ -299,6 +301,7 @@ class _Child:
         return self.conn.recv()
 
     def close(self) -> None:
+        """Stop every worker, replay engine and the I/O process."""
         try:
             self.conn.send(("exit",))
         except (OSError, BrokenPipeError):
@@ -312,20 +315,25 @@ class _Child:
 
 @dataclass
 class Snapshot:
+    """CPU time of some processes (scheduler and /proc/stat views) at one moment."""
+
     sched: dict[int, int]
     stat: dict[int, int]
     t: float
 
     @classmethod
     def take(cls, pids: list[int]) -> Snapshot:
+        """Read the CPU time of ``pids`` now."""
         return cls(
             {p: cpu_ns(p) for p in pids}, {p: cpu_stat_ns(p) for p in pids}, time.monotonic()
         )
 
     def cpu_s(self, later: Snapshot, pid: int) -> float:
+        """Seconds of CPU ``pid`` used between this snapshot and ``later`` (scheduler clock)."""
         return (later.sched[pid] - self.sched[pid]) / 1e9
 
     def stat_s(self, later: Snapshot, pid: int) -> float:
+        """The same from /proc/<pid>/stat (utime + stime, tick resolution)."""
         return (later.stat[pid] - self.stat[pid]) / 1e9
 
 
@@ -376,9 +384,11 @@ class Session:
 
     @property
     def io_pid(self) -> int:
+        """The I/O process's pid."""
         return self.io.pid
 
     def close(self) -> None:
+        """Stop every worker, replay engine and the I/O process."""
         for c in self.workers + self.engines:
             c.close()
         self.io.stop()
@@ -410,6 +420,7 @@ class Session:
         }
 
     def submit(self, rnd: dict, *, stamped: bool, workers: int | None = None) -> None:
+        """Have the workers submit one round's requests, shared out round-robin."""
         nw = workers or self.nw
         for w in range(nw):
             share = rnd["flat"][w::nw]
@@ -422,11 +433,13 @@ class Session:
             assert self.engines[k].recv()[0] == "got"
 
     def wakes(self) -> list[int]:
+        """Each worker's count of eventfd wake-ups so far."""
         for w in self.workers:
             w.send("wakes")
         return [w.recv()[1] for w in self.workers]
 
     def wait_workers(self, nw: int) -> list[tuple]:
+        """Wait until the first ``nw`` workers have seen their streams end; their reports."""
         for w in self.workers[:nw]:
             w.send("wait")
         return [self.workers[i].recv(600) for i in range(nw)]
@@ -470,6 +483,7 @@ class Session:
         }
 
     def idle(self, seconds: float = 1.0) -> dict:
+        """CPU percent of the I/O process and a parked worker over ``seconds`` of no traffic."""
         pids = [self.io_pid, self.workers[0].pid]
         before = Snapshot.take(pids)
         time.sleep(seconds)
@@ -608,6 +622,7 @@ def shm_bytes_per_stream() -> dict:
 
 
 def summarize_latency(values_ns: list[int]) -> dict:
+    """p50/p99/p999 (µs) of latencies given in nanoseconds."""
     us = [v / 1000 for v in values_ns]
     return {
         "p50_us": percentile(us, 0.5),
@@ -647,6 +662,7 @@ class Params:
 
     @classmethod
     def quick(cls) -> Params:
+        """The ``--quick`` parameters: B=256, one worker, short targets (under a minute)."""
         return cls(
             batches=(256,),
             workers=(1,),

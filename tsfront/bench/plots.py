@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
+    """Draw the PNG plots of docs/PERFORMANCE.md from a ``tsfront bench --out`` report."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -132,6 +132,7 @@ class StampedFrame:
 
     @property
     def first_offset(self) -> int:
+        """Byte offset of the first stamp slot in the frame."""
         return self.offsets[0]
 
 
@@ -174,6 +175,7 @@ class ReplayEngine:
         self.targets: dict[str, zmq.Socket] = {}
 
     def handshake(self, address: str, engine_index: int, rank: int, size: int) -> None:
+        """Dial the frontend as engine ``engine_index`` and register, like a TokenSpeed rank."""
         identity = engine_identity(engine_index)
         hs = self.ctx.socket(zmq.DEALER)
         hs.setsockopt(zmq.IDENTITY, identity)
@@ -220,6 +222,7 @@ class ReplayEngine:
                 self.arrivals[decode_add(frames[1]).rid] = now
 
     def serve(self) -> None:
+        """Replay frames on command until told to stop."""
         poller = zmq.Poller()
         if self.inp is not None:
             poller.register(self.inp, zmq.POLLIN)
@@ -277,6 +280,7 @@ class ReplayEngine:
                 raise RuntimeError(f"unknown command {cmd!r}")
 
     def close(self) -> None:
+        """Close every socket and the ZMQ context."""
         for s in [self.inp, self.out, *self.targets.values()]:
             if s is not None:
                 s.close()
