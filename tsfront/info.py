@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+
+from tsfront.wire import EngineRegistration
 
 
-@dataclass(frozen=True)
-class EngineInfo:
-    """An engine that completed the handshake: its index, rank and registration.
+class EngineInfo(EngineRegistration, kw_only=True, frozen=True):
+    """An engine that completed the handshake: its index, rank, output endpoint, and every
+    field of its registration (`tsfront.wire.EngineRegistration`: ``max_model_len``,
+    ``data_parallel_rank``, ``vllm_version``, ...).
 
     ``max_model_len`` is the model's context length as the engine reports it; the usable limit
     for a prompt plus its new tokens is `context_limit` (the cache can be smaller).
@@ -17,26 +19,7 @@ class EngineInfo:
 
     index: int
     rank: int
-    output_address: str
-    max_model_len: int = 0
-    num_gpu_blocks: int = 0
-    prefix_granularity: int = 0
-    dp_stats_address: str | None = None
-    dtype: str = ""
-    multimodal_encoder_dtype: str | None = None
-    vllm_version: str = ""
-    world_size: int = 1
-    data_parallel_size: int = 1
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    decode_context_parallel_size: int = 1
-    data_parallel_rank: int = 0
-    max_num_seqs: int = 0
-    max_num_batched_tokens: int = 0
-    instance_id: str = ""
-    kv_cache_size_tokens: int | None = None
-    kv_cache_max_concurrency: float | None = None
-    kv_events_config: dict[Any, Any] | None = None
+    output_address: str = ""
 
     @property
     def context_limit(self) -> int | None:
@@ -47,7 +30,7 @@ class EngineInfo:
     @classmethod
     def from_message(cls, message: dict) -> EngineInfo:
         """Build from the I/O process's ``engines`` control message entry."""
-        names = {f.name for f in fields(cls)}
+        names = set(EngineRegistration.__struct_fields__)
         reg = message.get("registration") or {}
         values = {k: v for k, v in reg.items() if k in names}
         return cls(
