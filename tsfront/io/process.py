@@ -52,7 +52,9 @@ class IOProcess:
             raise ConfigError(f"IOProcess.start takes a ClientConfig, got {type(config).__name__}")
         token = f"{os.getpid()}-{secrets.token_hex(6)}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tsfront.io.main"],
+            # -P: never put the working directory on sys.path, or a source checkout there
+            # would shadow the installed package (whose native extension is compiled).
+            [sys.executable, "-P", "-m", "tsfront.io.main"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
