@@ -47,7 +47,6 @@ class Engine:
     tail_at: float = 0.0
     in_flight_at_tail: int = 0
     backlog: collections.deque[PendingSend] = field(default_factory=collections.deque)
-    slots: set[int] = field(default_factory=set)
     aborts: list[str] = field(default_factory=list)
     # fds of the connections accepted on this engine's output PULL (its own, and any peer's).
     connections: set[int] = field(default_factory=set)

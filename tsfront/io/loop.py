@@ -155,7 +155,6 @@ class IOLoop:
         self.addresses: dict = {}
         self._sockets: list[zmq.Socket] = []
         self._listener: socket.socket | None = None
-        self.backlogged = 0
 
     # ------------------------------------------------------------------ setup
 
@@ -255,7 +254,7 @@ class IOLoop:
             writer.wake()
 
     def _timeout_ms(self) -> int:
-        if self.backlogged or self.writer.spilling():
+        if self.writer.spilling() or any(e.backlog for e in self.engines):
             return 1
         if self.state == "handshaking":
             return max(0, min(1000, int((self.deadline - time.monotonic()) * 1000) + 1))
@@ -309,7 +308,6 @@ class IOLoop:
                 if record is not None:
                     owner = record.engine
                     owner.in_flight -= 1
-                    owner.slots.discard(slot)
             self.dirty.add(engine.row)
 
     # ------------------------------------------------------------------ submissions
@@ -363,7 +361,6 @@ class IOLoop:
         self.records[slot] = Record(rid, engine, ticket)
         engine.in_flight += 1
         engine.requests_total += 1
-        engine.slots.add(slot)
         self.dirty.add(engine.row)
         if engine.backlog:
             self._queue(engine, slot, payload)
@@ -382,7 +379,6 @@ class IOLoop:
         engine.backlog.append(
             PendingSend(slot, payload, time.monotonic() + self.config.send_timeout)
         )
-        self.backlogged += 1
 
     def _retry_backlog(self, engine: Engine, now: float) -> None:
         while engine.backlog:
@@ -390,14 +386,11 @@ class IOLoop:
             record = self.records.get(pending.slot)
             if record is None or record.engine is not engine:
                 engine.backlog.popleft()
-                self.backlogged -= 1
                 continue
             if now >= pending.deadline:
                 engine.backlog.popleft()
-                self.backlogged -= 1
                 self.records.pop(pending.slot, None)
                 engine.in_flight -= 1
-                engine.slots.discard(pending.slot)
                 self.writer.finish(pending.slot, FIN_SEND_TIMEOUT, engine.index)
                 continue
             try:
@@ -410,7 +403,6 @@ class IOLoop:
                 self._kill(engine, "input connection unreachable")
                 return
             engine.backlog.popleft()
-            self.backlogged -= 1
 
     def _abort(self, worker: WorkerConn, data: bytes) -> None:
         usable = len(data) - len(data) % ABORT_ENTRY.size
@@ -427,7 +419,6 @@ class IOLoop:
         record = self.records.pop(slot)
         engine = record.engine
         engine.in_flight -= 1
-        engine.slots.discard(slot)
         self.writer.unbind(slot)
         self.dirty.add(engine.row)
         if abort:
@@ -562,14 +553,13 @@ class IOLoop:
         log.warning("engine %d is dead: %s", engine.index, reason)
         engine.state = ENGINE_DEAD
         engine.dead_reason = reason
-        for slot in list(engine.slots):
-            record = self.records.pop(slot, None)
-            if record is not None:
-                self.writer.finish(slot, FIN_ENGINE_DEAD, engine.index)
-                engine.aborts.append(record.rid.decode("utf-8", "replace"))
-        self.backlogged -= len(engine.backlog)
+        # The records are the one account of what is in flight where; a death is rare enough
+        # to find its requests by a scan rather than keep a second per-engine set.
+        for slot in [s for s, r in self.records.items() if r.engine is engine]:
+            record = self.records.pop(slot)
+            self.writer.finish(slot, FIN_ENGINE_DEAD, engine.index)
+            engine.aborts.append(record.rid.decode("utf-8", "replace"))
         engine.backlog.clear()
-        engine.slots.clear()
         engine.in_flight = 0
         engine.tail = (0, 0, 0, 0)
         self.dirty.add(engine.row)
