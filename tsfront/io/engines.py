@@ -23,6 +23,7 @@ class PendingSend:
     """A request the engine's input queue did not take yet."""
 
     slot: int
+    ticket: int  # the request's, so a reused slot is never mistaken for it
     payload: zmq.Frame
     deadline: float
 

@@ -377,14 +377,20 @@ class IOLoop:
 
     def _queue(self, engine: Engine, slot: int, payload: zmq.Frame) -> None:
         engine.backlog.append(
-            PendingSend(slot, payload, time.monotonic() + self.config.send_timeout)
+            PendingSend(
+                slot,
+                self.records[slot].ticket,
+                payload,
+                time.monotonic() + self.config.send_timeout,
+            )
         )
 
     def _retry_backlog(self, engine: Engine, now: float) -> None:
         while engine.backlog:
             pending = engine.backlog[0]
             record = self.records.get(pending.slot)
-            if record is None or record.engine is not engine:
+            if record is None or record.ticket != pending.ticket:
+                # Aborted while queued (its slot may already carry a newer request).
                 engine.backlog.popleft()
                 continue
             if now >= pending.deadline:
