@@ -17,6 +17,7 @@ Messages (``op`` key):
 from __future__ import annotations
 
 import array
+import os
 import socket
 import struct
 
@@ -116,8 +117,6 @@ class MessageReader:
 
     def close_fds(self) -> None:
         """Close any received fds nobody took."""
-        import os
-
         for fd in self.take_fds():
             try:
                 os.close(fd)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-import time
 import weakref
 
 import zmq
@@ -329,8 +328,3 @@ class Attachment:
         if self.region is not None:
             self.region.close()
             self.region = None
-
-
-def monotonic_ms() -> int:
-    """Milliseconds of CLOCK_MONOTONIC (system-wide, so comparable across processes)."""
-    return int(time.monotonic() * 1000)
