@@ -144,11 +144,10 @@ class EngineClient:
         att = self._att
         if att.closed or att.region is None:
             raise ClientClosed("the client is closed")
-        out = []
-        for i, info in enumerate(att.engines):
-            load = load_from_row(att.region.engines[i], att.region.engine_load_ms(i))
-            out.append(EngineLoad(**{**load.__dict__, "rank": info.rank, "index": info.index}))
-        return out
+        return [
+            load_from_row(info, att.region.engines[i], att.region.engine_load_ms(i))
+            for i, info in enumerate(att.engines)
+        ]
 
     def metrics(self) -> dict[str, int]:
         """The I/O process's counters: output frames, rows and tokens it wrote to slots, rows

@@ -73,16 +73,15 @@ class EngineLoad:
 STATE_NAMES = {0: "absent", 1: "handshaking", 2: "live", 3: "dead"}
 
 
-def load_from_row(row, load_ms: int) -> EngineLoad:
-    """Read one engine-table row (a numpy view of shared memory)."""
+def load_from_row(info: EngineInfo, row, load_ms: int) -> EngineLoad:
+    """Read engine ``info``'s row of the engine table (a numpy view of shared memory)."""
     from tsfront import region as r
 
     state = int(row[r.E_STATE])
     age = None if load_ms == 0 else max(0.0, time.monotonic() - load_ms / 1000.0)
-    index = int(row[r.E_INDEX])
     return EngineLoad(
-        index=index,
-        rank=-1,
+        index=info.index,
+        rank=info.rank,
         alive=state == r.ENGINE_LIVE,
         state=STATE_NAMES.get(state, "unknown"),
         in_flight=int(row[r.E_IN_FLIGHT]),
