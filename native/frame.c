@@ -12,9 +12,11 @@ static uint32_t finish_code(const uint8_t *s, uint32_t n) {
     return FIN_OTHER;
 }
 
+/* Room for n rows. n <= FRAME_MAX_ROWS (checked by the caller), so the doubling below stays far
+ * from size_t overflow. */
 static int ensure_rows(frame_rows_t *fr, uint32_t n) {
     if (n <= fr->cap) return 0;
-    uint32_t cap = fr->cap ? (uint32_t)fr->cap : 256;
+    size_t cap = fr->cap ? fr->cap : 256;
     while (cap < n) cap *= 2;
     row_t *rows = realloc(fr->rows, cap * sizeof(row_t));
     if (!rows) return -1;
@@ -50,6 +52,10 @@ int frame_parse(frame_rows_t *fr, cur_t *c, uint32_t *nrows_out, frame_tail_t *f
     }
     uint32_t nrows;
     if (rd_array(c, &nrows) < 0) return -1;
+    if (nrows > FRAME_MAX_ROWS) {
+        c->err = "more rows than a frame may carry (at most 1,048,576)";
+        return -1;
+    }
     if ((size_t)(c->end - c->p) < nrows) {
         c->err = "frame is truncated";
         return -1;
@@ -157,6 +163,26 @@ int frame_parse(frame_rows_t *fr, cur_t *c, uint32_t *nrows_out, frame_tail_t *f
     if (c->p != c->end) {
         c->err = "trailing bytes after the frame";
         return -1;
+    }
+    /* Range checks: nothing out of its type's range leaves the decoder. The whole frame is
+     * refused (WireDecodeError), not just its tail: an engine that sends such numbers is
+     * broken, and its rows cannot be trusted either. */
+    if (tail[0] < 0 || tail[0] > FRAME_MAX_ENGINE_INDEX) {
+        static char msg[96];
+        snprintf(msg, sizeof msg, "engine_index %lld out of range [0, 65535]", (long long)tail[0]);
+        c->err = msg;
+        return -1;
+    }
+    static const char *TAIL_NAMES[] = {"engine_index", "num_running", "num_waiting",
+                                       "kv_active_pages", "kv_total_pages"};
+    for (int k = 1; k < 5; k++) {
+        if (tail[k] < 0 || tail[k] > (int64_t)UINT32_MAX) {
+            static char msg[96];
+            snprintf(msg, sizeof msg, "load tail %s %lld out of u32 range", TAIL_NAMES[k],
+                     (long long)tail[k]);
+            c->err = msg;
+            return -1;
+        }
     }
     ft->engine_index = tail[0];
     ft->running = tail[1];

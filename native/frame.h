@@ -13,6 +13,15 @@
 
 #include <stdint.h>
 
+/* Limits on what a frame may carry; a frame past one is refused with WireDecodeError.
+ * - rows: at most FRAME_MAX_ROWS (an engine batches at most its running requests; the cap keeps
+ *   the row scratch bounded and its size arithmetic far from overflow);
+ * - engine_index: the u16 of an engine identity (CONTRACT: identity = u16 LE);
+ * - load tail (num_running, num_waiting, kv_active_pages, kv_total_pages): u32;
+ * - prompt/completion/cached token counts: u32; token ids and logprob ids: int32. */
+#define FRAME_MAX_ROWS (1u << 20)
+#define FRAME_MAX_ENGINE_INDEX 65535
+
 /* Finish codes (slot_a.finish). 1..4 come from the engine, 16.. are local terminal reasons. */
 enum {
     FIN_NONE = 0,

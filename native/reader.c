@@ -21,6 +21,9 @@ typedef struct {
         PyObject *obj;
         uint32_t value;
     } *ints;
+    uint32_t *entries; /* poll's copy of the notify entries it consumes (slots_per_worker) */
+    int rescan_next;   /* read every slot on the next poll (this one failed half-way) */
+    uint64_t rescans;  /* polls that read every slot */
 } Reader;
 
 enum { IC_LOCAL = 0, IC_PROMPT = 1, IC_CACHED = 2, IC_N = 3 };
@@ -41,6 +44,7 @@ static void reader_dealloc(Reader *self) {
         free(self->ints);
     }
     free(self->tickets);
+    free(self->entries);
     if (self->r.base) PyBuffer_Release(&self->r.view);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -64,7 +68,8 @@ static int reader_init(Reader *self, PyObject *args, PyObject *kw) {
     self->worker = worker;
     self->tickets = calloc(s, sizeof(uint64_t));
     self->ints = calloc((size_t)s * IC_N, sizeof(struct int_cache));
-    if (!self->tickets || !self->ints) {
+    self->entries = calloc(s, sizeof(uint32_t));
+    if (!self->tickets || !self->ints || !self->entries) {
         PyErr_NoMemory();
         return -1;
     }
@@ -178,46 +183,82 @@ fail:
     return NULL;
 }
 
+static int append_slot(Reader *self, PyObject *out, uint32_t local) {
+    PyObject *item = read_slot(self, local);
+    if (!item) return PyErr_Occurred() ? -1 : 0;
+    int rc = PyList_Append(out, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+/*
+ * Drain this worker's notify ring and read every slot it names (or every slot, on a rescan).
+ *
+ * The reader's half of the notify ring invariant (see publish_notifications in writer.c): an
+ * entry is consumed before its slot's `notified` flag is cleared. In order:
+ *   1. load head (acquire: the entries and the slots' news before them are visible);
+ *   2. copy the entries [tail, head) out of the ring;
+ *   3. store tail = head: the cells may be reused now that nothing reads them (release: pairs
+ *      with the writer's acquire load of tail before it reuses a cell);
+ *   4. release fence, then clear each consumed slot's flag (a writer that sees a flag at 0
+ *      sees the tail of step 3, so it never finds the ring full because of this entry);
+ *   5. take the writer's rescan request (acquire: pairs with its release store);
+ *   6. seq_cst fence (pairs with the writer's fence before its exchange on `notified`: either
+ *      the writer saw the flag still set, and its news is visible to step 7, or it saw it
+ *      cleared and pushed a new entry), then read the slots.
+ * A ring whose head - tail exceeds slots_per_worker, or an entry naming no slot, cannot come
+ * from a writer that keeps the invariant: its entries are not trusted, and the poll rescans.
+ * A rescan clears every slot's flag and reads every slot this worker expects; a slot with no
+ * news reads as nothing, so nothing is delivered twice.
+ */
 static PyObject *reader_poll(Reader *self, PyObject *unused) {
     region_t *r = &self->r;
     worker_ctl_t *ctl = worker_ctl(r, self->worker);
     uint32_t spw = r->l.slots_per_worker;
+    uint32_t base = self->worker * spw;
     const uint32_t *ring = notify_ring(r, self->worker);
     uint64_t tail = atomic_load_explicit(&ctl->tail, memory_order_relaxed);
     uint64_t head = atomic_load_explicit(&ctl->head, memory_order_acquire);
-    PyObject *out = PyList_New(0);
-    if (!out) return NULL;
-    if (head - tail > spw) tail = head - spw; /* cannot happen with a sane writer */
-    /* Clear every entry's `notified` first, then one fence for all of them (pairs with the
-     * writer's fence before its exchange on `notified`), then read the slots. */
-    for (uint64_t t = tail; t != head; t++) {
-        uint32_t local = ring[t % spw];
-        if (local < spw)
-            atomic_store_explicit(&slot_a(r, self->worker * spw + local)->notified, 0,
-                                  memory_order_relaxed);
+    int rescan = self->rescan_next;
+    uint32_t n = 0;
+    if (head - tail > spw) {
+        rescan = 1; /* a writer that keeps the invariant never gets here */
+    } else {
+        for (uint64_t t = tail; t != head; t++) {
+            uint32_t local = ring[t % spw];
+            if (local < spw) self->entries[n++] = local;
+            else rescan = 1;
+        }
+    }
+    if (head != tail) atomic_store_explicit(&ctl->tail, head, memory_order_release);
+    atomic_thread_fence(memory_order_release);
+    for (uint32_t i = 0; i < n; i++)
+        atomic_store_explicit(&slot_a(r, base + self->entries[i])->notified, 0, memory_order_relaxed);
+    if (atomic_load_explicit(&ctl->rescan, memory_order_relaxed) &&
+        atomic_exchange_explicit(&ctl->rescan, 0, memory_order_acquire))
+        rescan = 1;
+    if (rescan) {
+        for (uint32_t local = 0; local < spw; local++)
+            atomic_store_explicit(&slot_a(r, base + local)->notified, 0, memory_order_relaxed);
     }
     atomic_thread_fence(memory_order_seq_cst);
-    while (tail != head) {
-        uint32_t local = ring[tail % spw];
-        tail++;
-        if (local >= spw) continue;
-        PyObject *item = read_slot(self, local);
-        if (!item) {
-            if (PyErr_Occurred()) {
-                Py_DECREF(out);
-                return NULL;
-            }
-            continue;
-        }
-        int rc = PyList_Append(out, item);
-        Py_DECREF(item);
-        if (rc < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
+    self->rescan_next = 0;
+    PyObject *out = PyList_New(0);
+    if (!out) goto fail;
+    if (rescan) {
+        self->rescans++;
+        for (uint32_t local = 0; local < spw; local++)
+            if (append_slot(self, out, local) < 0) goto fail;
+    } else {
+        for (uint32_t i = 0; i < n; i++)
+            if (append_slot(self, out, self->entries[i]) < 0) goto fail;
     }
-    atomic_store_explicit(&ctl->tail, tail, memory_order_release);
     return out;
+fail:
+    /* The entries are consumed and their flags cleared: read every slot next time instead. */
+    self->rescan_next = 1;
+    Py_XDECREF(out);
+    return NULL;
 }
 
 static PyObject *reader_read(Reader *self, PyObject *arg) {
@@ -232,19 +273,25 @@ static PyObject *reader_read(Reader *self, PyObject *arg) {
     return item;
 }
 
-/* Publish that this worker is about to wait on its eventfd. False if notifications are already
- * pending (then it stays unparked and should poll again). */
+/* Publish that this worker is about to wait on its eventfd. False if notifications (or a
+ * rescan) are already pending (then it stays unparked and should poll again). */
 static PyObject *reader_park(Reader *self, PyObject *unused) {
     worker_ctl_t *ctl = worker_ctl(&self->r, self->worker);
     atomic_store_explicit(&ctl->parked, 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_seq_cst);
     uint64_t head = atomic_load_explicit(&ctl->head, memory_order_acquire);
     uint64_t tail = atomic_load_explicit(&ctl->tail, memory_order_relaxed);
-    if (head != tail) {
+    /* Either the writer's wake (seq_cst fence, then load of `parked`) sees us parked, or we see
+     * its head or its rescan request here. */
+    if (head != tail || self->rescan_next || atomic_load_explicit(&ctl->rescan, memory_order_acquire)) {
         atomic_store_explicit(&ctl->parked, 0, memory_order_relaxed);
         Py_RETURN_FALSE;
     }
     Py_RETURN_TRUE;
+}
+
+static PyObject *reader_rescans(Reader *self, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(self->rescans);
 }
 
 static PyObject *reader_wakes(Reader *self, PyObject *unused) {
@@ -263,6 +310,8 @@ static PyMethodDef reader_methods[] = {
      "read(local_slot) -> update tuple or None: read one slot directly."},
     {"park", (PyCFunction)reader_park, METH_NOARGS,
      "park() -> bool: publish that this worker waits on its eventfd; False if work is pending."},
+    {"rescans", (PyCFunction)reader_rescans, METH_NOARGS,
+     "rescans() -> int: polls that read every slot (the writer found the notify ring full)."},
     {"wakes", (PyCFunction)reader_wakes, METH_NOARGS,
      "wakes() -> int: eventfd writes the I/O process has made to this worker."},
     {NULL, NULL, 0, NULL},

@@ -17,7 +17,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define ABI_VERSION 1
+#define ABI_VERSION 2 /* 2: worker_ctl_t.rescan */
 #define REGION_MAGIC 0x74736672696e6731ULL /* "tsfring1" */
 #define HEADER_BYTES 4096
 #define ENGINE_BYTES 64
@@ -50,7 +50,7 @@ typedef struct {
     _Atomic uint32_t cached_tokens;
     _Atomic int32_t engine_index;
     _Atomic uint32_t flags; /* bit 0: the request carries logprobs */
-    _Atomic uint32_t notified; /* 1 while the slot sits on its worker's notify ring */
+    _Atomic uint32_t notified; /* 1 from the push of its notify entry until that is consumed */
     _Atomic uint64_t spilled;  /* tokens that went through the spill path (a counter) */
 } slot_a_t;
 
@@ -60,10 +60,13 @@ typedef struct {
 } slot_b_t;
 
 typedef struct {
-    _Atomic uint64_t head;  /* I/O: next notify entry to write */
-    _Atomic uint64_t wakes; /* I/O: eventfd writes made to this worker */
-    uint8_t pad[48];
-    _Atomic uint64_t tail;   /* worker: next notify entry to read */
+    /* Written by the I/O process (first line). */
+    _Atomic uint64_t head;   /* next notify entry to write */
+    _Atomic uint64_t wakes;  /* eventfd writes made to this worker */
+    _Atomic uint32_t rescan; /* 1: the ring overflowed, the reader must read every slot */
+    uint8_t pad[44];
+    /* Written by the worker (second line). */
+    _Atomic uint64_t tail;   /* next notify entry to read */
     _Atomic uint32_t parked; /* worker sets 1 before waiting on its eventfd; I/O clears */
     uint8_t pad2[52];
 } worker_ctl_t;
@@ -117,5 +120,8 @@ static inline float *slot_lpv(region_t *r, uint32_t slot) {
 static inline int32_t *slot_lpi(region_t *r, uint32_t slot) {
     return (int32_t *)(slot_ptr(r, slot) + r->l.lpi_off);
 }
+
+_Static_assert(sizeof(worker_ctl_t) == WORKER_BYTES, "worker control block is 128 bytes");
+_Static_assert(sizeof(slot_a_t) <= 64, "a slot's line A fits one cache line");
 
 #endif

@@ -17,6 +17,8 @@
 #include "region.h"
 #include "ridmap.h"
 
+#define SPILL_MAX_TOKENS (1u << 30)
+
 typedef struct {
     int32_t *tok;
     float *lpv;
@@ -38,7 +40,8 @@ typedef struct {
     uint32_t spill_count;
     /* per-frame scratch */
     frame_rows_t frame;
-    uint32_t *touched;
+    uint32_t *touched;     /* slots to notify at the end of this turn, each at most once */
+    uint8_t *touched_mark; /* per slot: 1 while it is in `touched` */
     uint32_t touched_n;
     /* workers */
     int *wake_fd;
@@ -46,8 +49,9 @@ typedef struct {
     uint32_t *touched_workers;
     uint32_t touched_workers_n;
     uint64_t *pending_head; /* local copy of each worker's head */
+    uint64_t *tail_seen;    /* each worker's tail as last loaded (it only grows) */
     /* counters */
-    uint64_t frames, rows_total, unknown_rows, spilled_tokens, wakes, tokens;
+    uint64_t frames, rows_total, unknown_rows, spilled_tokens, wakes, tokens, notify_overflows;
 } Writer;
 
 static void publish_stats(Writer *self);
@@ -65,6 +69,8 @@ static void writer_dealloc(Writer *self) {
     free(self->spill_list);
     free(self->frame.rows);
     free(self->touched);
+    free(self->touched_mark);
+    free(self->tail_seen);
     free(self->wake_fd);
     free(self->worker_touched);
     free(self->touched_workers);
@@ -94,13 +100,15 @@ static int writer_init(Writer *self, PyObject *args, PyObject *kw) {
     self->spill = calloc(total, sizeof(spill_t));
     self->spill_list = calloc(total, sizeof(uint32_t));
     self->touched = calloc(total, sizeof(uint32_t));
+    self->touched_mark = calloc(total, 1);
+    self->tail_seen = calloc(w, sizeof(uint64_t));
     self->wake_fd = malloc(w * sizeof(int));
     self->worker_touched = calloc(w, 1);
     self->touched_workers = calloc(w, sizeof(uint32_t));
     self->pending_head = calloc(w, sizeof(uint64_t));
     if (!map_ok || !self->spill || !self->spill_list ||
         !self->touched || !self->wake_fd || !self->worker_touched || !self->touched_workers ||
-        !self->pending_head) {
+        !self->pending_head || !self->touched_mark || !self->tail_seen) {
         PyErr_NoMemory();
         return -1;
     }
@@ -115,32 +123,79 @@ static void spill_drop(Writer *self, uint32_t slot) {
     sp->finish = FIN_NONE;
 }
 
-static void notify_slot(Writer *self, uint32_t slot) { self->touched[self->touched_n++] = slot; }
+/* Queue a slot for notification at the end of this turn. A slot is queued at most once per turn
+ * (its private mark), so `touched` never holds more than total_slots entries, however many rows
+ * of one frame name the same rid. */
+static inline void notify_slot(Writer *self, uint32_t slot) {
+    if (self->touched_mark[slot]) return;
+    self->touched_mark[slot] = 1;
+    self->touched[self->touched_n++] = slot;
+}
 
-/* Publish queued notifications: one fence, then each touched slot goes on its worker's notify
- * ring at most once (the `notified` flag), then each worker's head is released. */
+static inline void touch_worker(Writer *self, uint32_t w) {
+    if (!self->worker_touched[w]) {
+        self->worker_touched[w] = 1;
+        self->touched_workers[self->touched_workers_n++] = w;
+    }
+}
+
+/*
+ * Publish queued notifications: each touched slot goes on its worker's notify ring unless it
+ * already has an entry there, then each worker's head is released.
+ *
+ * THE NOTIFY RING INVARIANT: a slot has at most one entry outstanding on its worker's ring, so
+ * head - tail <= slots_per_worker and a ring of slots_per_worker entries never overflows.
+ * Why it holds: the writer pushes an entry for a slot only when it flips the slot's `notified`
+ * flag from 0 to 1 (the exchange below); the reader clears the flag only after it has consumed
+ * that entry, i.e. copied it out of the ring AND published a tail past it (reader_poll). So
+ * while an entry for a slot is between tail and head, its flag is 1 and no second entry can be
+ * pushed. The acquire on the exchange pairs with the reader's release fence before it clears
+ * the flag: having seen the flag at 0, the writer also sees the tail that consumed the entry.
+ *
+ * The writer does not trust it: before storing an entry it checks the reader's tail (acquire,
+ * cached until the ring looks full). If the ring is full anyway (a reader that broke the
+ * protocol, or a corrupted control block), the entry is not stored (that would overwrite one
+ * the reader has not read), the overflow is counted, the slot's flag goes back to 0, and the
+ * worker's `rescan` flag tells its reader to read every slot on its next poll; the worker is
+ * woken like any notified worker. Nothing is lost silently.
+ */
 static void publish_notifications(Writer *self) {
     if (self->touched_n == 0) return;
     region_t *r = &self->r;
-    /* Pairs with the reader's fence between clearing `notified` and loading write_seq: if our
-     * exchange below still sees the flag set, the reader is guaranteed to see our writes. */
+    /* Pairs with the reader's seq_cst fence between clearing `notified` and loading write_seq:
+     * if our exchange below still sees the flag set, the reader is guaranteed to see our
+     * writes (write_seq, state) when it reads the slot. */
     atomic_thread_fence(memory_order_seq_cst);
     uint32_t spw = r->l.slots_per_worker;
     for (uint32_t i = 0; i < self->touched_n; i++) {
         uint32_t slot = self->touched[i];
+        self->touched_mark[slot] = 0;
         slot_a_t *a = slot_a(r, slot);
-        if (atomic_exchange_explicit(&a->notified, 1, memory_order_relaxed) != 0) continue;
+        if (atomic_exchange_explicit(&a->notified, 1, memory_order_acquire) != 0) continue;
         uint32_t w = slot / spw;
+        worker_ctl_t *ctl = worker_ctl(r, w);
         uint64_t head = self->pending_head[w];
+        if (head - self->tail_seen[w] >= spw) {
+            /* Acquire: the reader has copied out every entry before the tail it published, so
+             * the cells we are about to reuse are no longer read. */
+            self->tail_seen[w] = atomic_load_explicit(&ctl->tail, memory_order_acquire);
+            if (head - self->tail_seen[w] >= spw) {
+                self->notify_overflows++;
+                atomic_store_explicit(&a->notified, 0, memory_order_relaxed);
+                /* Release: a reader that sees the request for a rescan sees the slot's news. */
+                atomic_store_explicit(&ctl->rescan, 1, memory_order_release);
+                touch_worker(self, w);
+                continue;
+            }
+        }
         notify_ring(r, w)[head % spw] = slot % spw;
         self->pending_head[w] = head + 1;
-        if (!self->worker_touched[w]) {
-            self->worker_touched[w] = 1;
-            self->touched_workers[self->touched_workers_n++] = w;
-        }
+        touch_worker(self, w);
     }
     for (uint32_t i = 0; i < self->touched_workers_n; i++) {
         uint32_t w = self->touched_workers[i];
+        /* Release: the entries (and the slots' news before them) happen-before a reader's
+         * acquire load of head. */
         atomic_store_explicit(&worker_ctl(r, w)->head, self->pending_head[w], memory_order_release);
     }
     self->touched_n = 0;
@@ -240,7 +295,10 @@ static PyObject *writer_finish(Writer *self, PyObject *args) {
 static int spill_push(Writer *self, uint32_t slot, int32_t tok, float lpv, int32_t lpi) {
     spill_t *sp = &self->spill[slot];
     if (sp->n == sp->cap) {
-        uint32_t ncap = sp->cap ? sp->cap * 2 : 64;
+        /* The cap stays below 2**31 tokens (8 GiB of spill per slot across its three arrays):
+         * past that, refuse like any failed allocation rather than wrap the u32. */
+        if (sp->cap >= SPILL_MAX_TOKENS) return -1;
+        size_t ncap = sp->cap ? (size_t)sp->cap * 2 : 64;
         int32_t *t = realloc(sp->tok, ncap * sizeof(int32_t));
         if (!t) return -1;
         sp->tok = t;
@@ -250,7 +308,7 @@ static int spill_push(Writer *self, uint32_t slot, int32_t tok, float lpv, int32
         int32_t *ix = realloc(sp->lpi, ncap * sizeof(int32_t));
         if (!ix) return -1;
         sp->lpi = ix;
-        sp->cap = ncap;
+        sp->cap = (uint32_t)ncap;
     }
     sp->tok[sp->n] = tok;
     sp->lpv[sp->n] = lpv;
@@ -337,6 +395,11 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
     if (nargs == 2) {
         default_index = PyLong_AsLongLong(args[1]);
         if (default_index == -1 && PyErr_Occurred()) return NULL;
+        if (default_index < 0 || default_index > FRAME_MAX_ENGINE_INDEX) {
+            PyErr_Format(PyExc_ValueError, "engine_index %lld out of range [0, 65535]",
+                         default_index);
+            return NULL;
+        }
     }
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -518,15 +581,20 @@ static PyObject *writer_reset_worker(Writer *self, PyObject *arg) {
     }
     /* Touched lists may still name this worker's slots; drop them. */
     uint32_t keep = 0;
-    for (uint32_t i = 0; i < self->touched_n; i++)
-        if (self->touched[i] / spw != (uint32_t)w) self->touched[keep++] = self->touched[i];
+    for (uint32_t i = 0; i < self->touched_n; i++) {
+        uint32_t slot = self->touched[i];
+        if (slot / spw != (uint32_t)w) self->touched[keep++] = slot;
+        else self->touched_mark[slot] = 0;
+    }
     self->touched_n = keep;
     worker_ctl_t *ctl = worker_ctl(r, (uint32_t)w);
     atomic_store_explicit(&ctl->head, 0, memory_order_relaxed);
     atomic_store_explicit(&ctl->tail, 0, memory_order_relaxed);
     atomic_store_explicit(&ctl->parked, 0, memory_order_relaxed);
     atomic_store_explicit(&ctl->wakes, 0, memory_order_relaxed);
+    atomic_store_explicit(&ctl->rescan, 0, memory_order_relaxed);
     self->pending_head[w] = 0;
+    self->tail_seen[w] = 0;
     self->wake_fd[w] = -1;
     atomic_thread_fence(memory_order_release);
     Py_RETURN_NONE;
@@ -544,6 +612,7 @@ static void publish_stats(Writer *self) {
     atomic_store_explicit(&m[5], self->wakes, memory_order_relaxed);
     atomic_store_explicit(&m[6], self->rids.used, memory_order_relaxed);
     atomic_store_explicit(&m[7], self->spill_count, memory_order_relaxed);
+    atomic_store_explicit(&m[8], self->notify_overflows, memory_order_relaxed);
 }
 
 static PyObject *writer_spilling(Writer *self, PyObject *unused) {
@@ -551,10 +620,11 @@ static PyObject *writer_spilling(Writer *self, PyObject *unused) {
 }
 
 static PyObject *writer_stats(Writer *self, PyObject *unused) {
-    return Py_BuildValue("{sKsKsKsKsKsKsIsI}", "frames", self->frames, "rows", self->rows_total,
+    return Py_BuildValue("{sKsKsKsKsKsKsIsIsK}", "frames", self->frames, "rows", self->rows_total,
                          "unknown_rows", self->unknown_rows, "tokens", self->tokens,
                          "spilled_tokens", self->spilled_tokens, "wakes", self->wakes,
-                         "bound", self->rids.used, "spilling_slots", self->spill_count);
+                         "bound", self->rids.used, "spilling_slots", self->spill_count,
+                         "notify_overflows", self->notify_overflows);
 }
 
 static PyMethodDef writer_methods[] = {
