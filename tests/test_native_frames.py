@@ -181,3 +181,29 @@ def test_a_frame_with_more_than_the_row_limit_is_refused():
     r = Region()
     with pytest.raises(WireDecodeError, match="more rows than a frame may carry"):
         r.writer.ingest(data)
+
+
+def test_every_slot_draining_its_spill_and_its_end_in_one_flush():
+    """Every slot of the region spills, its end deferred behind the spill; one flush drains the
+    tokens and publishes each end. Each slot is queued for notification once per flush (its
+    tokens and its end used to take two places each in a list sized for one per slot)."""
+    r = Region()
+    total = WORKERS * SPW
+    readers = [r.reader, _native.Reader(r.map, 1, WORKERS, SPW, CAP, ENGINES)]
+    for slot in range(total):
+        readers[slot // SPW].expect(slot % SPW, slot + 1)
+        assert r.writer.bind(f"s{slot}".encode(), slot, slot + 1, False, FIN_DUPLICATE)
+    r.writer.ingest(frame([(f"s{slot}", list(range(CAP + 3)), "stop") for slot in range(total)]))
+    assert r.writer.spilling() == total
+    got = {slot: [] for slot in range(total)}
+    ends = {}
+    for _ in range(4):
+        for w, reader in enumerate(readers):
+            for local, toks, _v, _i, fin, *_ in reader.poll():
+                got[w * SPW + local].extend(toks)
+                if fin:
+                    ends[w * SPW + local] = fin
+        if r.writer.flush_spills() == 0 and len(ends) == total:
+            break
+    assert ends == {slot: _native.FIN_STOP for slot in range(total)}
+    assert all(toks == list(range(CAP + 3)) for toks in got.values())
