@@ -111,6 +111,10 @@ static PyObject *read_slot(Reader *self, uint32_t local) {
     uint64_t ticket = self->tickets[local];
     if (ticket == 0) return NULL;
     slot_a_t *a = slot_a(r, slot);
+    /* Acquire generation: pairs with Writer.bind's release, so the header read below is the
+     * one reset for our ticket. Acquire state then write_seq: DONE is released after the last
+     * write_seq, so a DONE seen here comes with every token; write_seq is released after the
+     * tokens and counts it covers. */
     if (atomic_load_explicit(&a->generation, memory_order_acquire) != ticket) return NULL;
     uint32_t state = atomic_load_explicit(&a->state, memory_order_acquire);
     uint64_t ws = atomic_load_explicit(&a->write_seq, memory_order_acquire);
@@ -209,7 +213,9 @@ static int append_slot(Reader *self, PyObject *out, uint32_t local) {
  * A ring whose head - tail exceeds slots_per_worker, or an entry naming no slot, cannot come
  * from a writer that keeps the invariant: its entries are not trusted, and the poll rescans.
  * A rescan clears every slot's flag and reads every slot this worker expects; a slot with no
- * news reads as nothing, so nothing is delivered twice.
+ * news reads as nothing, so nothing is delivered twice. (A slot pushed after this poll's load
+ * of head may so get a second entry: it too reads as nothing, and it can cost at most one more
+ * counted overflow and rescan. Rescans happen only after the protocol was broken.)
  */
 static PyObject *reader_poll(Reader *self, PyObject *unused) {
     region_t *r = &self->r;

@@ -70,6 +70,8 @@ int region_open(region_t *r, PyObject *buffer, uint32_t w, uint32_t s, uint32_t 
         h->ring_capacity = c;
         h->max_engines = e;
         h->total_bytes = r->l.total_bytes;
+        /* The geometry happens-before the magic: a Reader that sees the magic (after its
+         * acquire fence below) sees the geometry it checks. */
         atomic_thread_fence(memory_order_release);
         h->magic = REGION_MAGIC;
     } else {

@@ -329,6 +329,8 @@ static int spill_flush_one(Writer *self, uint32_t slot) {
     slot_a_t *a = slot_a(r, slot);
     uint32_t cap = r->l.ring_capacity;
     uint64_t ws = atomic_load_explicit(&a->write_seq, memory_order_relaxed);
+    /* Acquire: pairs with the reader's release of read_seq after it copied its tokens out, so
+     * the cells below read_seq + cap are free to overwrite. */
     uint64_t rs = atomic_load_explicit(&slot_b(r, slot)->read_seq, memory_order_acquire);
     uint64_t room = cap - (ws - rs);
     uint32_t k = sp->n < room ? sp->n : (uint32_t)room;
@@ -354,6 +356,7 @@ static int spill_flush_one(Writer *self, uint32_t slot) {
         atomic_store_explicit(&a->engine_index, sp->engine_index, memory_order_relaxed);
     }
     if (k > 0) {
+        /* Release: the tokens and counts above happen-before a reader's acquire of write_seq. */
         atomic_store_explicit(&a->write_seq, ws + k, memory_order_release);
         notify_slot(self, slot);
     }
@@ -437,6 +440,7 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
         slot_a_t *a = slot_a(r, slot);
         spill_t *sp = &self->spill[slot];
         uint64_t ws = atomic_load_explicit(&a->write_seq, memory_order_relaxed);
+        /* Acquire: pairs with the reader's release of read_seq (see spill_flush_one). */
         uint64_t rs = atomic_load_explicit(&slot_b(r, slot)->read_seq, memory_order_acquire);
         uint64_t room = sp->n ? 0 : cap - (ws - rs);
         cur_t t = {row->out, c.end, NULL}, v = {row->lpv, c.end, NULL}, x = {row->lpi, c.end, NULL};
@@ -489,6 +493,8 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
             if (sp->n) {
                 sp->finish = row->finish; /* published after the spilled tokens */
             } else {
+                /* Release, after the last write_seq: a reader that acquires DONE sees every
+                 * token and the finish code. */
                 atomic_store_explicit(&a->finish, row->finish, memory_order_relaxed);
                 atomic_store_explicit(&a->state, SLOT_DONE, memory_order_release);
             }
@@ -596,6 +602,8 @@ static PyObject *writer_reset_worker(Writer *self, PyObject *arg) {
     self->pending_head[w] = 0;
     self->tail_seen[w] = 0;
     self->wake_fd[w] = -1;
+    /* The next worker on this number maps the region only after the I/O process answers its
+     * attach (a socket round trip), which orders these stores; the fence documents the intent. */
     atomic_thread_fence(memory_order_release);
     Py_RETURN_NONE;
 }
