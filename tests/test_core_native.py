@@ -379,7 +379,7 @@ def batches(draw):
         cols["cached_tokens"].append(draw(_count))
         cols["output_token_logprobs_val"].append(lpv)
         cols["output_token_logprobs_idx"].append(list(ids) if with_lp else [])
-    tail = draw(st.tuples(*[st.integers(0, (1 << 31) - 1)] * 5))
+    tail = draw(st.tuples(st.integers(0, 65535), *[st.integers(0, (1 << 32) - 1)] * 4))
     batch = BatchTokenIDOutSlim(**cols, engine_index=tail[0], num_running=tail[1],
                                 num_waiting=tail[2], kv_active_pages=tail[3],
                                 kv_total_pages=tail[4])  # fmt: skip

@@ -40,6 +40,7 @@ METRICS = (
     "wakes",
     "in_flight",
     "spilling_slots",
+    "notify_overflows",
 )
 METRICS_OFFSET = 64
 
