@@ -12,8 +12,9 @@ the whole run. A small ``ring_capacity`` makes slow readers spill. Each stream i
 * ``drop``   — drop the stream (unread, or after one chunk): garbage collection aborts it;
 * ``cancel`` — read in a task that is cancelled after a few milliseconds.
 
-Mid-run one worker is SIGKILLed (a fresh worker takes over what it had left to do) and one
-rank is SIGKILLed while it holds streams, then restarted.
+Mid-run one worker is SIGKILLed (a fresh worker runs its share again, so ``streams`` are all
+checked; the killed worker's are extra) and one rank is SIGKILLed while it holds streams, then
+restarted.
 
 Checked for every stream read to its end: exactly the engine's tokens in order
 (`expected_tokens`: the sim's token is a function of rid and position), exactly one end — the
@@ -517,9 +518,10 @@ class Run:
         _close_worker(proc, pipe)
         done = self.progress.pop(w, 0)
         self.faults["worker_killed"] = {"worker": w, "streams_done": done}
-        # A fresh worker takes over what it had left to do.
+        # A fresh worker runs the whole share again: the killed worker's streams cannot be
+        # checked (it took its view of them with it), so they do not count towards the size.
         replacement = max(self.quotas) + 1
-        self.quotas[replacement] = self.quotas[w] - done
+        self.quotas[replacement] = self.quotas[w]
         self.spawn(replacement, self.quotas[replacement])
 
     async def _kill_rank(self, rank: int) -> None:
@@ -607,6 +609,7 @@ async def stress(size: StressSize) -> dict:
             failures.setdefault(kind, []).extend(items)
     return {
         "streams": counts["streams"],
+        "streams_in_killed_worker": run.faults.get("worker_killed", {}).get("streams_done"),
         "tokens": counts["tokens"],
         "seconds": round(seconds, 1),
         "hangs": counts["hangs"],
@@ -618,6 +621,10 @@ async def stress(size: StressSize) -> dict:
         "modes": {m: counts[m] for m in MODES},
         "engine_died": dict(engine_died),
         "all_slots_busy": counts["all_slots_busy"],
+        "workers_at_full": [
+            w for w, report in sorted(run.reports.items()) if report["counts"].get("all_slots_busy")
+        ],
+        "workers_reported": sorted(run.reports),
         "busy": counts["busy"],
         "max_in_flight": run.max_in_flight,
         "capacity": size.workers * size.slots,
@@ -651,6 +658,9 @@ def check(figures: dict) -> None:
     assert figures["end_errors"] == 0, f"streams did not end exactly once:\n{text}"
     assert figures["fatal_errors"] == 0, f"a worker lost its client:\n{text}"
     assert figures["io_alive"], text
+    assert set(figures["faults"]) == {"worker_killed", "rank_killed"}, (
+        f"a fault was missed:\n{text}"
+    )
     killed = figures["faults"]["rank_killed"]["engine_index"]
     assert set(figures["engine_died"]) <= {killed}, f"EngineDied off the killed rank:\n{text}"
     assert figures["engine_died"], f"the rank kill ended no stream that was read:\n{text}"
@@ -659,9 +669,10 @@ def check(figures: dict) -> None:
     assert figures["new_shm"] == [], text
     assert figures["io_fds"][1] <= figures["io_fds"][0], text
     assert figures["test_fds"][1] <= figures["test_fds"][0], text
-    # The limits were reached: every slot of a worker in use at once, rings spilled.
-    assert figures["all_slots_busy"] > 0, text
-    assert figures["max_in_flight"] >= figures["capacity"] * 3 // 4, text
+    # The limits were reached: every worker had all its slots in use at once (and the I/O
+    # process held most of them; sampled, so not all), rings spilled.
+    assert figures["workers_at_full"] == figures["workers_reported"], text
+    assert figures["max_in_flight"] >= figures["capacity"] // 2, text
     assert figures["spilled_tokens"] > 0, text
 
 
