@@ -79,6 +79,10 @@ EXTREMES = (-1, -2, -(2**31) - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**63 - 1, -(2
 WRONG = ("x", None, 1.5, b"\x00", {"a": 1}, [[["deep"]]], True, [])
 TAG = "BatchTokenIDOutSlim"
 
+# Short: a victim a rogue frame "finished" is still generating on the engine (nobody aborts
+# it), and such leftovers must not fill the rank's batch and starve the witnesses.
+VICTIM_TOKENS = 60
+
 # Probe tokens are far above any simulated token (< vocab 32,000) and still valid int32 ids.
 MARKER_BASE = 1_000_000
 
@@ -446,7 +450,7 @@ class Streams:
         while not self.stop:
             rid = self.rid("victim")
             try:
-                stream = await self.client.generate(request(rid, 400, pin=0))
+                stream = await self.client.generate(request(rid, VICTIM_TOKENS, pin=0))
                 self.victims[rid] = stream
                 ends = 0
                 async for chunk in self.chunks(stream):
