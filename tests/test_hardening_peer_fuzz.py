@@ -458,6 +458,7 @@ class Streams:
                     if self.stop and not chunk.finished:
                         stream.abort()  # the fuzz is over: no need to wait for its end
                         ends = 1
+                        break
                 if ends != 1:
                     self.failures.append(f"victim {rid}: {ends} ends")
             except (StreamError, AssertionError) as exc:
