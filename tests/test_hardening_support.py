@@ -195,7 +195,9 @@ def slot_state(region: Any, worker: int, local: int) -> dict[str, Any]:
     state["state"] = _SLOT_STATES.get(state["state"], state["state"])
     (state["read_seq"],) = struct.unpack_from("<Q", buf, at + 64)
     ctl = lay["workers_off"] + worker * _WORKER_BYTES
-    head, wakes = struct.unpack_from("<QQ", buf, ctl)
+    # ctl + 16: the rescan request of a native writer that found the ring overrun (padding,
+    # so 0, where the layout has no such flag).
+    head, wakes, rescan = struct.unpack_from("<QQI", buf, ctl)
     tail, parked = struct.unpack_from("<QI", buf, ctl + 64)
     ring = lay["notify_off"] + worker * spw * 4
     pending = [
@@ -207,6 +209,7 @@ def slot_state(region: Any, worker: int, local: int) -> dict[str, Any]:
         notify_tail=tail,
         parked=parked,
         wakes=wakes,
+        rescan=rescan,
         on_notify_ring=local in pending,
     )
     return state
