@@ -498,95 +498,114 @@ class Streams:
         return False
 
 
-async def test_io_process_survives_mutated_peer_frames_while_streams_stay_correct(tmp_path):
-    rng = random.Random(SEED)
-    ctx = zmq.Context()
-    async with rig(2, config=GEOMETRY) as r:
-        pid = r.io.pid
-        s = Streams(r)
-        tasks = [asyncio.create_task(s.run_probe())]
-        tasks += [asyncio.create_task(s.witness(0)) for _ in range(6)]
-        tasks += [asyncio.create_task(s.witness(1)) for _ in range(2)]
-        tasks += [asyncio.create_task(s.victim()) for _ in range(8)]
-        await wait_until(lambda: len(s.victims) == 8 and s.probe, "victims and probe live")
-        out = ctx.socket(zmq.PUSH)
-        out.connect(r.io.output_addresses[0])
-        handshakes, inputs = [], []
+class Rogues:
+    """The rogue sockets: a PUSH on rank 0's output PULL, DEALERs on the handshake and input
+    ROUTERs (a random identity, one out of range, and the two live ranks' identities)."""
+
+    def __init__(self, ctx: zmq.Context, io: Any, rng: random.Random) -> None:
+        self.out = ctx.socket(zmq.PUSH)
+        self.out.connect(io.output_addresses[0])
+        self.handshakes: list[zmq.Socket] = []
+        self.inputs: list[zmq.Socket] = []
         for ident in (b"\x07", engine_identity(77), engine_identity(0), engine_identity(1)):
             for address, socks in (
-                (r.io.handshake_address, handshakes),
-                (r.io.input_address, inputs),
+                (io.handshake_address, self.handshakes),
+                (io.input_address, self.inputs),
             ):
                 sock = ctx.socket(zmq.DEALER)
                 sock.setsockopt(zmq.IDENTITY, ident + rng.randbytes(rng.randrange(0, 2)))
-                sock.setsockopt(zmq.LINGER, 0)
                 sock.connect(address)
                 socks.append(sock)
-        t0 = time.monotonic()
-        sent = 0
-        try:
-            for k in range(BATCHES):
-                batch = [fuzz_frame(rng, list(s.victims)) for _ in range(OUTPUT_FRAMES_PER_BATCH)]
-                for _how, data in batch:
-                    out.send(data)
-                for _ in range(2):
-                    rng.choice(handshakes).send(handshake_frame(rng))
-                    rng.choice(inputs).send(registration_frame(rng))
-                sent += len(batch)
-                if not await s.barrier(out, k):
-                    saved = tmp_path / f"peer-fuzz-batch-{k}.json"
-                    rids = [*s.victims, s.probe]
-                    saved.write_text(
-                        json.dumps(
-                            {
-                                "frames": [d.hex() for _, d in batch],
-                                "rids": rids,
-                                "geometry": {
-                                    "num_workers": GEOMETRY["max_workers"],
-                                    "slots_per_worker": GEOMETRY["slots_per_worker"],
-                                    "ring_capacity": GEOMETRY["ring_capacity"],
-                                },
-                            }
-                        )
-                    )
-                    alive = r.io.alive()
-                    code = r.io._proc.poll()
-                    if alive:
-                        fate = f"stopped ingesting ({process_state(r.io.pid)})"
-                    else:
-                        why = ": a Python exception, see the captured stderr" if code == 1 else ""
-                        fate = f"died (exit {code}{why})"
-                    listing = "\n".join(
-                        f"  {i}: {how} ({len(d)} bytes) {d[:80].hex()}"
-                        for i, (how, d) in enumerate(batch)
-                    )
-                    raise AssertionError(
-                        f"after {sent} frames, batch {k} (seed {SEED}): the I/O process "
-                        f"{fate}; "
-                        f"{pinpoint(saved)}; saved in {saved}\n{listing}"
-                    )
-                assert not s.failures, "\n".join(s.failures)
-            seconds = time.monotonic() - t0
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            raise
-        finally:
-            s.stop = True
-            for sock in (out, *handshakes, *inputs):
-                sock.close(linger=0)
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+    def close(self) -> None:
+        for sock in (self.out, *self.handshakes, *self.inputs):
+            sock.close(linger=0)
+
+
+def stalled_batch(
+    r: Any, k: int, sent: int, batch: list[tuple[str, bytes]], rids: list[str], tmp_path: Path
+) -> str:
+    """Why the I/O process stopped at batch ``k``: its fate, the frame that crashes a native
+    Writer (if one does), where the batch is saved, and the batch's frames."""
+    saved = tmp_path / f"peer-fuzz-batch-{k}.json"
+    geometry = {
+        "num_workers": GEOMETRY["max_workers"],
+        "slots_per_worker": GEOMETRY["slots_per_worker"],
+        "ring_capacity": GEOMETRY["ring_capacity"],
+    }
+    frames = [d.hex() for _, d in batch]
+    saved.write_text(json.dumps({"frames": frames, "rids": rids, "geometry": geometry}))
+    code = r.io._proc.poll()
+    if code is None:
+        fate = f"stopped ingesting ({process_state(r.io.pid)})"
+    else:
+        why = ": a Python exception, see the captured stderr" if code == 1 else ""
+        fate = f"died (exit {code}{why})"
+    listing = "\n".join(
+        f"  {i}: {how} ({len(d)} bytes) {d[:80].hex()}" for i, (how, d) in enumerate(batch)
+    )
+    return (
+        f"after {sent} frames, batch {k} (seed {SEED}): the I/O process {fate}; "
+        f"{pinpoint(saved)}; saved in {saved}\n{listing}"
+    )
+
+
+async def fuzz(r: Any, s: Streams, rogues: Rogues, rng: random.Random, tmp_path: Path) -> int:
+    """Send every batch, each followed by its marker; the number of output frames sent."""
+    sent = 0
+    for k in range(BATCHES):
+        batch = [fuzz_frame(rng, list(s.victims)) for _ in range(OUTPUT_FRAMES_PER_BATCH)]
+        for _how, data in batch:
+            rogues.out.send(data)
+        for _ in range(2):
+            rng.choice(rogues.handshakes).send(handshake_frame(rng))
+            rng.choice(rogues.inputs).send(registration_frame(rng))
+        sent += len(batch)
+        if not await s.barrier(rogues.out, k):
+            raise AssertionError(stalled_batch(r, k, sent, batch, [*s.victims, s.probe], tmp_path))
         assert not s.failures, "\n".join(s.failures)
-        # Still the same process, still serving both ranks; both ranks still live.
-        assert r.io.alive() and r.io.pid == pid
-        assert [e.state for e in r.client.load()] == ["live", "live"]
-        for pin in (0, 1):
-            rid = f"after-fuzz-{pin}"
-            stream = await r.client.generate(request(rid, 50, pin=pin))
-            got = [t async for chunk in s.chunks(stream) for t in chunk.output_ids]
-            assert got == expected_tokens(rid, 50)
-        print(
-            f"\npeer fuzz: {sent} output frames, {4 * BATCHES} handshake/input frames in "
-            f"{seconds:.1f}s; {s.counts}"
-        )
-    ctx.destroy(linger=0)
+    return sent
+
+
+async def test_io_process_survives_mutated_peer_frames_while_streams_stay_correct(tmp_path):
+    rng = random.Random(SEED)
+    ctx = zmq.Context()
+    try:
+        async with rig(2, config=GEOMETRY) as r:
+            pid = r.io.pid
+            s = Streams(r)
+            tasks = [asyncio.create_task(s.run_probe())]
+            tasks += [asyncio.create_task(s.witness(0)) for _ in range(6)]
+            tasks += [asyncio.create_task(s.witness(1)) for _ in range(2)]
+            tasks += [asyncio.create_task(s.victim()) for _ in range(8)]
+            await wait_until(lambda: len(s.victims) == 8 and s.probe, "victims and probe live")
+            rogues = Rogues(ctx, r.io, rng)
+            t0 = time.monotonic()
+            try:
+                sent = await fuzz(r, s, rogues, rng, tmp_path)
+            except BaseException:
+                for task in tasks:
+                    task.cancel()
+                raise
+            finally:
+                s.stop = True
+                rogues.close()
+            seconds = time.monotonic() - t0
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+            assert not s.failures, "\n".join(s.failures)
+            # Still the same process, still serving both ranks; both ranks still live.
+            assert r.io.alive() and r.io.pid == pid
+            assert [e.state for e in r.client.load()] == ["live", "live"]
+            for pin in (0, 1):
+                rid = f"after-fuzz-{pin}"
+                stream = await r.client.generate(request(rid, 50, pin=pin))
+                got = [t async for chunk in s.chunks(stream) for t in chunk.output_ids]
+                assert got == expected_tokens(rid, 50)
+            # Requests a rogue frame ended were finished here too: nothing is left held.
+            await wait_until(lambda: r.client.metrics()["in_flight"] == 0, "in_flight 0")
+            print(
+                f"\npeer fuzz: {sent} output frames, {4 * BATCHES} handshake/input frames in "
+                f"{seconds:.1f}s; {s.counts}"
+            )
+    finally:
+        ctx.destroy(linger=0)

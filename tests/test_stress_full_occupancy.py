@@ -476,6 +476,11 @@ class Run:
         rank_task: asyncio.Task | None = None
         while self.workers:
             await self._collect(0.25)
+            if not self.r.io.alive():
+                raise AssertionError(
+                    f"the I/O process died (exit {self.r.io._proc.poll()}; its stderr is above) "
+                    f"after {sum(self.progress.values())} streams; faults so far {self.faults}"
+                )
             self.max_in_flight = max(self.max_in_flight, self.watcher.metrics()["in_flight"])
             done = sum(self.progress.values())
             if (
