@@ -65,8 +65,7 @@ from test_hardening_support import (
     wait_state,
 )
 
-from tsfront import ClientClosed, EngineClient, EngineDied, StreamError
-from tsfront.errors import Busy
+from tsfront import Busy, ClientClosed, EngineClient, EngineDied, StreamError
 
 MODES = ("read", "slow", "abort", "drop", "cancel")
 MODE_WEIGHTS = (55, 12, 13, 8, 12)
