@@ -405,7 +405,7 @@ class Streams:
 
     def rid(self, kind: str) -> str:
         self.serial += 1
-        return f"{kind}-{self.serial}-{os.urandom(4).hex()}"
+        return f"{kind}-{self.serial}"
 
     async def chunks(self, stream: Any):
         """The stream's chunks; a wait over DEADLINE is a failure that names the slot."""
