@@ -28,7 +28,7 @@ the I/O process, every slot idle once the workers have left, the I/O process's a
 process's fds back to where they started, no new /dev/shm entry.
 
 The size comes from ``TSFRONT_STRESS_*`` environment variables (`StressSize`): the test command
-runs the default (20,000 streams, about 20-40 s on a 2-core machine); ``scripts/stress``
+runs the default (20,000 streams, 22-35 s on a 2-core machine); ``scripts/stress``
 runs 100,000.
 """
 
