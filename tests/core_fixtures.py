@@ -41,6 +41,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def private_addresses() -> dict[str, str]:
+    """Input and output addresses on private abstract ipc names, as config fields.
+
+    An ephemeral TCP port may be one that a rank of another test (or test run) still
+    reconnects to, and its ENGINE_CORE_DEAD would then kill our engine. Only the handshake
+    must be TCP.
+    """
+    private = f"ipc://@tsfront-test-{secrets.token_hex(8)}"
+    return {"input_address": f"{private}-in", "output_address": f"{private}-out"}
+
+
 def expected_tokens(rid: str, n: int) -> list[int]:
     """The tokens a simulated rank generates for ``rid``: positions 0..n-1."""
     return [default_token(rid, i) for i in range(n)]
@@ -155,11 +166,7 @@ async def rig(
     **sim_options: Any,
 ) -> AsyncIterator[Rig]:
     """Start an I/O process for ``num_engines`` ranks, the sim ranks and one client."""
-    # Input and outputs on private abstract ipc names: an ephemeral TCP port may be one that a
-    # rank of another test (or test run) still reconnects to, and its ENGINE_CORE_DEAD would
-    # then kill our engine. Only the handshake must be TCP.
-    private = f"ipc://@tsfront-test-{secrets.token_hex(8)}"
-    options = {"input_address": f"{private}-in", "output_address": f"{private}-out"}
+    options = private_addresses()
     options.update(config or {})
     cfg = ClientConfig(
         handshake_address="tcp://127.0.0.1:0",

@@ -5,6 +5,8 @@ own OS process by `RankProcess`, with any identity, rank and group size, so a te
 rank (SIGKILL: no sentinel, the kernel closes its sockets), start it again under the same
 identity, or run it inside a network namespace (``prefix=["ip", "netns", "exec", ns]``).
 `IORig` is an I/O process with rank processes and attached clients, torn down in reverse.
+`slot_state` reads one slot (and its worker's notify ring) out of a mapping of the region, to
+say why a stream hangs; `fd_count`, `shm_names` and `new_shm_names` check for leaks.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -150,3 +153,63 @@ def fd_count(pid: int) -> int:
 
 def shm_names() -> set[str]:
     return set(os.listdir("/dev/shm"))
+
+
+def new_shm_names(before: set[str]) -> set[str]:
+    """The /dev/shm entries of ours (named ``*tsfront*``) that were not there ``before``.
+
+    Only our own names count: other processes on the machine use /dev/shm too.
+    """
+    return {n for n in shm_names() - before if "tsfront" in n}
+
+
+# Mirrors of the native layout (native/: slot_a_t, slot_b_t, worker_ctl_t), for diagnostics
+# only: a hang report shows what the slot and the notify ring said.
+_SLOT_LINE0 = struct.Struct("<QQIIIIIiIIQ")
+_SLOT_LINE0_FIELDS = (
+    "generation",
+    "write_seq",
+    "state",
+    "finish",
+    "prompt",
+    "completion",
+    "cached",
+    "engine_index",
+    "flags",
+    "notified",
+    "spilled",
+)
+_SLOT_STATES = {0: "IDLE", 1: "LIVE", 2: "DONE"}
+_WORKER_BYTES = 128
+
+
+def slot_state(region: Any, worker: int, local: int) -> dict[str, Any]:
+    """What shared memory says about ``worker``'s slot ``local``: the slot's header (both
+    lines) and the worker's notify ring (head, tail, parked, and whether the slot is among
+    the pending entries). Plain reads of a live region: a snapshot for a failure message."""
+    lay = region.layout
+    spw = lay["slots_per_worker"]
+    buf = region.map
+    at = lay["slots_off"] + (worker * spw + local) * lay["slot_bytes"]
+    state = dict(zip(_SLOT_LINE0_FIELDS, _SLOT_LINE0.unpack_from(buf, at), strict=True))
+    state["state"] = _SLOT_STATES.get(state["state"], state["state"])
+    (state["read_seq"],) = struct.unpack_from("<Q", buf, at + 64)
+    ctl = lay["workers_off"] + worker * _WORKER_BYTES
+    # ctl + 16: the rescan request of a native writer that found the ring overrun (padding,
+    # so 0, where the layout has no such flag).
+    head, wakes, rescan = struct.unpack_from("<QQI", buf, ctl)
+    tail, parked = struct.unpack_from("<QI", buf, ctl + 64)
+    ring = lay["notify_off"] + worker * spw * 4
+    pending = [
+        struct.unpack_from("<I", buf, ring + (i % spw) * 4)[0]
+        for i in range(tail, min(head, tail + spw))
+    ]
+    state.update(
+        notify_head=head,
+        notify_tail=tail,
+        parked=parked,
+        wakes=wakes,
+        rescan=rescan,
+        on_notify_ring=local in pending,
+    )
+    return state
