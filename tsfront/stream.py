@@ -168,14 +168,18 @@ class RequestStream:
 
     def _deliver(self, update: tuple) -> None:
         _local, tokens, lp_val, lp_idx, finish, prompt, completion, cached, engine = update
-        if finish >= region.FIN_ENGINE_DEAD:
+        local_end = finish >= region.FIN_ENGINE_DEAD
+        if local_end and not tokens:
             self._fail(_stream_error(finish, self.rid, engine))
             return
         self.engine_index = engine
+        # A local end (engine death, the I/O process stopping) can arrive in the same update
+        # as the engine's last tokens: they were generated, so they are delivered first, in a
+        # chunk without a finish reason, and the error follows it.
         chunk = OutputChunk(
             self.rid,
             tokens,
-            region.FINISH_REASONS.get(finish) if finish else None,
+            region.FINISH_REASONS.get(finish) if finish and not local_end else None,
             prompt,
             completion,
             cached,
@@ -183,13 +187,16 @@ class RequestStream:
             lp_idx,
             engine,
         )
-        if finish:
+        if finish and not local_end:
             self._done = True
             self._attachment._release(self)
         if self._pending and not self._pending[-1].finished:
             self._pending[-1]._absorb(chunk)
         else:
             self._pending.append(chunk)
+        if local_end:
+            self._fail(_stream_error(finish, self.rid, engine))
+            return
         self._wake()
 
     def _fail(self, error: StreamError) -> None:
