@@ -152,7 +152,10 @@ class EngineClient:
     def metrics(self) -> dict[str, int]:
         """The I/O process's counters: output frames, rows and tokens it wrote to slots, rows
         for unknown rids (aborted or foreign), tokens that went through the spill path,
-        eventfd wake-ups, requests in flight, slots spilling now."""
+        eventfd wake-ups, requests in flight, slots spilling now; and the I/O loop's own:
+        frames whose handler failed (dropped, logged), load tails out of range, output
+        connections lost (and how many of those were an earlier process's), ADDs refused
+        for reusing a recently aborted rid (see `tsfront.region.IO_METRICS`)."""
         att = self._att
         if att.closed or att.region is None:
             raise ClientClosed("the client is closed")

@@ -43,6 +43,23 @@ METRICS = (
 )
 METRICS_OFFSET = 64
 
+# Counters of the I/O loop itself (Python side), u64 each at header offset 2048, in this order
+# (the native counters above use offsets 64..; the header is 4 KiB):
+#   handler_errors      frames or events whose handler raised something unexpected (the frame
+#                       was dropped, the loop kept serving; each is logged, rate-limited)
+#   bad_load_tails      load tails outside 0..2^32-1 (ignored; the rows were applied)
+#   output_disconnects  connections lost on the engines' output PULLs
+#   stale_disconnects   of those, connections of an engine's earlier process (never a death)
+#   reused_rids         ADDs refused because the rid was aborted on that engine < 300 s ago
+IO_METRICS = (
+    "handler_errors",
+    "bad_load_tails",
+    "output_disconnects",
+    "stale_disconnects",
+    "reused_rids",
+)
+IO_METRICS_OFFSET = 2048
+
 FINISH_REASONS = {
     _native.FIN_STOP: "stop",
     _native.FIN_LENGTH: "length",
@@ -83,6 +100,9 @@ class Region:
         self.engines = np.frombuffer(
             self.map, dtype="<u4", count=geometry.max_engines * 16, offset=off
         ).reshape(geometry.max_engines, 16)
+        self.io_metrics = np.frombuffer(
+            self.map, dtype="<u8", count=len(IO_METRICS), offset=IO_METRICS_OFFSET
+        )
 
     @classmethod
     def create(cls, geometry: Geometry) -> Region:
@@ -97,10 +117,11 @@ class Region:
             raise
 
     def metrics(self) -> dict[str, int]:
-        """The I/O process's counters (see `METRICS`), as last published."""
+        """The I/O process's counters (see `METRICS` and `IO_METRICS`), as last published."""
         words = np.frombuffer(self.map, dtype="<u8", count=len(METRICS), offset=METRICS_OFFSET)
         values = dict(zip(METRICS, (int(v) for v in words), strict=True))
         del words
+        values.update(zip(IO_METRICS, (int(v) for v in self.io_metrics), strict=True))
         return values
 
     def engine_load_ms(self, row: int) -> int:
@@ -111,6 +132,7 @@ class Region:
     def close(self) -> None:
         """Unmap and close the fd (views must be dropped first)."""
         self.engines = None
+        self.io_metrics = None
         try:
             self.map.close()
         except BufferError:

@@ -5,7 +5,9 @@ submissions (route, forward the payload frame unchanged), the handshake and regi
 sockets, the output connections' monitors, the workers' control sockets; then, once per turn,
 it sends the batched ABORTs, retries queued sends, flushes spilled tokens and wakes the parked
 workers that got news. Nothing a peer or a worker sends can raise out of a handler: bad input
-is logged (rate-limited) and dropped.
+is logged (rate-limited) and dropped, and each frame (or event, or control connection) is
+handled inside a boundary that catches anything else, counts it (`handler_errors`), logs it
+with a traceback (rate-limited) naming the engine or worker, drops that frame and goes on.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from tsfront.region import (
     FIN_IO_STOPPING,
     FIN_NO_ENGINE,
     FIN_SEND_TIMEOUT,
+    IO_METRICS,
     Geometry,
     Region,
 )
@@ -70,6 +73,13 @@ WORKER_IDENTITY = struct.Struct("<IQ")
 # Frames drained from one socket per turn, so one busy peer cannot starve the others.
 DRAIN = 256
 
+U32_MAX = 0xFFFFFFFF
+
+
+def _u32(value: int) -> int:
+    """``value`` clamped into an engine-table word (the table is u32; numpy raises outside)."""
+    return value if 0 <= value <= U32_MAX else (0 if value < 0 else U32_MAX)
+
 
 class Stop(Exception):
     """Raised (from the SIGTERM handler) to end the loop."""
@@ -83,12 +93,14 @@ class _RateLimitedLog:
         self.last: dict[str, float] = {}
         self.counts: dict[str, int] = {}
 
-    def __call__(self, kind: str, message: str, *args: object) -> None:
+    def __call__(
+        self, kind: str, message: str, *args: object, exc_info: BaseException | None = None
+    ) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         now = time.monotonic()
         if now - self.last.get(kind, -1e9) >= self.interval:
             self.last[kind] = now
-            log.warning(message + " (%d so far)", *args, self.counts[kind])
+            log.warning(message + " (%d so far)", *args, self.counts[kind], exc_info=exc_info)
 
 
 class Record:
@@ -152,6 +164,8 @@ class IOLoop:
         self.pending_hello: set[bytes] = set()
         self.dirty: set[int] = set()
         self.warn = _RateLimitedLog()
+        self.counts = dict.fromkeys(IO_METRICS, 0)
+        self._counts_dirty = False
         self.addresses: dict = {}
         self._sockets: list[zmq.Socket] = []
         self._listener: socket.socket | None = None
@@ -265,13 +279,30 @@ class IOLoop:
         if self.state == "handshaking" and now >= self.deadline:
             self._fail_handshake()
         for e in self.engines:
-            if e.aborts and e.state == ENGINE_LIVE:
-                self._send_aborts(e)
-            if e.backlog:
-                self._retry_backlog(e, now)
+            try:
+                if e.aborts and e.state == ENGINE_LIVE:
+                    self._send_aborts(e)
+                if e.backlog:
+                    self._retry_backlog(e, now)
+            except Exception as exc:
+                self._handler_failed(f"engine {e.index}: sending its queued frames", exc)
         if self.writer.spilling():
             self.writer.flush_spills()
         self._publish_dirty()
+        if self._counts_dirty:
+            self._counts_dirty = False
+            self.region.io_metrics[:] = list(self.counts.values())
+
+    def _count(self, name: str) -> None:
+        self.counts[name] += 1
+        self._counts_dirty = True
+
+    def _handler_failed(self, where: str, exc: Exception) -> None:
+        # The boundary around one frame / event / connection: a bug (or an input no decoder
+        # foresaw) costs that frame, never the loop. Counted and logged, never silent.
+        self._count("handler_errors")
+        kind = "handler:" + where.split(":", 1)[0]
+        self.warn(kind, "%s: handler failed, frame dropped: %r", where, exc, exc_info=exc)
 
     def _publish_dirty(self) -> None:
         for row in self.dirty:
@@ -292,23 +323,38 @@ class IOLoop:
                 break
             try:
                 result = ingest(frame, index)
+                if result is None:
+                    self._kill(engine, "sent ENGINE_CORE_DEAD")
+                    return
+                _index, running, waiting, kv_active, kv_total, _rows, _unknown, finished = result
+                for slot in finished:
+                    record = records.pop(slot, None)
+                    if record is not None:
+                        owner = record.engine
+                        owner.in_flight -= 1
+                self.dirty.add(engine.row)
+                if kv_total:
+                    # The engine table holds u32 words: a tail outside that range is a lie
+                    # (or a bug) we neither store nor route on; the rows stand.
+                    if (running | waiting | kv_active | kv_total) >> 32:
+                        self._bad_tail(engine, (running, waiting, kv_active, kv_total))
+                        continue
+                    engine.tail = (running, waiting, kv_active, kv_total)
+                    engine.tail_at = time.monotonic()
+                    engine.in_flight_at_tail = engine.in_flight
             except WireDecodeError as exc:
                 self.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
-                continue
-            if result is None:
-                self._kill(engine, "sent ENGINE_CORE_DEAD")
-                return
-            _index, running, waiting, kv_active, kv_total, _rows, _unknown, finished = result
-            if kv_total:
-                engine.tail = (running, waiting, kv_active, kv_total)
-                engine.tail_at = time.monotonic()
-                engine.in_flight_at_tail = engine.in_flight
-            for slot in finished:
-                record = records.pop(slot, None)
-                if record is not None:
-                    owner = record.engine
-                    owner.in_flight -= 1
-            self.dirty.add(engine.row)
+            except Exception as exc:
+                self._handler_failed(f"engine {engine.index}: output frame", exc)
+
+    def _bad_tail(self, engine: Engine, tail: tuple[int, int, int, int]) -> None:
+        self._count("bad_load_tails")
+        self.warn(
+            "bad-tail",
+            "engine %d: ignored a load tail outside 0..2^32-1: %r",
+            engine.index,
+            tail,
+        )
 
     # ------------------------------------------------------------------ submissions
 
@@ -323,15 +369,18 @@ class IOLoop:
             if worker is None or len(frames) < 3:
                 self.warn("bad-submit", "dropped a submission from an unknown or stale worker")
                 continue
-            kind = frames[1].bytes
-            if kind == SUBMIT_ADD and len(frames) == 4:
-                self._add(worker, frames[2].bytes, frames[3])
-            elif kind == SUBMIT_ABORT:
-                self._abort(worker, frames[2].bytes)
-            else:
-                self.warn(
-                    "bad-submit", "dropped a malformed submission from worker %s", worker.worker
-                )
+            try:
+                kind = frames[1].bytes
+                if kind == SUBMIT_ADD and len(frames) == 4:
+                    self._add(worker, frames[2].bytes, frames[3])
+                elif kind == SUBMIT_ABORT:
+                    self._abort(worker, frames[2].bytes)
+                else:
+                    self.warn(
+                        "bad-submit", "dropped a malformed submission from worker %s", worker.worker
+                    )
+            except Exception as exc:
+                self._handler_failed(f"worker {worker.worker}: submission", exc)
 
     def _add(self, worker: WorkerConn, header: bytes, payload: zmq.Frame) -> None:
         if len(header) < SUBMIT_HEADER.size:
@@ -449,37 +498,43 @@ class IOLoop:
                 frames = self.handshake.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            identity = frames[0]
-            engine = self.by_identity.get(identity)
-            if engine is None:
-                self.warn(
-                    "bad-identity",
-                    "refused a handshake from identity %s: not in engines %d..%d",
-                    identity.hex(),
-                    self.engines[0].index,
-                    self.engines[-1].index,
-                )
-                continue
-            if len(frames) < 2:
-                continue
             try:
-                message = decode_ready_message(frames[-1])
-            except WireDecodeError as exc:
-                self.warn("bad-handshake", "engine %d: bad handshake frame: %s", engine.index, exc)
-                continue
-            if message.status == "HELLO":
-                if engine.state in (ENGINE_LIVE,):
-                    # Either a duplicate of a live engine, or a restart we have not noticed
-                    # yet; answer once the old connection is known dead.
-                    self.pending_hello.add(identity)
-                    self.warn(
-                        "dup-identity",
-                        "engine %d said HELLO while live; INIT deferred until it is dead",
-                        engine.index,
-                    )
-                    continue
-                self._send_init(engine)
-            # READY needs no reply: the registration on the input socket is what counts.
+                self._on_handshake_frame(frames)
+            except Exception as exc:
+                self._handler_failed(f"handshake from {frames[0].hex()}: frame", exc)
+
+    def _on_handshake_frame(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        engine = self.by_identity.get(identity)
+        if engine is None:
+            self.warn(
+                "bad-identity",
+                "refused a handshake from identity %s: not in engines %d..%d",
+                identity.hex(),
+                self.engines[0].index,
+                self.engines[-1].index,
+            )
+            return
+        if len(frames) < 2:
+            return
+        try:
+            message = decode_ready_message(frames[-1])
+        except WireDecodeError as exc:
+            self.warn("bad-handshake", "engine %d: bad handshake frame: %s", engine.index, exc)
+            return
+        if message.status == "HELLO":
+            if engine.state in (ENGINE_LIVE,):
+                # Either a duplicate of a live engine, or a restart we have not noticed
+                # yet; answer once the old connection is known dead.
+                self.pending_hello.add(identity)
+                self.warn(
+                    "dup-identity",
+                    "engine %d said HELLO while live; INIT deferred until it is dead",
+                    engine.index,
+                )
+                return
+            self._send_init(engine)
+        # READY needs no reply: the registration on the input socket is what counts.
 
     def _send_init(self, engine: Engine) -> None:
         init = encode_init([self.input_advertised], [engine.output_address])
@@ -498,26 +553,32 @@ class IOLoop:
                 frames = self.input.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            engine = self.by_identity.get(frames[0])
-            if engine is None or engine.state != ENGINE_HANDSHAKING or len(frames) < 2:
-                self.warn("bad-input", "dropped an unexpected frame on the input socket")
-                continue
             try:
-                registration = decode_registration(frames[-1])
-            except WireDecodeError as exc:
-                self.warn("bad-registration", "engine %d: bad registration: %s", engine.index, exc)
-                continue
-            engine.registration = registration
-            engine.state = ENGINE_LIVE
-            engine.dead_reason = ""
-            self.dirty.add(engine.row)
-            log.info("engine %d registered (rank %d)", engine.index, engine.row)
-            if self.state == "handshaking":
-                if all(e.state == ENGINE_LIVE for e in self.engines):
-                    self.state = "ready"
-                    self._broadcast({"op": "engines", "engines": self._engine_infos()})
-            elif self.state == "ready":
-                self._broadcast({"op": "engine", "engine": self._engine_info(engine)})
+                self._on_registration(frames)
+            except Exception as exc:
+                self._handler_failed(f"input from {frames[0].hex()}: frame", exc)
+
+    def _on_registration(self, frames: list[bytes]) -> None:
+        engine = self.by_identity.get(frames[0])
+        if engine is None or engine.state != ENGINE_HANDSHAKING or len(frames) < 2:
+            self.warn("bad-input", "dropped an unexpected frame on the input socket")
+            return
+        try:
+            registration = decode_registration(frames[-1])
+        except WireDecodeError as exc:
+            self.warn("bad-registration", "engine %d: bad registration: %s", engine.index, exc)
+            return
+        engine.registration = registration
+        engine.state = ENGINE_LIVE
+        engine.dead_reason = ""
+        self.dirty.add(engine.row)
+        log.info("engine %d registered (rank %d)", engine.index, engine.row)
+        if self.state == "handshaking":
+            if all(e.state == ENGINE_LIVE for e in self.engines):
+                self.state = "ready"
+                self._broadcast({"op": "engines", "engines": self._engine_infos()})
+        elif self.state == "ready":
+            self._broadcast({"op": "engine", "engine": self._engine_info(engine)})
 
     def _on_monitor(self, engine: Engine) -> None:
         while True:
@@ -527,31 +588,34 @@ class IOLoop:
                 return
             except Exception:  # a malformed monitor message cannot come from a peer
                 return
-            kind, fd = event["event"], event["value"]
-            if kind == zmq.EVENT_DISCONNECTED:
-                # Only the last connection going counts: anyone may connect to a PULL, and a
-                # stray peer leaving must not kill the engine that is still connected.
-                if fd not in engine.connections:
-                    continue
-                engine.connections.discard(fd)
-                if not engine.connections and engine.state == ENGINE_LIVE:
-                    self._kill(
-                        engine, "lost its output connection (exit, crash or missed heartbeat)"
-                    )
-                continue
-            if kind == zmq.EVENT_ACCEPTED:
-                engine.connections.add(fd)
-            if (
-                kind == zmq.EVENT_ACCEPTED
-                and engine.state == ENGINE_DEAD
-                and engine.dead_reason.startswith("lost")
-                and engine.identity not in self.pending_hello
-            ):
-                # Same process, reconnected after a transient loss: it keeps its registration.
-                engine.state = ENGINE_LIVE
-                engine.dead_reason = ""
-                self.dirty.add(engine.row)
-                log.warning("engine %d reconnected", engine.index)
+            try:
+                self._on_connection_event(engine, event["event"], event["value"])
+            except Exception as exc:
+                self._handler_failed(f"engine {engine.index}: output connection event", exc)
+
+    def _on_connection_event(self, engine: Engine, kind: int, fd: int) -> None:
+        if kind == zmq.EVENT_DISCONNECTED:
+            # Only the last connection going counts: anyone may connect to a PULL, and a
+            # stray peer leaving must not kill the engine that is still connected.
+            if fd not in engine.connections:
+                return
+            engine.connections.discard(fd)
+            if not engine.connections and engine.state == ENGINE_LIVE:
+                self._kill(engine, "lost its output connection (exit, crash or missed heartbeat)")
+            return
+        if kind == zmq.EVENT_ACCEPTED:
+            engine.connections.add(fd)
+        if (
+            kind == zmq.EVENT_ACCEPTED
+            and engine.state == ENGINE_DEAD
+            and engine.dead_reason.startswith("lost")
+            and engine.identity not in self.pending_hello
+        ):
+            # Same process, reconnected after a transient loss: it keeps its registration.
+            engine.state = ENGINE_LIVE
+            engine.dead_reason = ""
+            self.dirty.add(engine.row)
+            log.warning("engine %d reconnected", engine.index)
 
     def _kill(self, engine: Engine, reason: str) -> None:
         if engine.state == ENGINE_DEAD:
@@ -602,6 +666,18 @@ class IOLoop:
             self.poller.register(sock.fileno(), zmq.POLLIN)
 
     def _on_control(self, conn: WorkerConn) -> None:
+        try:
+            self._on_control_messages(conn)
+        except Exception as exc:
+            # A connection whose handling failed half-way is in no state to keep: drop it
+            # (its worker sees end of file, as if we had died, and may attach again).
+            self._handler_failed(f"worker {conn.worker}: control connection", exc)
+            try:
+                self._detach(conn)
+            except Exception as again:
+                self._handler_failed(f"worker {conn.worker}: detaching it", again)
+
+    def _on_control_messages(self, conn: WorkerConn) -> None:
         try:
             messages = conn.reader.feed()
         except control.ControlError as exc:
@@ -706,15 +782,18 @@ class IOLoop:
         return [self._engine_info(e) for e in self.engines]
 
     def _publish_engine(self, e: Engine) -> None:
+        # Every word is clamped into u32: numpy raises on an out-of-range store, and nothing
+        # here may raise in the loop (the tail is range-checked on arrival; this is the
+        # last line of defence).
         row = self.region.engines[e.row]
         running, waiting, active, total = e.tail
         load_ms = int(e.tail_at * 1000) if e.tail_at else 0
-        row[E_INDEX] = e.index
-        row[E_IN_FLIGHT] = max(e.in_flight, 0)
-        row[E_RUNNING] = running
-        row[E_WAITING] = waiting
-        row[E_KV_ACTIVE] = active
-        row[E_KV_TOTAL] = total
+        row[E_INDEX] = _u32(e.index)
+        row[E_IN_FLIGHT] = _u32(e.in_flight)
+        row[E_RUNNING] = _u32(running)
+        row[E_WAITING] = _u32(waiting)
+        row[E_KV_ACTIVE] = _u32(active)
+        row[E_KV_TOTAL] = _u32(total)
         row[E_LOAD_MS_LO] = load_ms & 0xFFFFFFFF
         row[E_LOAD_MS_HI] = load_ms >> 32
         row[E_REQUESTS_LO] = e.requests_total & 0xFFFFFFFF
