@@ -48,6 +48,7 @@ class RawEngine:
         rank: int = 0,
         size: int = 1,
         connect_output: bool = True,
+        stuck: bool = False,
     ) -> None:
         self.ctx = ctx
         self.index = index
@@ -67,6 +68,10 @@ class RawEngine:
         self.input = ctx.socket(zmq.DEALER)
         self.input.setsockopt(zmq.LINGER, 0)
         self.input.setsockopt(zmq.IDENTITY, engine_identity(index))
+        if stuck:
+            # An engine that stops reading: its queue and socket buffer hold very little.
+            self.input.setsockopt(zmq.RCVHWM, 1)
+            self.input.setsockopt(zmq.RCVBUF, 4096)
         self.input.connect(init.addresses.inputs[0])
         self.input.send(
             encode_registration(
@@ -163,7 +168,7 @@ class RawEngine:
 
 @contextlib.asynccontextmanager
 async def raw_rig(
-    num_engines: int = 1, *, connect_output: bool = True, **config: Any
+    num_engines: int = 1, *, connect_output: bool = True, stuck: bool = False, **config: Any
 ) -> AsyncIterator[tuple[IOProcess, list[RawEngine], EngineClient, zmq.Context]]:
     """An I/O process whose ranks are all `RawEngine` s, and one attached client."""
     private = f"ipc://@tsfront-test-{secrets.token_hex(8)}"
@@ -190,6 +195,7 @@ async def raw_rig(
                     rank=rank,
                     size=num_engines,
                     connect_output=connect_output,
+                    stuck=stuck,
                 )
             )
         client = await EngineClient.attach(io.address, timeout=DEADLINE)

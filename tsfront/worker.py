@@ -29,7 +29,14 @@ from tsfront.errors import (
     StreamError,
 )
 from tsfront.info import EngineInfo
-from tsfront.io.loop import ABORT_ENTRY, SUBMIT_ABORT, SUBMIT_ADD, SUBMIT_HEADER, WORKER_IDENTITY
+from tsfront.io.loop import (
+    ABORT_ENTRY,
+    SUBMIT_ABORT,
+    SUBMIT_ADD,
+    SUBMIT_HEADER,
+    TICKET_SHIFT,
+    WORKER_IDENTITY,
+)
 from tsfront.region import Geometry, Region
 from tsfront.stream import RequestStream
 
@@ -119,6 +126,9 @@ class Attachment:
                 os.close(fd)
             raise HandshakeError("the I/O process sent no shared memory")
         self.worker = message["worker"]
+        # Tickets come from this attach's own range (see tsfront.io.loop.ticket_base).
+        self._ticket_base = message["ticket_base"]
+        self._next_ticket = self._ticket_base + 1
         self.config = ClientConfig.from_dict(message["config"])
         self.addresses = message["addresses"]
         geometry = Geometry(*message["geometry"])
@@ -218,6 +228,10 @@ class Attachment:
         slot = self.free.pop()
         ticket = self._next_ticket
         self._next_ticket += 1
+        if self._next_ticket - self._ticket_base == 1 << TICKET_SHIFT:
+            # 2^40 requests later, reuse the range: a slot holds one request at a time, so a
+            # reused ticket never meets its namesake on the same slot.
+            self._next_ticket = self._ticket_base + 1
         self.reader.expect(slot, ticket)
         header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs) + rid.encode()
         try:

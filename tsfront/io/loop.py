@@ -12,6 +12,7 @@ with a traceback (rate-limited) naming the engine or worker, drops that frame an
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
@@ -69,6 +70,17 @@ ABORT_ENTRY = struct.Struct("<IQ")
 SUBMIT_ADD = b"A"
 SUBMIT_ABORT = b"X"
 WORKER_IDENTITY = struct.Struct("<IQ")
+# Each attach draws its tickets from its own range, ``(serial mod 2^24) << 40`` + 1..2^40-1,
+# so that no ticket of a departed worker can match a request of the next worker given the same
+# number (a stale backlog entry or abort is matched by slot and ticket).
+TICKET_SHIFT = 40
+TICKET_SERIAL_MASK = (1 << 24) - 1
+
+
+def ticket_base(serial: int) -> int:
+    """The first ticket (minus one) of the attach with this serial."""
+    return (serial & TICKET_SERIAL_MASK) << TICKET_SHIFT
+
 
 # Frames drained from one socket per turn, so one busy peer cannot starve the others.
 DRAIN = 256
@@ -104,14 +116,16 @@ class _RateLimitedLog:
 
 
 class Record:
-    """A request in flight: its rid, the engine holding it, its worker's ticket."""
+    """A request in flight: its rid, the engine holding it, its worker's ticket, and whether
+    its ADD left for the engine (one still in the backlog needs no ABORT: it is just dropped)."""
 
-    __slots__ = ("engine", "rid", "ticket")
+    __slots__ = ("engine", "rid", "sent", "ticket")
 
-    def __init__(self, rid: bytes, engine: Engine, ticket: int) -> None:
+    def __init__(self, rid: bytes, engine: Engine, ticket: int, sent: bool = True) -> None:
         self.rid = rid
         self.engine = engine
         self.ticket = ticket
+        self.sent = sent
 
 
 class WorkerConn:
@@ -390,6 +404,11 @@ class IOLoop:
         if local >= self.spw or ticket == 0:
             self.warn("bad-submit", "dropped a submission for slot %d", local)
             return
+        if ticket >> TICKET_SHIFT != worker.serial & TICKET_SERIAL_MASK:
+            self.warn(
+                "bad-submit", "worker %s: dropped a submission with a foreign ticket", worker.worker
+            )
+            return
         rid = header[SUBMIT_HEADER.size :]
         slot = worker.worker * self.spw + local
         if slot in self.records:
@@ -407,7 +426,7 @@ class IOLoop:
         if engine is None:
             self.writer.finish(slot, FIN_NO_ENGINE, -1)
             return
-        self.records[slot] = Record(rid, engine, ticket)
+        record = self.records[slot] = Record(rid, engine, ticket, sent=False)
         engine.in_flight += 1
         engine.requests_total += 1
         self.dirty.add(engine.row)
@@ -416,6 +435,7 @@ class IOLoop:
             return
         try:
             self.input.send_multipart([engine.identity, ADD, payload], zmq.NOBLOCK, copy=False)
+            record.sent = True
         except zmq.Again:
             self._queue(engine, slot, payload)
         except zmq.ZMQError as exc:
@@ -458,6 +478,7 @@ class IOLoop:
                 self._kill(engine, "input connection unreachable")
                 return
             engine.backlog.popleft()
+            record.sent = True
 
     def _abort(self, worker: WorkerConn, data: bytes) -> None:
         usable = len(data) - len(data) % ABORT_ENTRY.size
@@ -471,12 +492,14 @@ class IOLoop:
             self._forget(slot, abort=True)
 
     def _forget(self, slot: int, *, abort: bool) -> None:
+        # An ADD still in the backlog never reaches the engine (its entry no longer matches a
+        # record and is skipped), so only a sent one needs an ABORT.
         record = self.records.pop(slot)
         engine = record.engine
         engine.in_flight -= 1
         self.writer.unbind(slot)
         self.dirty.add(engine.row)
-        if abort:
+        if abort and record.sent:
             engine.aborts.append(record.rid.decode("utf-8", "replace"))
 
     def _send_aborts(self, engine: Engine) -> None:
@@ -628,7 +651,8 @@ class IOLoop:
         for slot in [s for s, r in self.records.items() if r.engine is engine]:
             record = self.records.pop(slot)
             self.writer.finish(slot, FIN_ENGINE_DEAD, engine.index)
-            engine.aborts.append(record.rid.decode("utf-8", "replace"))
+            if record.sent:
+                engine.aborts.append(record.rid.decode("utf-8", "replace"))
         engine.backlog.clear()
         engine.in_flight = 0
         engine.tail = (0, 0, 0, 0)
@@ -703,6 +727,8 @@ class IOLoop:
             return
         worker = self.free_workers.pop()
         self.serial += 1
+        if self.serial & TICKET_SERIAL_MASK == 0:
+            self.serial += 1  # keep every attach's ticket range off 0 ("no ticket")
         conn.worker = worker
         conn.serial = self.serial
         conn.eventfd = fds[0]
@@ -716,6 +742,7 @@ class IOLoop:
             "op": "attached",
             "worker": worker,
             "serial": conn.serial,
+            "ticket_base": ticket_base(conn.serial),
             "geometry": [g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines],
             "submit": self.submit_address,
             "config": self.config.to_dict(),
@@ -744,6 +771,13 @@ class IOLoop:
             for slot in range(base, base + self.spw):
                 if slot in self.records:
                     self._forget(slot, abort=True)
+            # Its queued sends go too: none may reach an engine, nor be mistaken for a request
+            # of the next worker given this number.
+            for e in self.engines:
+                if e.backlog:
+                    e.backlog = collections.deque(
+                        p for p in e.backlog if not base <= p.slot < base + self.spw
+                    )
             self.writer.reset_worker(w)
             self.by_submit_identity.pop(WORKER_IDENTITY.pack(w, conn.serial), None)
             self.free_workers.append(w)
@@ -806,7 +840,8 @@ class IOLoop:
         """End every open stream, tell the engines, release every socket, fd and mapping."""
         for slot, record in list(self.records.items()):
             self.writer.finish(slot, FIN_IO_STOPPING, record.engine.index)
-            record.engine.aborts.append(record.rid.decode("utf-8", "replace"))
+            if record.sent:
+                record.engine.aborts.append(record.rid.decode("utf-8", "replace"))
         self.records.clear()
         self.writer.wake()
         for e in self.engines:
