@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tsfront import region
 from tsfront.errors import EngineDied, IOProcessDied, SendTimeout, StreamError, StreamRejected
+from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -123,6 +124,14 @@ def _stream_error(code: int, rid: str, engine: int) -> StreamError:
             f"request {rid!r}: no live engine could take it when it was routed (its pinned rank "
             "died, or every rank is down)",
             rid=rid,
+        )
+    if code == region.FIN_RID_ABORTED:
+        return StreamRejected(
+            f"request {rid!r}: this rid was aborted on engine {engine} less than "
+            f"{ENGINE_ABORT_MEMORY_S:.0f} s ago, and the engine silently drops a request that "
+            "reuses it; use a fresh rid for every request",
+            rid=rid,
+            engine_index=idx,
         )
     if code == region.FIN_IO_STOPPING:
         return IOProcessDied(f"request {rid!r}: the I/O process stopped", rid=rid)

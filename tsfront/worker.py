@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 import weakref
 
 import zmq
 
 from tsfront import _native, control
+from tsfront.aborts import RecentAborts
 from tsfront.config import ClientConfig
 from tsfront.errors import (
     Busy,
@@ -41,6 +43,10 @@ from tsfront.region import Geometry, Region
 from tsfront.stream import RequestStream
 
 ATTACH_TIMEOUT = 30.0
+# Rids this worker aborted that it still refuses to reuse (within the engine's 300 s memory).
+# Past this many, the oldest are forgotten; the I/O process's per-engine memory still
+# catches a reuse of those.
+ABORTED_RIDS_REMEMBERED = 1 << 16
 
 
 class Attachment:
@@ -58,6 +64,7 @@ class Attachment:
         self.engines: list[EngineInfo] = []
         self._engines_ready = loop.create_future()
         self._pending_aborts: list[bytes] = []
+        self.aborted = RecentAborts(ABORTED_RIDS_REMEMBERED)
         self._abort_scheduled = False
         self._next_ticket = 1
         self.sock: socket.socket | None = None
@@ -261,6 +268,7 @@ class Attachment:
     def _abort(self, stream: RequestStream) -> None:
         if self.streams.get(stream._slot) is not stream:
             return
+        self.aborted.add(stream.rid, time.monotonic())
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
         self._release(stream)
         if not self._abort_scheduled and not self.closed:
@@ -277,6 +285,7 @@ class Attachment:
             return
         if current is not None or self.closed:
             return
+        self.aborted.add(stream.rid, time.monotonic())
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
         if self.reader is not None:
             self.reader.release(stream._slot)

@@ -48,6 +48,7 @@ from tsfront.region import (
     FIN_ENGINE_DEAD,
     FIN_IO_STOPPING,
     FIN_NO_ENGINE,
+    FIN_RID_ABORTED,
     FIN_SEND_TIMEOUT,
     IO_METRICS,
     Geometry,
@@ -412,8 +413,9 @@ class IOLoop:
         rid = header[SUBMIT_HEADER.size :]
         slot = worker.worker * self.spw + local
         if slot in self.records:
-            # The worker reused a slot whose request we still hold: it cannot have, unless it
-            # skipped the abort. Forget the old request rather than crossing streams.
+            # The worker reused a slot whose request we still hold: its ABORT for the old one
+            # is behind this ADD (a worker flushes aborts once per loop iteration). Forget the
+            # old request now, which queues that ABORT, rather than crossing streams.
             self._forget(slot, abort=True)
         if pin >= 0:
             engine = self.engines[pin] if pin < len(self.engines) else None
@@ -425,6 +427,12 @@ class IOLoop:
             return  # the rid is in flight already; the slot now says so
         if engine is None:
             self.writer.finish(slot, FIN_NO_ENGINE, -1)
+            return
+        if engine.aborted and engine.aborted.age(rid, time.monotonic()) is not None:
+            # The engine would drop it silently (it remembers aborted rids for 300 s), and
+            # our ABORT of the old one may even reach it after this ADD: refuse, with a reason.
+            self._count("reused_rids")
+            self.writer.finish(slot, FIN_RID_ABORTED, engine.index)
             return
         record = self.records[slot] = Record(rid, engine, ticket, sent=False)
         engine.in_flight += 1
@@ -500,7 +508,13 @@ class IOLoop:
         self.writer.unbind(slot)
         self.dirty.add(engine.row)
         if abort and record.sent:
-            engine.aborts.append(record.rid.decode("utf-8", "replace"))
+            self._queue_abort(engine, record.rid)
+
+    def _queue_abort(self, engine: Engine, rid: bytes) -> None:
+        # Sent at the end of the turn (one frame per engine); remembered from now on, so that
+        # no ADD reusing the rid reaches this engine process while it would drop it.
+        engine.aborts.append(rid.decode("utf-8", "replace"))
+        engine.aborted.add(rid, time.monotonic())
 
     def _send_aborts(self, engine: Engine) -> None:
         try:
@@ -568,6 +582,7 @@ class IOLoop:
             return
         engine.state = ENGINE_HANDSHAKING
         engine.aborts = []  # a new engine process knows none of the old rids
+        engine.aborted.clear()
         self.dirty.add(engine.row)
 
     def _on_input(self) -> None:
@@ -652,7 +667,7 @@ class IOLoop:
             record = self.records.pop(slot)
             self.writer.finish(slot, FIN_ENGINE_DEAD, engine.index)
             if record.sent:
-                engine.aborts.append(record.rid.decode("utf-8", "replace"))
+                self._queue_abort(engine, record.rid)
         engine.backlog.clear()
         engine.in_flight = 0
         engine.tail = (0, 0, 0, 0)
