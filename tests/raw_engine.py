@@ -85,9 +85,14 @@ class RawEngine:
             self.connect_output()
 
     def connect_output(self) -> None:
-        """Connect the output PUSH (the engine does this right after registering)."""
-        out = self.ctx.socket(zmq.PUSH)
+        """Connect the output PUSH (the engine does this right after registering).
+
+        It lives in a context of its own, so that `close_output` can wait until every frame
+        pushed has been written to the connection before it closes."""
+        self._output_ctx = zmq.Context(1)
+        out = self._output_ctx.socket(zmq.PUSH)
         out.setsockopt(zmq.LINGER, 5000)
+        out.setsockopt(zmq.SNDHWM, 0)  # a test's burst never blocks, whoever is not reading
         out.connect(self.output_address)
         self.output = out
 
@@ -155,10 +160,12 @@ class RawEngine:
         self.push(ENGINE_CORE_DEAD)
 
     def close_output(self) -> None:
-        """Close the PUSH after flushing what it queued (the I/O process sees a disconnect)."""
+        """Close the PUSH once every queued frame is written to the connection (at most 5 s);
+        the I/O process then sees the frames, then the disconnect."""
         if self.output is not None:
             self.output.close(linger=5000)
             self.output = None
+            self._output_ctx.term()
 
     def close(self) -> None:
         """Close every socket."""

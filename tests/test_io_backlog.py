@@ -118,13 +118,14 @@ def test_a_departed_workers_queued_sends_never_reach_the_engine_nor_touch_the_ne
         peers.append(peer)
         loop._add(a, SUBMIT_HEADER.pack(0, a_ticket, 0, 0) + b"from-a", zmq.Frame(b"ADD a"))
         assert len(engine.backlog) == 1
+        number = a.worker
         loop._detach(a)
         assert not engine.backlog  # purged: it can never be sent
         assert engine.aborts == [] and engine.in_flight == 0  # never sent: nothing to abort
         # Worker B gets the same number and slot; its tickets cannot be A's.
         b, peer, b_ticket = _attach(loop)
         peers.append(peer)
-        assert b.worker == a.worker and b_ticket != a_ticket
+        assert b.worker == number and b_ticket != a_ticket
         loop._add(b, SUBMIT_HEADER.pack(0, a_ticket, 0, 0) + b"stale", zmq.Frame(b"ADD stale"))
         assert not loop.records  # a ticket outside B's range is refused
         loop._add(b, SUBMIT_HEADER.pack(0, b_ticket, 0, 0) + b"from-b", zmq.Frame(b"ADD b"))

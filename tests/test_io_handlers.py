@@ -6,12 +6,25 @@ may end the loop: each frame is handled inside a boundary that drops it, counts 
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 import zmq
+from core_fixtures import DEADLINE
 
-from tsfront import ClientConfig
-from tsfront.io.loop import IOLoop, Record
-from tsfront.region import E_IN_FLIGHT, E_KV_ACTIVE, E_KV_TOTAL, E_RUNNING, E_WAITING
+from tsfront import ClientConfig, _native, control
+from tsfront.io.loop import DRAIN, IOLoop, Record, WorkerConn
+from tsfront.region import (
+    E_IN_FLIGHT,
+    E_KV_ACTIVE,
+    E_KV_TOTAL,
+    E_RUNNING,
+    E_WAITING,
+    ENGINE_DEAD,
+    ENGINE_LIVE,
+    FIN_DUPLICATE,
+)
 from tsfront.wire import BatchTokenIDOutSlim, encode_output
 
 
@@ -119,3 +132,94 @@ def test_a_failing_frame_handler_drops_that_frame_counts_it_and_serves_the_next(
     assert 7 not in loop.records and engine.in_flight == 0  # the frame after it was applied
     loop._after_turn()
     assert loop.region.metrics()["handler_errors"] == 1
+
+
+# ------------------------------------------------------------------ control sends
+
+
+def _control_pair(loop: IOLoop) -> tuple[WorkerConn, socket.socket]:
+    """A worker control connection as the loop holds it (non-blocking, polled), and the
+    worker's end, which reads only when the test says so."""
+    mine, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    mine.setblocking(False)
+    peer.setblocking(False)
+    conn = WorkerConn(mine)
+    loop.poller = zmq.Poller()
+    loop.poller.register(mine.fileno(), zmq.POLLIN)
+    loop.workers[mine.fileno()] = conn
+    return conn, peer
+
+
+def test_control_messages_larger_than_the_socket_buffer_arrive_whole_and_in_order(loop):
+    conn, peer = _control_pair(loop)
+    sent = [{"op": "engine", "n": i, "pad": "x" * 3000} for i in range(200)]
+    for message in sent:
+        assert loop._send(conn, message)
+    assert conn.out  # the socket took only part of it: the rest waits, whole
+    assert dict(loop.poller.sockets)[conn.sock.fileno()] & zmq.POLLOUT
+    reader = control.MessageReader(peer)
+    received: list[dict] = []
+    deadline = time.monotonic() + DEADLINE
+    while len(received) < len(sent) and time.monotonic() < deadline:
+        received += reader.feed()  # the worker reads what is there...
+        loop._on_control(conn, zmq.POLLOUT)  # ...and the loop sends more when writable
+    assert received == sent
+    assert not conn.out and dict(loop.poller.sockets)[conn.sock.fileno()] == zmq.POLLIN
+    assert conn.sock.fileno() in loop.workers
+    peer.close()
+    loop._detach(conn)
+
+
+def test_a_worker_that_never_reads_its_control_socket_is_detached_not_waited_for(loop):
+    conn, peer = _control_pair(loop)
+    big = {"op": "engine", "pad": "x" * (1 << 20)}
+    results = [loop._send(conn, big) for _ in range(8)]
+    assert results[-1] is False  # over the control backlog bound: dropped
+    assert conn.sock.fileno() == -1 and not loop.workers
+    peer.close()
+
+
+# ------------------------------------------------------------------ output connections
+
+
+def _rows_frame(rid: str, tokens: list[int], completion: int, finish: str = "") -> bytes:
+    return encode_output(
+        BatchTokenIDOutSlim([rid], [tokens], [finish], [3], [completion], [0], [[]], [[]], 0)
+    )
+
+
+def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_declared_dead(loop):
+    g = loop.geometry
+    reader = _native.Reader(
+        loop.region.map, 0, g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines
+    )
+    engine = loop.engines[0]
+    engine.state, engine.generation, engine.connections = ENGINE_LIVE, 1, {7: 1}
+    reader.expect(0, 1)
+    assert loop.writer.bind(b"r", 0, 1, False, FIN_DUPLICATE)
+    loop.records[0] = Record(b"r", engine, 1)
+    engine.in_flight = 1
+    # More frames than one turn drains; the last finishes the request.
+    frames = [_rows_frame("r", [], 0) for _ in range(3 * DRAIN)]
+    engine.pull = _Pull([*frames, _rows_frame("r", [42], 1, "length")])
+    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 7)
+    assert engine.state == ENGINE_DEAD
+    assert not engine.pull.frames and not loop.records
+    assert engine.aborts == []  # it finished: nothing to abort
+    assert reader.poll() == [(0, [42], None, None, _native.FIN_LENGTH, 3, 1, 0, 0)]
+    del reader
+
+
+def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one(loop):
+    engine = loop.engines[0]
+    engine.pull = _Pull([])
+    # Connection 5 was accepted before the current process got its INIT (generation 2).
+    engine.state, engine.generation, engine.connections = ENGINE_LIVE, 2, {5: 1}
+    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 5)
+    assert engine.state == ENGINE_LIVE
+    assert loop.counts["stale_disconnects"] == 1 and loop.counts["output_disconnects"] == 1
+    loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 6)
+    assert engine.connections == {6: 2}
+    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 6)
+    assert engine.state == ENGINE_DEAD

@@ -57,8 +57,11 @@ class Engine:
     # Rids (bytes) of every ABORT queued for this engine process in the last 300 s: an ADD
     # reusing one would be dropped by the engine without a word, so it is refused here.
     aborted: RecentAborts = field(default_factory=lambda: RecentAborts(ABORTED_RIDS_REMEMBERED))
-    # fds of the connections accepted on this engine's output PULL (its own, and any peer's).
-    connections: set[int] = field(default_factory=set)
+    # The connections accepted on this engine's output PULL (its own, and any peer's): fd →
+    # the engine generation they were accepted in. The generation grows with each INIT sent
+    # (each engine process), so a late disconnect of a predecessor's connection is told apart.
+    connections: dict[int, int] = field(default_factory=dict)
+    generation: int = 0
 
     @property
     def identity(self) -> bytes:

@@ -85,6 +85,10 @@ def ticket_base(serial: int) -> int:
 
 # Frames drained from one socket per turn, so one busy peer cannot starve the others.
 DRAIN = 256
+# Frames applied from a PULL whose engine connection was just lost, before declaring it dead.
+LOST_DRAIN = 64 * DRAIN
+# Bytes of control messages a worker may leave unread before it is detached.
+MAX_CONTROL_BACKLOG = 4 << 20
 
 U32_MAX = 0xFFFFFFFF
 
@@ -130,11 +134,13 @@ class Record:
 
 
 class WorkerConn:
-    """One attached worker: its control socket, id and eventfd."""
+    """One attached worker: its control socket (and what waits to be sent on it), id and
+    eventfd."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.reader = control.MessageReader(sock)
+        self.out = bytearray()
         self.worker: int | None = None
         self.serial = 0
         self.eventfd = -1
@@ -266,7 +272,7 @@ class IOLoop:
                 engine = pulls.get(sock)
                 if engine is not None:
                     self._on_output(engine)
-            for sock, _ in events:
+            for sock, mask in events:
                 if sock is self.submit:
                     self._on_submit()
                 elif sock is self.handshake:
@@ -278,7 +284,7 @@ class IOLoop:
                 elif sock == listener_fd:
                     self._on_accept()
                 elif isinstance(sock, int) and sock in self.workers:
-                    self._on_control(self.workers[sock])
+                    self._on_control(self.workers[sock], mask)
             self._after_turn()
             writer.wake()
 
@@ -326,12 +332,12 @@ class IOLoop:
 
     # ------------------------------------------------------------------ engine output
 
-    def _on_output(self, engine: Engine) -> None:
+    def _on_output(self, engine: Engine, limit: int = DRAIN) -> None:
         recv = engine.pull.recv
         ingest = self.writer.ingest
         index = engine.index
         records = self.records
-        for _ in range(DRAIN):
+        for _ in range(limit):
             try:
                 frame = recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -448,7 +454,7 @@ class IOLoop:
             self._queue(engine, slot, payload)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
-                self._kill(engine, "input connection unreachable")
+                self._lost(engine, "input connection unreachable")
             else:
                 raise
 
@@ -483,7 +489,7 @@ class IOLoop:
             except zmq.Again:
                 return
             except zmq.ZMQError:
-                self._kill(engine, "input connection unreachable")
+                self._lost(engine, "input connection unreachable")
                 return
             engine.backlog.popleft()
             record.sent = True
@@ -581,6 +587,9 @@ class IOLoop:
             self.warn("init", "engine %d: INIT not sent: %s", engine.index, exc)
             return
         engine.state = ENGINE_HANDSHAKING
+        # Connections accepted from now on belong to the process we just answered; the
+        # earlier ones (its predecessor's, a stray peer's) can no longer kill it.
+        engine.generation += 1
         engine.aborts = []  # a new engine process knows none of the old rids
         engine.aborted.clear()
         self.dirty.add(engine.row)
@@ -633,16 +642,23 @@ class IOLoop:
 
     def _on_connection_event(self, engine: Engine, kind: int, fd: int) -> None:
         if kind == zmq.EVENT_DISCONNECTED:
+            generation = engine.connections.pop(fd, None)
+            if generation is None:
+                return
+            self._count("output_disconnects")
+            if generation != engine.generation:
+                # A connection of an earlier engine process (accepted before we sent the
+                # current one its INIT): its end says nothing about the current process.
+                self._count("stale_disconnects")
+                return
             # Only the last connection going counts: anyone may connect to a PULL, and a
             # stray peer leaving must not kill the engine that is still connected.
-            if fd not in engine.connections:
-                return
-            engine.connections.discard(fd)
-            if not engine.connections and engine.state == ENGINE_LIVE:
-                self._kill(engine, "lost its output connection (exit, crash or missed heartbeat)")
+            current = engine.generation
+            if engine.state == ENGINE_LIVE and current not in engine.connections.values():
+                self._lost(engine, "lost its output connection (exit, crash or missed heartbeat)")
             return
         if kind == zmq.EVENT_ACCEPTED:
-            engine.connections.add(fd)
+            engine.connections[fd] = engine.generation
         if (
             kind == zmq.EVENT_ACCEPTED
             and engine.state == ENGINE_DEAD
@@ -654,6 +670,13 @@ class IOLoop:
             engine.dead_reason = ""
             self.dirty.add(engine.row)
             log.warning("engine %d reconnected", engine.index)
+
+    def _lost(self, engine: Engine, reason: str) -> None:
+        # The engine's connection went, but what it sent before may still sit in its PULL
+        # (frames that finish requests among them): apply all of it first, so that only what
+        # was truly unfinished ends with EngineDied. Bounded, in case a peer keeps pushing.
+        self._on_output(engine, limit=LOST_DRAIN)
+        self._kill(engine, reason)
 
     def _kill(self, engine: Engine, reason: str) -> None:
         if engine.state == ENGINE_DEAD:
@@ -704,9 +727,12 @@ class IOLoop:
             self.workers[sock.fileno()] = conn
             self.poller.register(sock.fileno(), zmq.POLLIN)
 
-    def _on_control(self, conn: WorkerConn) -> None:
+    def _on_control(self, conn: WorkerConn, mask: int = zmq.POLLIN) -> None:
         try:
-            self._on_control_messages(conn)
+            if mask & zmq.POLLOUT:
+                self._on_control_writable(conn)
+            if mask & ~zmq.POLLOUT and conn.sock.fileno() in self.workers:
+                self._on_control_messages(conn)
         except Exception as exc:
             # A connection whose handling failed half-way is in no state to keep: drop it
             # (its worker sees end of file, as if we had died, and may attach again).
@@ -763,10 +789,7 @@ class IOLoop:
             "config": self.config.to_dict(),
             "addresses": self.addresses,
         }
-        try:
-            control.send(conn.sock, reply, [self.region.fd])
-        except OSError:
-            self._detach(conn)
+        if not self._send(conn, reply, [self.region.fd]):
             return
         if self.state == "ready":
             self._send(conn, {"op": "engines", "engines": self._engine_infos()})
@@ -796,18 +819,58 @@ class IOLoop:
             self.writer.reset_worker(w)
             self.by_submit_identity.pop(WORKER_IDENTITY.pack(w, conn.serial), None)
             self.free_workers.append(w)
+            conn.worker = None  # detached once, whatever calls this again
             log.info("worker %d detached", w)
         if conn.eventfd >= 0:
             os.close(conn.eventfd)
             conn.eventfd = -1
         conn.sock.close()
 
-    def _send(self, conn: WorkerConn, message: dict) -> None:
-        try:
-            conn.sock.send(control.pack(message))
-        except OSError:
+    def _send(self, conn: WorkerConn, message: dict, fds: list[int] | None = None) -> bool:
+        """Queue one control message and send what the socket takes now; False if the
+        connection was dropped. Never blocks: what does not fit waits in ``conn.out`` and
+        goes when the socket is writable, so a message is never torn."""
+        data = control.pack(message)
+        if conn.out:
+            conn.out += data  # behind what is already waiting (fds only ride the first)
+        else:
+            try:
+                sent = socket.send_fds(conn.sock, [data], fds) if fds else conn.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                if fds:  # only the first message carries fds: a fresh socket takes it
+                    self._detach(conn)
+                    return False
+                sent = 0
+            except OSError:
+                self._detach(conn)
+                return False
+            if sent == len(data):
+                return True
+            conn.out += memoryview(data)[sent:]
+            self.poller.modify(conn.sock.fileno(), zmq.POLLIN | zmq.POLLOUT)
+        if len(conn.out) > MAX_CONTROL_BACKLOG:
             # A worker that does not read its control socket loses it; never block on it.
+            self.warn(
+                "control-backlog",
+                "worker %s: %d bytes of control messages unread; detaching it",
+                conn.worker,
+                len(conn.out),
+            )
             self._detach(conn)
+            return False
+        return True
+
+    def _on_control_writable(self, conn: WorkerConn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._detach(conn)
+            return
+        del conn.out[:sent]
+        if not conn.out:
+            self.poller.modify(conn.sock.fileno(), zmq.POLLIN)
 
     def _broadcast(self, message: dict) -> None:
         # Workers act on a message at once: the engine table must already say what it says.
