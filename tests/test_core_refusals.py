@@ -4,7 +4,18 @@ sent (the sim's log shows no ADD), and a rid in flight in another worker → `St
 from __future__ import annotations
 
 import pytest
-from core_fixtures import FOREVER, collect, engine_rids, next_chunk, request, rig
+from core_fixtures import (
+    DEADLINE,
+    FOREVER,
+    collect,
+    engine_rids,
+    expected_tokens,
+    in_thread,
+    next_chunk,
+    request,
+    rig,
+    wait_until,
+)
 
 from tsfront import (
     Busy,
@@ -13,9 +24,11 @@ from tsfront import (
     EngineUnavailable,
     InvalidRequest,
     PromptTooLong,
+    RidRecentlyAborted,
     StopStringsRefused,
     StreamRejected,
 )
+from tsfront.wire import encode_add
 
 
 async def test_generate_refuses_bad_requests_before_sending_anything():
@@ -94,3 +107,63 @@ async def test_duplicate_rid_across_two_workers_rejects_the_second_stream():
         first.abort()
         tokens, _ = await collect(await other.generate(request("unique", 3)))
         assert len(tokens) == 3
+
+
+# ------------------------------------------------------------ reusing an aborted rid
+# The engine drops an ADD whose rid it was told to abort in the last 300 s (CONTRACT §4.5), and
+# a worker's ABORT can reach the I/O process after its next ADD: a reuse must be refused with
+# a reason, never left to hang.
+
+
+async def test_reusing_a_rid_this_client_just_aborted_raises_rid_recently_aborted():
+    async with rig(1) as r:
+        first = await r.client.generate(request("again", FOREVER))
+        await next_chunk(first)
+        first.abort()
+        with pytest.raises(RidRecentlyAborted) as info:
+            await r.client.generate(request("again", 5))
+        assert isinstance(info.value, InvalidRequest) and info.value.field == "rid"
+        assert "300 s" in str(info.value) and "fresh rid" in str(info.value)
+        # A dropped (garbage-collected) stream counts as aborted too.
+        dropped = await r.client.generate(request("dropped", FOREVER))
+        await next_chunk(dropped)
+        del dropped
+        with pytest.raises(RidRecentlyAborted):
+            await r.client.generate(request("dropped", 5))
+        tokens, _ = await collect(await r.client.generate(request("fresh", 4)))
+        assert tokens == expected_tokens("fresh", 4)
+
+
+async def test_an_add_that_overtakes_the_abort_of_its_rid_ends_with_stream_rejected():
+    # What generate refuses, sent anyway (as a second worker, or one past its bounded
+    # memory, could): the new ADD reaches the I/O process before the ABORT of the old one,
+    # on the same slot. The engine would see add, add, abort, and the stream would hang.
+    async with rig(1) as r:
+        first = await r.client.generate(request("overtaken", FOREVER, pin=0))
+        await next_chunk(first)
+        first.abort()
+        att = r.client._att
+        again = att.submit("overtaken", encode_add(request("overtaken", 5, pin=0)), 0, False)
+        with pytest.raises(StreamRejected) as info:
+            await collect(again)
+        assert "aborted" in str(info.value) and info.value.engine_index == 0
+        assert await _metric(r, "reused_rids") == 1
+
+
+async def test_a_rid_aborted_on_an_engine_is_refused_there_from_any_worker_and_served_elsewhere():
+    async with rig(2) as r:
+        other = await r.attach()
+        first = await r.client.generate(request("shared-abort", FOREVER, pin=0))
+        await next_chunk(first)
+        first.abort()
+        assert await in_thread(r.sim.engine(0).wait_abort, "shared-abort", DEADLINE)
+        with pytest.raises(StreamRejected, match="aborted on engine 0"):
+            await collect(await other.generate(request("shared-abort", 5, pin=0)))
+        # Engine 1 never saw that rid: it serves it.
+        tokens, _ = await collect(await other.generate(request("shared-abort", 5, pin=1)))
+        assert tokens == expected_tokens("shared-abort", 5)
+        assert engine_rids(r.sim, 0) == ["shared-abort"]
+
+
+async def _metric(r, name: str) -> int:
+    return await wait_until(lambda: r.client.metrics()[name], f"metric {name}")

@@ -28,8 +28,10 @@ from core_fixtures import (
 
 from tsfront import control
 from tsfront.wire import (
+    BatchTokenIDOutSlim,
     decode_init,
     encode_hello,
+    encode_output,
     encode_ready,
     engine_identity,
 )
@@ -231,3 +233,43 @@ async def test_garbage_on_the_submit_and_control_sockets(zctx):
         fds = len(os.listdir(f"/proc/{r.io.pid}/fd"))
         assert fds < 200
         sub.close(linger=0)
+
+
+def _tail_frame(running: int, waiting: int, active: int, total: int) -> bytes:
+    empty: list = []
+    return encode_output(
+        BatchTokenIDOutSlim(
+            empty,
+            empty,
+            empty,
+            empty,
+            empty,
+            empty,
+            empty,
+            empty,
+            0,
+            running,
+            waiting,
+            active,
+            total,
+        )
+    )
+
+
+async def test_load_tail_outside_u32_on_an_output_pull_keeps_the_io_process_serving(zctx):
+    # A 0-row frame passes the decoder whatever its tail says; storing num_running = -1 into
+    # the engine table used to raise in the loop and end the I/O process.
+    async with rig(2) as r:
+        held = await r.client.generate(request("held-tail", FOREVER, pin=0))
+        await next_chunk(held)
+        healthy = asyncio.create_task(_healthy(r, "under-bad-tails", 300, pin=0))
+        rogue = zctx.socket(zmq.PUSH)
+        rogue.connect(r.io.output_addresses[0])
+        for tail in ((-1, 0, 0, 1000), (0, 1 << 32, 0, 1000), (0, 0, 1 << 40, 1000), (0, 0, 0, -1)):
+            rogue.send(_tail_frame(*tail))
+        await healthy
+        await _healthy(r, "after-bad-tails", 50, pin=0)
+        assert r.io.alive() and not held.finished
+        assert [e.state for e in r.client.load()] == ["live", "live"]
+        held.abort()
+        rogue.close(linger=0)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 
 import pytest
 import zmq
 from core_fixtures import DEADLINE, collect, expected_tokens, in_thread
+from raw_engine import raw_rig
 
 from tsfront import ClientConfig, EngineClient, IOProcess, SendTimeout
 from tsfront.sim import SimGroup
@@ -140,3 +142,103 @@ def test_engine_queue_depth_must_be_positive(depth):
 
     with pytest.raises(ConfigError, match="engine_queue_depth"):
         ClientConfig(engine_queue_depth=depth)
+
+
+# ---------------------------------------------------------------- a departed worker's backlog
+
+HUGE = 65536  # prompt tokens: the stuck engine's queue and socket buffer hold a handful of these
+DEPARTED_SEND_TIMEOUT = 2.0
+
+
+def _huge(rid: str) -> TokenizedGenerateReqInput:
+    return TokenizedGenerateReqInput(
+        rid=rid,
+        input_ids=[7] * HUGE,
+        stream=True,
+        data_parallel_rank=0,
+        sampling_params=SamplingParams(max_new_tokens=4),
+    )
+
+
+async def _departed_worker(io, holder) -> tuple[int, list[str], list]:
+    """The holder fills the stuck engine's queue; worker A queues 10 requests behind it and
+    departs with them open. (A's worker number, A's rids, the holder's streams)."""
+    held = [await holder.generate(_huge(f"holder-{i}")) for i in range(20)]
+    a = await EngineClient.attach(io.address, timeout=DEADLINE)
+    a_rids = [f"a-{i}" for i in range(10)]
+    a_streams = [await a.generate(_huge(rid)) for rid in a_rids]
+    worker = a._att.worker
+    await a.close()
+    del a_streams
+    return worker, a_rids, held
+
+
+async def test_next_worker_on_a_departed_workers_number_keeps_its_own_send_deadlines():
+    async with raw_rig(1, stuck=True, send_timeout=DEPARTED_SEND_TIMEOUT, engine_queue_depth=1) as (
+        io,
+        _engines,
+        holder,
+        _ctx,
+    ):
+        worker, _a_rids, _held = await _departed_worker(io, holder)
+        # A deliberate gap, not a wait for anything: A's deadlines are now half a send_timeout
+        # older than anything B will send.
+        await asyncio.sleep(DEPARTED_SEND_TIMEOUT / 2)
+        b = await EngineClient.attach(io.address, timeout=DEADLINE)
+        try:
+            assert b._att.worker == worker
+            sent = []
+            for i in range(10):
+                sent.append((await b.generate(_huge(f"b-{i}")), time.monotonic()))
+
+            async def waited(stream, at: float) -> float:
+                with pytest.raises(SendTimeout):
+                    async for _ in stream:
+                        pass
+                return time.monotonic() - at
+
+            waits = await asyncio.wait_for(
+                asyncio.gather(*(waited(s, at) for s, at in sent)), DEPARTED_SEND_TIMEOUT * 4
+            )
+            # Each waited its own send_timeout, not what was left of A's.
+            assert min(waits) >= DEPARTED_SEND_TIMEOUT * 0.95, waits
+        finally:
+            await b.close()
+
+
+async def test_a_departed_workers_queued_adds_never_reach_the_engine():
+    async with raw_rig(1, stuck=True, send_timeout=30.0, engine_queue_depth=1) as (
+        io,
+        engines,
+        holder,
+        _ctx,
+    ):
+        worker, a_rids, _held = await _departed_worker(io, holder)
+        b = await EngineClient.attach(io.address, timeout=DEADLINE)
+        try:
+            assert b._att.worker == worker
+            b_rids = [f"b-{i}" for i in range(10)]
+            _b_streams = [await b.generate(_huge(rid)) for rid in b_rids]
+
+            def read_until_b_arrived() -> list[tuple[str, list[str]]]:
+                # The engine reads again, until every ADD of B has come.
+                seen: list[tuple[str, list[str]]] = []
+                missing = set(b_rids)
+                deadline = time.monotonic() + DEADLINE
+                while missing and time.monotonic() < deadline:
+                    frame = engines[0].recv_any(0.5)
+                    if frame is not None:
+                        seen.append(frame)
+                        if frame[0] == "add":
+                            missing.difference_update(frame[1])
+                assert not missing, f"B's ADDs {sorted(missing)} never came"
+                return seen
+
+            seen = await asyncio.to_thread(read_until_b_arrived)
+            adds = [rid for kind, rids in seen if kind == "add" for rid in rids]
+            # Every ADD of A was still in the I/O process's backlog when A left (the holder's
+            # requests filled the engine's queue): none may be sent, before or after an ABORT.
+            assert not set(adds) & set(a_rids), adds
+            assert adds.count("b-0") == 1 and [r for r in adds if r.startswith("b-")] == b_rids
+        finally:
+            await b.close()

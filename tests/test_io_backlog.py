@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
 import zmq
 
-from tsfront import ClientConfig
+from tsfront import ClientConfig, control
 from tsfront.io.engines import PendingSend
-from tsfront.io.loop import IOLoop, Record
-from tsfront.region import FIN_SEND_TIMEOUT
+from tsfront.io.loop import SUBMIT_HEADER, IOLoop, Record, WorkerConn
+from tsfront.region import ENGINE_LIVE, FIN_SEND_TIMEOUT
 
 
 class _FullInput:
@@ -51,5 +54,87 @@ def test_a_reused_slot_does_not_inherit_the_aborted_requests_send_deadline():
         assert 5 not in loop.records and engine.in_flight == 0
     finally:
         # Never bound: only the native writer, the region and the context to release.
+        loop.region.close()
+        loop.ctx.term()
+
+
+class _Writer(_Finishes):
+    """The Writer calls attach, submit and detach make."""
+
+    def bind(self, rid, slot, ticket, with_logprobs, dup_code) -> bool:
+        return True
+
+    def unbind(self, slot: int) -> bool:
+        return True
+
+    def reset_worker(self, worker: int) -> None:
+        pass
+
+    def set_worker_fd(self, worker: int, fd: int) -> None:
+        pass
+
+    def spilling(self) -> int:
+        return 0
+
+
+class _Input:
+    """An input socket that takes everything (after `full` is cleared)."""
+
+    def __init__(self) -> None:
+        self.full = True
+        self.sent: list[bytes] = []
+
+    def send_multipart(self, frames, *args, **kwargs):
+        if self.full:
+            raise zmq.Again()
+        self.sent.append(bytes(frames[-1].bytes if hasattr(frames[-1], "bytes") else frames[-1]))
+
+
+def _attach(loop: IOLoop) -> tuple[WorkerConn, socket.socket, int]:
+    """Attach a worker over a socketpair as the real one does; (conn, its peer, first ticket)."""
+    mine, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine.setblocking(False)
+    conn = WorkerConn(mine)
+    conn.reader.fds = [os.eventfd(0, os.EFD_CLOEXEC)]
+    loop._attach(conn, {"op": "attach", "pid": os.getpid()})
+    reader = control.MessageReader(peer)
+    (reply,) = reader.feed()
+    reader.close_fds()
+    # The worker's first ticket: its range's first, or 1 where attaches had no range.
+    return conn, peer, reply.get("ticket_base", 0) + 1
+
+
+def test_a_departed_workers_queued_sends_never_reach_the_engine_nor_touch_the_next_worker():
+    loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "backlog-detach")
+    peers = []
+    try:
+        engine = loop.engines[0]
+        engine.state = ENGINE_LIVE
+        loop.submit_address = "ipc://@unused"  # never bound: workers here are socketpairs
+        loop.input = _Input()
+        loop.writer = _Writer()
+        # Worker A queues a request on slot 0 (the engine's queue is full), then departs.
+        a, peer, a_ticket = _attach(loop)
+        peers.append(peer)
+        loop._add(a, SUBMIT_HEADER.pack(0, a_ticket, 0, 0) + b"from-a", zmq.Frame(b"ADD a"))
+        assert len(engine.backlog) == 1
+        number = a.worker
+        loop._detach(a)
+        assert not engine.backlog  # purged: it can never be sent
+        assert engine.aborts == [] and engine.in_flight == 0  # never sent: nothing to abort
+        # Worker B gets the same number and slot; its tickets cannot be A's.
+        b, peer, b_ticket = _attach(loop)
+        peers.append(peer)
+        assert b.worker == number and b_ticket != a_ticket
+        loop._add(b, SUBMIT_HEADER.pack(0, a_ticket, 0, 0) + b"stale", zmq.Frame(b"ADD stale"))
+        assert not loop.records  # a ticket outside B's range is refused
+        loop._add(b, SUBMIT_HEADER.pack(0, b_ticket, 0, 0) + b"from-b", zmq.Frame(b"ADD b"))
+        loop.input.full = False
+        loop._retry_backlog(engine, now=0.0)
+        assert loop.input.sent == [b"ADD b"]
+        assert loop.records[0].sent and engine.in_flight == 1
+    finally:
+        for p in peers:
+            p.close()
         loop.region.close()
         loop.ctx.term()

@@ -14,14 +14,22 @@ request's `RequestStream`.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tsfront import region as shm
 from tsfront.config import ClientConfig
-from tsfront.errors import ClientClosed, DuplicateRequest, EngineUnavailable, InvalidRequest
+from tsfront.errors import (
+    ClientClosed,
+    DuplicateRequest,
+    EngineUnavailable,
+    InvalidRequest,
+    RidRecentlyAborted,
+)
 from tsfront.info import EngineInfo, EngineLoad, load_from_row
 from tsfront.io.process import IOProcess
 from tsfront.stream import RequestStream
 from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
+from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
 from tsfront.worker import Attachment
 
 
@@ -67,7 +75,9 @@ class EngineClient:
 
         Refused before anything is sent, each with a typed error: what `validate_request`
         refuses (stop strings included), a rid already in flight in this worker
-        (`DuplicateRequest`), a prompt that does not fit the engine's context (`PromptTooLong`),
+        (`DuplicateRequest`), a rid this client aborted less than 300 s ago
+        (`RidRecentlyAborted`: the engine would drop it silently), a prompt that does not fit
+        the engine's context (`PromptTooLong`),
         a pin to an absent or dead rank or no live engine at all (`EngineUnavailable`), a full
         local queue (`Busy`), a closed client (`ClientClosed`).
         """
@@ -92,6 +102,16 @@ class EngineClient:
                 "a request with this rid is in flight on this client",
                 "use a fresh rid for every request (engines remember rids for 300 s)",
             )
+        if att.aborted:
+            age = att.aborted.age(request.rid, time.monotonic())
+            if age is not None:
+                raise RidRecentlyAborted(
+                    "rid",
+                    request.rid,
+                    f"was aborted {age:.1f} s ago, and the engine silently drops a request that "
+                    f"reuses an aborted rid for {ENGINE_ABORT_MEMORY_S:.0f} s",
+                    "use a fresh rid",
+                )
         return att.submit(
             request.rid,
             encode_add(request),
@@ -152,7 +172,10 @@ class EngineClient:
     def metrics(self) -> dict[str, int]:
         """The I/O process's counters: output frames, rows and tokens it wrote to slots, rows
         for unknown rids (aborted or foreign), tokens that went through the spill path,
-        eventfd wake-ups, requests in flight, slots spilling now."""
+        eventfd wake-ups, requests in flight, slots spilling now; and the I/O loop's own:
+        frames whose handler failed (dropped, logged), load tails out of range, output
+        connections lost (and how many of those were an earlier process's), ADDs refused
+        for reusing a recently aborted rid (see `tsfront.region.IO_METRICS`)."""
         att = self._att
         if att.closed or att.region is None:
             raise ClientClosed("the client is closed")

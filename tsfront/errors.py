@@ -55,6 +55,14 @@ class DuplicateRequest(InvalidRequest):
     """A request with this rid is already in flight (the engine never forgets a rid for 300 s)."""
 
 
+class RidRecentlyAborted(InvalidRequest):
+    """The rid was aborted by this client less than 300 s ago.
+
+    The engine remembers an aborted rid for 300 s and silently drops a request that reuses it
+    (its stream would never end), so the reuse is refused; use a fresh rid.
+    """
+
+
 class PromptTooLong(InvalidRequest):
     """The prompt plus `max_new_tokens` does not fit the engine's context."""
 

@@ -29,6 +29,7 @@ FIN_SEND_TIMEOUT = 17
 FIN_DUPLICATE = 18
 FIN_NO_ENGINE = 19
 FIN_IO_STOPPING = 20
+FIN_RID_ABORTED = 21
 
 # Counters the I/O process publishes at header offset 64 (u64 each), in this order.
 METRICS = (
@@ -43,6 +44,23 @@ METRICS = (
     "notify_overflows",
 )
 METRICS_OFFSET = 64
+
+# Counters of the I/O loop itself (Python side), u64 each at header offset 2048, in this order
+# (the native counters above use offsets 64..; the header is 4 KiB):
+#   handler_errors      frames or events whose handler raised something unexpected (the frame
+#                       was dropped, the loop kept serving; each is logged, rate-limited)
+#   bad_load_tails      load tails outside 0..2^32-1 (ignored; the rows were applied)
+#   output_disconnects  connections lost on the engines' output PULLs
+#   stale_disconnects   of those, connections of an engine's earlier process (never a death)
+#   reused_rids         ADDs refused because the rid was aborted on that engine < 300 s ago
+IO_METRICS = (
+    "handler_errors",
+    "bad_load_tails",
+    "output_disconnects",
+    "stale_disconnects",
+    "reused_rids",
+)
+IO_METRICS_OFFSET = 2048
 
 FINISH_REASONS = {
     _native.FIN_STOP: "stop",
@@ -84,6 +102,9 @@ class Region:
         self.engines = np.frombuffer(
             self.map, dtype="<u4", count=geometry.max_engines * 16, offset=off
         ).reshape(geometry.max_engines, 16)
+        self.io_metrics = np.frombuffer(
+            self.map, dtype="<u8", count=len(IO_METRICS), offset=IO_METRICS_OFFSET
+        )
 
     @classmethod
     def create(cls, geometry: Geometry) -> Region:
@@ -98,10 +119,11 @@ class Region:
             raise
 
     def metrics(self) -> dict[str, int]:
-        """The I/O process's counters (see `METRICS`), as last published."""
+        """The I/O process's counters (see `METRICS` and `IO_METRICS`), as last published."""
         words = np.frombuffer(self.map, dtype="<u8", count=len(METRICS), offset=METRICS_OFFSET)
         values = dict(zip(METRICS, (int(v) for v in words), strict=True))
         del words
+        values.update(zip(IO_METRICS, (int(v) for v in self.io_metrics), strict=True))
         return values
 
     def engine_load_ms(self, row: int) -> int:
@@ -112,6 +134,7 @@ class Region:
     def close(self) -> None:
         """Unmap and close the fd (views must be dropped first)."""
         self.engines = None
+        self.io_metrics = None
         try:
             self.map.close()
         except BufferError:

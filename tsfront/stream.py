@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tsfront import region
 from tsfront.errors import EngineDied, IOProcessDied, SendTimeout, StreamError, StreamRejected
+from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -124,6 +125,14 @@ def _stream_error(code: int, rid: str, engine: int) -> StreamError:
             "died, or every rank is down)",
             rid=rid,
         )
+    if code == region.FIN_RID_ABORTED:
+        return StreamRejected(
+            f"request {rid!r}: this rid was aborted on engine {engine} less than "
+            f"{ENGINE_ABORT_MEMORY_S:.0f} s ago, and the engine silently drops a request that "
+            "reuses it; use a fresh rid for every request",
+            rid=rid,
+            engine_index=idx,
+        )
     if code == region.FIN_IO_STOPPING:
         return IOProcessDied(f"request {rid!r}: the I/O process stopped", rid=rid)
     return StreamError(f"request {rid!r}: ended with unknown code {code}", rid=rid)
@@ -168,14 +177,18 @@ class RequestStream:
 
     def _deliver(self, update: tuple) -> None:
         _local, tokens, lp_val, lp_idx, finish, prompt, completion, cached, engine = update
-        if finish >= region.FIN_ENGINE_DEAD:
+        local_end = finish >= region.FIN_ENGINE_DEAD
+        if local_end and not tokens:
             self._fail(_stream_error(finish, self.rid, engine))
             return
         self.engine_index = engine
+        # A local end (engine death, the I/O process stopping) can arrive in the same update
+        # as the engine's last tokens: they were generated, so they are delivered first, in a
+        # chunk without a finish reason, and the error follows it.
         chunk = OutputChunk(
             self.rid,
             tokens,
-            region.FINISH_REASONS.get(finish) if finish else None,
+            region.FINISH_REASONS.get(finish) if finish and not local_end else None,
             prompt,
             completion,
             cached,
@@ -183,13 +196,16 @@ class RequestStream:
             lp_idx,
             engine,
         )
-        if finish:
+        if finish and not local_end:
             self._done = True
             self._attachment._release(self)
         if self._pending and not self._pending[-1].finished:
             self._pending[-1]._absorb(chunk)
         else:
             self._pending.append(chunk)
+        if local_end:
+            self._fail(_stream_error(finish, self.rid, engine))
+            return
         self._wake()
 
     def _fail(self, error: StreamError) -> None:

@@ -13,11 +13,13 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 import weakref
 
 import zmq
 
 from tsfront import _native, control
+from tsfront.aborts import RecentAborts
 from tsfront.config import ClientConfig
 from tsfront.errors import (
     Busy,
@@ -29,11 +31,22 @@ from tsfront.errors import (
     StreamError,
 )
 from tsfront.info import EngineInfo
-from tsfront.io.loop import ABORT_ENTRY, SUBMIT_ABORT, SUBMIT_ADD, SUBMIT_HEADER, WORKER_IDENTITY
+from tsfront.io.loop import (
+    ABORT_ENTRY,
+    SUBMIT_ABORT,
+    SUBMIT_ADD,
+    SUBMIT_HEADER,
+    TICKET_SHIFT,
+    WORKER_IDENTITY,
+)
 from tsfront.region import Geometry, Region
 from tsfront.stream import RequestStream
 
 ATTACH_TIMEOUT = 30.0
+# Rids this worker aborted that it still refuses to reuse (within the engine's 300 s memory).
+# Past this many, the oldest are forgotten; the I/O process's per-engine memory still
+# catches a reuse of those.
+ABORTED_RIDS_REMEMBERED = 1 << 16
 
 
 class Attachment:
@@ -51,6 +64,7 @@ class Attachment:
         self.engines: list[EngineInfo] = []
         self._engines_ready = loop.create_future()
         self._pending_aborts: list[bytes] = []
+        self.aborted = RecentAborts(ABORTED_RIDS_REMEMBERED)
         self._abort_scheduled = False
         self._next_ticket = 1
         self.sock: socket.socket | None = None
@@ -119,6 +133,9 @@ class Attachment:
                 os.close(fd)
             raise HandshakeError("the I/O process sent no shared memory")
         self.worker = message["worker"]
+        # Tickets come from this attach's own range (see tsfront.io.loop.ticket_base).
+        self._ticket_base = message["ticket_base"]
+        self._next_ticket = self._ticket_base + 1
         self.config = ClientConfig.from_dict(message["config"])
         self.addresses = message["addresses"]
         geometry = Geometry(*message["geometry"])
@@ -218,6 +235,10 @@ class Attachment:
         slot = self.free.pop()
         ticket = self._next_ticket
         self._next_ticket += 1
+        if self._next_ticket - self._ticket_base == 1 << TICKET_SHIFT:
+            # 2^40 requests later, reuse the range: a slot holds one request at a time, so a
+            # reused ticket never meets its namesake on the same slot.
+            self._next_ticket = self._ticket_base + 1
         self.reader.expect(slot, ticket)
         header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs) + rid.encode()
         try:
@@ -247,6 +268,7 @@ class Attachment:
     def _abort(self, stream: RequestStream) -> None:
         if self.streams.get(stream._slot) is not stream:
             return
+        self.aborted.add(stream.rid, time.monotonic())
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
         self._release(stream)
         if not self._abort_scheduled and not self.closed:
@@ -263,6 +285,7 @@ class Attachment:
             return
         if current is not None or self.closed:
             return
+        self.aborted.add(stream.rid, time.monotonic())
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
         if self.reader is not None:
             self.reader.release(stream._slot)

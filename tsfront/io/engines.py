@@ -14,8 +14,13 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from tsfront.aborts import RecentAborts
 from tsfront.region import ENGINE_ABSENT
 from tsfront.wire import EngineRegistration, engine_identity
+
+# Per engine; at 1,000 aborts a second that is 262 s of the engine's 300 s memory. Past it the
+# oldest go first, and a reuse of one of those would again be dropped silently by the engine.
+ABORTED_RIDS_REMEMBERED = 1 << 18
 
 
 @dataclass
@@ -49,8 +54,14 @@ class Engine:
     in_flight_at_tail: int = 0
     backlog: collections.deque[PendingSend] = field(default_factory=collections.deque)
     aborts: list[str] = field(default_factory=list)
-    # fds of the connections accepted on this engine's output PULL (its own, and any peer's).
-    connections: set[int] = field(default_factory=set)
+    # Rids (bytes) of every ABORT queued for this engine process in the last 300 s: an ADD
+    # reusing one would be dropped by the engine without a word, so it is refused here.
+    aborted: RecentAborts = field(default_factory=lambda: RecentAborts(ABORTED_RIDS_REMEMBERED))
+    # The connections accepted on this engine's output PULL (its own, and any peer's): fd →
+    # the engine generation they were accepted in. The generation grows with each INIT sent
+    # (each engine process), so a late disconnect of a predecessor's connection is told apart.
+    connections: dict[int, int] = field(default_factory=dict)
+    generation: int = 0
 
     @property
     def identity(self) -> bytes:

@@ -5,11 +5,14 @@ submissions (route, forward the payload frame unchanged), the handshake and regi
 sockets, the output connections' monitors, the workers' control sockets; then, once per turn,
 it sends the batched ABORTs, retries queued sends, flushes spilled tokens and wakes the parked
 workers that got news. Nothing a peer or a worker sends can raise out of a handler: bad input
-is logged (rate-limited) and dropped.
+is logged (rate-limited) and dropped, and each frame (or event, or control connection) is
+handled inside a boundary that catches anything else, counts it (`handler_errors`), logs it
+with a traceback (rate-limited) naming the engine or worker, drops that frame and goes on.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import socket
@@ -45,7 +48,9 @@ from tsfront.region import (
     FIN_ENGINE_DEAD,
     FIN_IO_STOPPING,
     FIN_NO_ENGINE,
+    FIN_RID_ABORTED,
     FIN_SEND_TIMEOUT,
+    IO_METRICS,
     Geometry,
     Region,
 )
@@ -66,9 +71,31 @@ ABORT_ENTRY = struct.Struct("<IQ")
 SUBMIT_ADD = b"A"
 SUBMIT_ABORT = b"X"
 WORKER_IDENTITY = struct.Struct("<IQ")
+# Each attach draws its tickets from its own range, ``(serial mod 2^24) << 40`` + 1..2^40-1,
+# so that no ticket of a departed worker can match a request of the next worker given the same
+# number (a stale backlog entry or abort is matched by slot and ticket).
+TICKET_SHIFT = 40
+TICKET_SERIAL_MASK = (1 << 24) - 1
+
+
+def ticket_base(serial: int) -> int:
+    """The first ticket (minus one) of the attach with this serial."""
+    return (serial & TICKET_SERIAL_MASK) << TICKET_SHIFT
+
 
 # Frames drained from one socket per turn, so one busy peer cannot starve the others.
 DRAIN = 256
+# Frames applied from a PULL whose engine connection was just lost, before declaring it dead.
+LOST_DRAIN = 64 * DRAIN
+# Bytes of control messages a worker may leave unread before it is detached.
+MAX_CONTROL_BACKLOG = 4 << 20
+
+U32_MAX = 0xFFFFFFFF
+
+
+def _u32(value: int) -> int:
+    """``value`` clamped into an engine-table word (the table is u32; numpy raises outside)."""
+    return value if 0 <= value <= U32_MAX else (0 if value < 0 else U32_MAX)
 
 
 class Stop(Exception):
@@ -83,31 +110,37 @@ class _RateLimitedLog:
         self.last: dict[str, float] = {}
         self.counts: dict[str, int] = {}
 
-    def __call__(self, kind: str, message: str, *args: object) -> None:
+    def __call__(
+        self, kind: str, message: str, *args: object, exc_info: BaseException | None = None
+    ) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         now = time.monotonic()
         if now - self.last.get(kind, -1e9) >= self.interval:
             self.last[kind] = now
-            log.warning(message + " (%d so far)", *args, self.counts[kind])
+            log.warning(message + " (%d so far)", *args, self.counts[kind], exc_info=exc_info)
 
 
 class Record:
-    """A request in flight: its rid, the engine holding it, its worker's ticket."""
+    """A request in flight: its rid, the engine holding it, its worker's ticket, and whether
+    its ADD left for the engine (one still in the backlog needs no ABORT: it is just dropped)."""
 
-    __slots__ = ("engine", "rid", "ticket")
+    __slots__ = ("engine", "rid", "sent", "ticket")
 
-    def __init__(self, rid: bytes, engine: Engine, ticket: int) -> None:
+    def __init__(self, rid: bytes, engine: Engine, ticket: int, sent: bool = True) -> None:
         self.rid = rid
         self.engine = engine
         self.ticket = ticket
+        self.sent = sent
 
 
 class WorkerConn:
-    """One attached worker: its control socket, id and eventfd."""
+    """One attached worker: its control socket (and what waits to be sent on it), id and
+    eventfd."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.reader = control.MessageReader(sock)
+        self.out = bytearray()
         self.worker: int | None = None
         self.serial = 0
         self.eventfd = -1
@@ -152,6 +185,8 @@ class IOLoop:
         self.pending_hello: set[bytes] = set()
         self.dirty: set[int] = set()
         self.warn = _RateLimitedLog()
+        self.counts = dict.fromkeys(IO_METRICS, 0)
+        self._counts_dirty = False
         self.addresses: dict = {}
         self._sockets: list[zmq.Socket] = []
         self._listener: socket.socket | None = None
@@ -237,7 +272,7 @@ class IOLoop:
                 engine = pulls.get(sock)
                 if engine is not None:
                     self._on_output(engine)
-            for sock, _ in events:
+            for sock, mask in events:
                 if sock is self.submit:
                     self._on_submit()
                 elif sock is self.handshake:
@@ -249,7 +284,7 @@ class IOLoop:
                 elif sock == listener_fd:
                     self._on_accept()
                 elif isinstance(sock, int) and sock in self.workers:
-                    self._on_control(self.workers[sock])
+                    self._on_control(self.workers[sock], mask)
             self._after_turn()
             writer.wake()
 
@@ -265,13 +300,30 @@ class IOLoop:
         if self.state == "handshaking" and now >= self.deadline:
             self._fail_handshake()
         for e in self.engines:
-            if e.aborts and e.state == ENGINE_LIVE:
-                self._send_aborts(e)
-            if e.backlog:
-                self._retry_backlog(e, now)
+            try:
+                if e.aborts and e.state == ENGINE_LIVE:
+                    self._send_aborts(e)
+                if e.backlog:
+                    self._retry_backlog(e, now)
+            except Exception as exc:
+                self._handler_failed(f"engine {e.index}: sending its queued frames", exc)
         if self.writer.spilling():
             self.writer.flush_spills()
         self._publish_dirty()
+        if self._counts_dirty:
+            self._counts_dirty = False
+            self.region.io_metrics[:] = list(self.counts.values())
+
+    def _count(self, name: str) -> None:
+        self.counts[name] += 1
+        self._counts_dirty = True
+
+    def _handler_failed(self, where: str, exc: Exception) -> None:
+        # The boundary around one frame / event / connection: a bug (or an input no decoder
+        # foresaw) costs that frame, never the loop. Counted and logged, never silent.
+        self._count("handler_errors")
+        kind = "handler:" + where.split(":", 1)[0]
+        self.warn(kind, "%s: handler failed, frame dropped: %r", where, exc, exc_info=exc)
 
     def _publish_dirty(self) -> None:
         for row in self.dirty:
@@ -280,35 +332,50 @@ class IOLoop:
 
     # ------------------------------------------------------------------ engine output
 
-    def _on_output(self, engine: Engine) -> None:
+    def _on_output(self, engine: Engine, limit: int = DRAIN) -> None:
         recv = engine.pull.recv
         ingest = self.writer.ingest
         index = engine.index
         records = self.records
-        for _ in range(DRAIN):
+        for _ in range(limit):
             try:
                 frame = recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
             try:
                 result = ingest(frame, index)
+                if result is None:
+                    self._kill(engine, "sent ENGINE_CORE_DEAD")
+                    return
+                _index, running, waiting, kv_active, kv_total, _rows, _unknown, finished = result
+                for slot in finished:
+                    record = records.pop(slot, None)
+                    if record is not None:
+                        owner = record.engine
+                        owner.in_flight -= 1
+                self.dirty.add(engine.row)
+                if kv_total:
+                    # The engine table holds u32 words: a tail outside that range is a lie
+                    # (or a bug) we neither store nor route on; the rows stand.
+                    if (running | waiting | kv_active | kv_total) >> 32:
+                        self._bad_tail(engine, (running, waiting, kv_active, kv_total))
+                        continue
+                    engine.tail = (running, waiting, kv_active, kv_total)
+                    engine.tail_at = time.monotonic()
+                    engine.in_flight_at_tail = engine.in_flight
             except WireDecodeError as exc:
                 self.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
-                continue
-            if result is None:
-                self._kill(engine, "sent ENGINE_CORE_DEAD")
-                return
-            _index, running, waiting, kv_active, kv_total, _rows, _unknown, finished = result
-            if kv_total:
-                engine.tail = (running, waiting, kv_active, kv_total)
-                engine.tail_at = time.monotonic()
-                engine.in_flight_at_tail = engine.in_flight
-            for slot in finished:
-                record = records.pop(slot, None)
-                if record is not None:
-                    owner = record.engine
-                    owner.in_flight -= 1
-            self.dirty.add(engine.row)
+            except Exception as exc:
+                self._handler_failed(f"engine {engine.index}: output frame", exc)
+
+    def _bad_tail(self, engine: Engine, tail: tuple[int, int, int, int]) -> None:
+        self._count("bad_load_tails")
+        self.warn(
+            "bad-tail",
+            "engine %d: ignored a load tail outside 0..2^32-1: %r",
+            engine.index,
+            tail,
+        )
 
     # ------------------------------------------------------------------ submissions
 
@@ -323,15 +390,18 @@ class IOLoop:
             if worker is None or len(frames) < 3:
                 self.warn("bad-submit", "dropped a submission from an unknown or stale worker")
                 continue
-            kind = frames[1].bytes
-            if kind == SUBMIT_ADD and len(frames) == 4:
-                self._add(worker, frames[2].bytes, frames[3])
-            elif kind == SUBMIT_ABORT:
-                self._abort(worker, frames[2].bytes)
-            else:
-                self.warn(
-                    "bad-submit", "dropped a malformed submission from worker %s", worker.worker
-                )
+            try:
+                kind = frames[1].bytes
+                if kind == SUBMIT_ADD and len(frames) == 4:
+                    self._add(worker, frames[2].bytes, frames[3])
+                elif kind == SUBMIT_ABORT:
+                    self._abort(worker, frames[2].bytes)
+                else:
+                    self.warn(
+                        "bad-submit", "dropped a malformed submission from worker %s", worker.worker
+                    )
+            except Exception as exc:
+                self._handler_failed(f"worker {worker.worker}: submission", exc)
 
     def _add(self, worker: WorkerConn, header: bytes, payload: zmq.Frame) -> None:
         if len(header) < SUBMIT_HEADER.size:
@@ -341,11 +411,17 @@ class IOLoop:
         if local >= self.spw or ticket == 0:
             self.warn("bad-submit", "dropped a submission for slot %d", local)
             return
+        if ticket >> TICKET_SHIFT != worker.serial & TICKET_SERIAL_MASK:
+            self.warn(
+                "bad-submit", "worker %s: dropped a submission with a foreign ticket", worker.worker
+            )
+            return
         rid = header[SUBMIT_HEADER.size :]
         slot = worker.worker * self.spw + local
         if slot in self.records:
-            # The worker reused a slot whose request we still hold: it cannot have, unless it
-            # skipped the abort. Forget the old request rather than crossing streams.
+            # The worker reused a slot whose request we still hold: its ABORT for the old one
+            # is behind this ADD (a worker flushes aborts once per loop iteration). Forget the
+            # old request now, which queues that ABORT, rather than crossing streams.
             self._forget(slot, abort=True)
         if pin >= 0:
             engine = self.engines[pin] if pin < len(self.engines) else None
@@ -358,7 +434,13 @@ class IOLoop:
         if engine is None:
             self.writer.finish(slot, FIN_NO_ENGINE, -1)
             return
-        self.records[slot] = Record(rid, engine, ticket)
+        if engine.aborted and engine.aborted.age(rid, time.monotonic()) is not None:
+            # The engine would drop it silently (it remembers aborted rids for 300 s), and
+            # our ABORT of the old one may even reach it after this ADD: refuse, with a reason.
+            self._count("reused_rids")
+            self.writer.finish(slot, FIN_RID_ABORTED, engine.index)
+            return
+        record = self.records[slot] = Record(rid, engine, ticket, sent=False)
         engine.in_flight += 1
         engine.requests_total += 1
         self.dirty.add(engine.row)
@@ -367,11 +449,12 @@ class IOLoop:
             return
         try:
             self.input.send_multipart([engine.identity, ADD, payload], zmq.NOBLOCK, copy=False)
+            record.sent = True
         except zmq.Again:
             self._queue(engine, slot, payload)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
-                self._kill(engine, "input connection unreachable")
+                self._lost(engine, "input connection unreachable")
             else:
                 raise
 
@@ -406,9 +489,10 @@ class IOLoop:
             except zmq.Again:
                 return
             except zmq.ZMQError:
-                self._kill(engine, "input connection unreachable")
+                self._lost(engine, "input connection unreachable")
                 return
             engine.backlog.popleft()
+            record.sent = True
 
     def _abort(self, worker: WorkerConn, data: bytes) -> None:
         usable = len(data) - len(data) % ABORT_ENTRY.size
@@ -422,13 +506,21 @@ class IOLoop:
             self._forget(slot, abort=True)
 
     def _forget(self, slot: int, *, abort: bool) -> None:
+        # An ADD still in the backlog never reaches the engine (its entry no longer matches a
+        # record and is skipped), so only a sent one needs an ABORT.
         record = self.records.pop(slot)
         engine = record.engine
         engine.in_flight -= 1
         self.writer.unbind(slot)
         self.dirty.add(engine.row)
-        if abort:
-            engine.aborts.append(record.rid.decode("utf-8", "replace"))
+        if abort and record.sent:
+            self._queue_abort(engine, record.rid)
+
+    def _queue_abort(self, engine: Engine, rid: bytes) -> None:
+        # Sent at the end of the turn (one frame per engine); remembered from now on, so that
+        # no ADD reusing the rid reaches this engine process while it would drop it.
+        engine.aborts.append(rid.decode("utf-8", "replace"))
+        engine.aborted.add(rid, time.monotonic())
 
     def _send_aborts(self, engine: Engine) -> None:
         try:
@@ -449,37 +541,43 @@ class IOLoop:
                 frames = self.handshake.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            identity = frames[0]
-            engine = self.by_identity.get(identity)
-            if engine is None:
-                self.warn(
-                    "bad-identity",
-                    "refused a handshake from identity %s: not in engines %d..%d",
-                    identity.hex(),
-                    self.engines[0].index,
-                    self.engines[-1].index,
-                )
-                continue
-            if len(frames) < 2:
-                continue
             try:
-                message = decode_ready_message(frames[-1])
-            except WireDecodeError as exc:
-                self.warn("bad-handshake", "engine %d: bad handshake frame: %s", engine.index, exc)
-                continue
-            if message.status == "HELLO":
-                if engine.state in (ENGINE_LIVE,):
-                    # Either a duplicate of a live engine, or a restart we have not noticed
-                    # yet; answer once the old connection is known dead.
-                    self.pending_hello.add(identity)
-                    self.warn(
-                        "dup-identity",
-                        "engine %d said HELLO while live; INIT deferred until it is dead",
-                        engine.index,
-                    )
-                    continue
-                self._send_init(engine)
-            # READY needs no reply: the registration on the input socket is what counts.
+                self._on_handshake_frame(frames)
+            except Exception as exc:
+                self._handler_failed(f"handshake from {frames[0].hex()}: frame", exc)
+
+    def _on_handshake_frame(self, frames: list[bytes]) -> None:
+        identity = frames[0]
+        engine = self.by_identity.get(identity)
+        if engine is None:
+            self.warn(
+                "bad-identity",
+                "refused a handshake from identity %s: not in engines %d..%d",
+                identity.hex(),
+                self.engines[0].index,
+                self.engines[-1].index,
+            )
+            return
+        if len(frames) < 2:
+            return
+        try:
+            message = decode_ready_message(frames[-1])
+        except WireDecodeError as exc:
+            self.warn("bad-handshake", "engine %d: bad handshake frame: %s", engine.index, exc)
+            return
+        if message.status == "HELLO":
+            if engine.state in (ENGINE_LIVE,):
+                # Either a duplicate of a live engine, or a restart we have not noticed
+                # yet; answer once the old connection is known dead.
+                self.pending_hello.add(identity)
+                self.warn(
+                    "dup-identity",
+                    "engine %d said HELLO while live; INIT deferred until it is dead",
+                    engine.index,
+                )
+                return
+            self._send_init(engine)
+        # READY needs no reply: the registration on the input socket is what counts.
 
     def _send_init(self, engine: Engine) -> None:
         init = encode_init([self.input_advertised], [engine.output_address])
@@ -489,7 +587,11 @@ class IOLoop:
             self.warn("init", "engine %d: INIT not sent: %s", engine.index, exc)
             return
         engine.state = ENGINE_HANDSHAKING
+        # Connections accepted from now on belong to the process we just answered; the
+        # earlier ones (its predecessor's, a stray peer's) can no longer kill it.
+        engine.generation += 1
         engine.aborts = []  # a new engine process knows none of the old rids
+        engine.aborted.clear()
         self.dirty.add(engine.row)
 
     def _on_input(self) -> None:
@@ -498,26 +600,32 @@ class IOLoop:
                 frames = self.input.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            engine = self.by_identity.get(frames[0])
-            if engine is None or engine.state != ENGINE_HANDSHAKING or len(frames) < 2:
-                self.warn("bad-input", "dropped an unexpected frame on the input socket")
-                continue
             try:
-                registration = decode_registration(frames[-1])
-            except WireDecodeError as exc:
-                self.warn("bad-registration", "engine %d: bad registration: %s", engine.index, exc)
-                continue
-            engine.registration = registration
-            engine.state = ENGINE_LIVE
-            engine.dead_reason = ""
-            self.dirty.add(engine.row)
-            log.info("engine %d registered (rank %d)", engine.index, engine.row)
-            if self.state == "handshaking":
-                if all(e.state == ENGINE_LIVE for e in self.engines):
-                    self.state = "ready"
-                    self._broadcast({"op": "engines", "engines": self._engine_infos()})
-            elif self.state == "ready":
-                self._broadcast({"op": "engine", "engine": self._engine_info(engine)})
+                self._on_registration(frames)
+            except Exception as exc:
+                self._handler_failed(f"input from {frames[0].hex()}: frame", exc)
+
+    def _on_registration(self, frames: list[bytes]) -> None:
+        engine = self.by_identity.get(frames[0])
+        if engine is None or engine.state != ENGINE_HANDSHAKING or len(frames) < 2:
+            self.warn("bad-input", "dropped an unexpected frame on the input socket")
+            return
+        try:
+            registration = decode_registration(frames[-1])
+        except WireDecodeError as exc:
+            self.warn("bad-registration", "engine %d: bad registration: %s", engine.index, exc)
+            return
+        engine.registration = registration
+        engine.state = ENGINE_LIVE
+        engine.dead_reason = ""
+        self.dirty.add(engine.row)
+        log.info("engine %d registered (rank %d)", engine.index, engine.row)
+        if self.state == "handshaking":
+            if all(e.state == ENGINE_LIVE for e in self.engines):
+                self.state = "ready"
+                self._broadcast({"op": "engines", "engines": self._engine_infos()})
+        elif self.state == "ready":
+            self._broadcast({"op": "engine", "engine": self._engine_info(engine)})
 
     def _on_monitor(self, engine: Engine) -> None:
         while True:
@@ -527,31 +635,48 @@ class IOLoop:
                 return
             except Exception:  # a malformed monitor message cannot come from a peer
                 return
-            kind, fd = event["event"], event["value"]
-            if kind == zmq.EVENT_DISCONNECTED:
-                # Only the last connection going counts: anyone may connect to a PULL, and a
-                # stray peer leaving must not kill the engine that is still connected.
-                if fd not in engine.connections:
-                    continue
-                engine.connections.discard(fd)
-                if not engine.connections and engine.state == ENGINE_LIVE:
-                    self._kill(
-                        engine, "lost its output connection (exit, crash or missed heartbeat)"
-                    )
-                continue
-            if kind == zmq.EVENT_ACCEPTED:
-                engine.connections.add(fd)
-            if (
-                kind == zmq.EVENT_ACCEPTED
-                and engine.state == ENGINE_DEAD
-                and engine.dead_reason.startswith("lost")
-                and engine.identity not in self.pending_hello
-            ):
-                # Same process, reconnected after a transient loss: it keeps its registration.
-                engine.state = ENGINE_LIVE
-                engine.dead_reason = ""
-                self.dirty.add(engine.row)
-                log.warning("engine %d reconnected", engine.index)
+            try:
+                self._on_connection_event(engine, event["event"], event["value"])
+            except Exception as exc:
+                self._handler_failed(f"engine {engine.index}: output connection event", exc)
+
+    def _on_connection_event(self, engine: Engine, kind: int, fd: int) -> None:
+        if kind == zmq.EVENT_DISCONNECTED:
+            generation = engine.connections.pop(fd, None)
+            if generation is None:
+                return
+            self._count("output_disconnects")
+            if generation != engine.generation:
+                # A connection of an earlier engine process (accepted before we sent the
+                # current one its INIT): its end says nothing about the current process.
+                self._count("stale_disconnects")
+                return
+            # Only the last connection going counts: anyone may connect to a PULL, and a
+            # stray peer leaving must not kill the engine that is still connected.
+            current = engine.generation
+            if engine.state == ENGINE_LIVE and current not in engine.connections.values():
+                self._lost(engine, "lost its output connection (exit, crash or missed heartbeat)")
+            return
+        if kind == zmq.EVENT_ACCEPTED:
+            engine.connections[fd] = engine.generation
+        if (
+            kind == zmq.EVENT_ACCEPTED
+            and engine.state == ENGINE_DEAD
+            and engine.dead_reason.startswith("lost")
+            and engine.identity not in self.pending_hello
+        ):
+            # Same process, reconnected after a transient loss: it keeps its registration.
+            engine.state = ENGINE_LIVE
+            engine.dead_reason = ""
+            self.dirty.add(engine.row)
+            log.warning("engine %d reconnected", engine.index)
+
+    def _lost(self, engine: Engine, reason: str) -> None:
+        # The engine's connection went, but what it sent before may still sit in its PULL
+        # (frames that finish requests among them): apply all of it first, so that only what
+        # was truly unfinished ends with EngineDied. Bounded, in case a peer keeps pushing.
+        self._on_output(engine, limit=LOST_DRAIN)
+        self._kill(engine, reason)
 
     def _kill(self, engine: Engine, reason: str) -> None:
         if engine.state == ENGINE_DEAD:
@@ -564,7 +689,8 @@ class IOLoop:
         for slot in [s for s, r in self.records.items() if r.engine is engine]:
             record = self.records.pop(slot)
             self.writer.finish(slot, FIN_ENGINE_DEAD, engine.index)
-            engine.aborts.append(record.rid.decode("utf-8", "replace"))
+            if record.sent:
+                self._queue_abort(engine, record.rid)
         engine.backlog.clear()
         engine.in_flight = 0
         engine.tail = (0, 0, 0, 0)
@@ -601,7 +727,22 @@ class IOLoop:
             self.workers[sock.fileno()] = conn
             self.poller.register(sock.fileno(), zmq.POLLIN)
 
-    def _on_control(self, conn: WorkerConn) -> None:
+    def _on_control(self, conn: WorkerConn, mask: int = zmq.POLLIN) -> None:
+        try:
+            if mask & zmq.POLLOUT:
+                self._on_control_writable(conn)
+            if mask & ~zmq.POLLOUT and conn.sock.fileno() in self.workers:
+                self._on_control_messages(conn)
+        except Exception as exc:
+            # A connection whose handling failed half-way is in no state to keep: drop it
+            # (its worker sees end of file, as if we had died, and may attach again).
+            self._handler_failed(f"worker {conn.worker}: control connection", exc)
+            try:
+                self._detach(conn)
+            except Exception as again:
+                self._handler_failed(f"worker {conn.worker}: detaching it", again)
+
+    def _on_control_messages(self, conn: WorkerConn) -> None:
         try:
             messages = conn.reader.feed()
         except control.ControlError as exc:
@@ -627,6 +768,8 @@ class IOLoop:
             return
         worker = self.free_workers.pop()
         self.serial += 1
+        if self.serial & TICKET_SERIAL_MASK == 0:
+            self.serial += 1  # keep every attach's ticket range off 0 ("no ticket")
         conn.worker = worker
         conn.serial = self.serial
         conn.eventfd = fds[0]
@@ -640,15 +783,13 @@ class IOLoop:
             "op": "attached",
             "worker": worker,
             "serial": conn.serial,
+            "ticket_base": ticket_base(conn.serial),
             "geometry": [g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines],
             "submit": self.submit_address,
             "config": self.config.to_dict(),
             "addresses": self.addresses,
         }
-        try:
-            control.send(conn.sock, reply, [self.region.fd])
-        except OSError:
-            self._detach(conn)
+        if not self._send(conn, reply, [self.region.fd]):
             return
         if self.state == "ready":
             self._send(conn, {"op": "engines", "engines": self._engine_infos()})
@@ -668,21 +809,68 @@ class IOLoop:
             for slot in range(base, base + self.spw):
                 if slot in self.records:
                     self._forget(slot, abort=True)
+            # Its queued sends go too: none may reach an engine, nor be mistaken for a request
+            # of the next worker given this number.
+            for e in self.engines:
+                if e.backlog:
+                    e.backlog = collections.deque(
+                        p for p in e.backlog if not base <= p.slot < base + self.spw
+                    )
             self.writer.reset_worker(w)
             self.by_submit_identity.pop(WORKER_IDENTITY.pack(w, conn.serial), None)
             self.free_workers.append(w)
+            conn.worker = None  # detached once, whatever calls this again
             log.info("worker %d detached", w)
         if conn.eventfd >= 0:
             os.close(conn.eventfd)
             conn.eventfd = -1
         conn.sock.close()
 
-    def _send(self, conn: WorkerConn, message: dict) -> None:
-        try:
-            conn.sock.send(control.pack(message))
-        except OSError:
+    def _send(self, conn: WorkerConn, message: dict, fds: list[int] | None = None) -> bool:
+        """Queue one control message and send what the socket takes now; False if the
+        connection was dropped. Never blocks: what does not fit waits in ``conn.out`` and
+        goes when the socket is writable, so a message is never torn."""
+        data = control.pack(message)
+        if conn.out:
+            conn.out += data  # behind what is already waiting (fds only ride the first)
+        else:
+            try:
+                sent = socket.send_fds(conn.sock, [data], fds) if fds else conn.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                if fds:  # only the first message carries fds: a fresh socket takes it
+                    self._detach(conn)
+                    return False
+                sent = 0
+            except OSError:
+                self._detach(conn)
+                return False
+            if sent == len(data):
+                return True
+            conn.out += memoryview(data)[sent:]
+            self.poller.modify(conn.sock.fileno(), zmq.POLLIN | zmq.POLLOUT)
+        if len(conn.out) > MAX_CONTROL_BACKLOG:
             # A worker that does not read its control socket loses it; never block on it.
+            self.warn(
+                "control-backlog",
+                "worker %s: %d bytes of control messages unread; detaching it",
+                conn.worker,
+                len(conn.out),
+            )
             self._detach(conn)
+            return False
+        return True
+
+    def _on_control_writable(self, conn: WorkerConn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._detach(conn)
+            return
+        del conn.out[:sent]
+        if not conn.out:
+            self.poller.modify(conn.sock.fileno(), zmq.POLLIN)
 
     def _broadcast(self, message: dict) -> None:
         # Workers act on a message at once: the engine table must already say what it says.
@@ -706,15 +894,18 @@ class IOLoop:
         return [self._engine_info(e) for e in self.engines]
 
     def _publish_engine(self, e: Engine) -> None:
+        # Every word is clamped into u32: numpy raises on an out-of-range store, and nothing
+        # here may raise in the loop (the tail is range-checked on arrival; this is the
+        # last line of defence).
         row = self.region.engines[e.row]
         running, waiting, active, total = e.tail
         load_ms = int(e.tail_at * 1000) if e.tail_at else 0
-        row[E_INDEX] = e.index
-        row[E_IN_FLIGHT] = max(e.in_flight, 0)
-        row[E_RUNNING] = running
-        row[E_WAITING] = waiting
-        row[E_KV_ACTIVE] = active
-        row[E_KV_TOTAL] = total
+        row[E_INDEX] = _u32(e.index)
+        row[E_IN_FLIGHT] = _u32(e.in_flight)
+        row[E_RUNNING] = _u32(running)
+        row[E_WAITING] = _u32(waiting)
+        row[E_KV_ACTIVE] = _u32(active)
+        row[E_KV_TOTAL] = _u32(total)
         row[E_LOAD_MS_LO] = load_ms & 0xFFFFFFFF
         row[E_LOAD_MS_HI] = load_ms >> 32
         row[E_REQUESTS_LO] = e.requests_total & 0xFFFFFFFF
@@ -727,7 +918,8 @@ class IOLoop:
         """End every open stream, tell the engines, release every socket, fd and mapping."""
         for slot, record in list(self.records.items()):
             self.writer.finish(slot, FIN_IO_STOPPING, record.engine.index)
-            record.engine.aborts.append(record.rid.decode("utf-8", "replace"))
+            if record.sent:
+                record.engine.aborts.append(record.rid.decode("utf-8", "replace"))
         self.records.clear()
         self.writer.wake()
         for e in self.engines:

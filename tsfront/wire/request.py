@@ -32,6 +32,7 @@ from tsfront.errors import WireDecodeError
 from tsfront.wire.sampling import SamplingParams
 
 __all__ = [
+    "ENGINE_ABORT_MEMORY_S",
     "SessionParams",
     "TokenizedGenerateReqInput",
     "decode_abort",
@@ -39,6 +40,10 @@ __all__ = [
     "encode_abort",
     "encode_add",
 ]
+
+#: Seconds an engine remembers a rid it was told to abort while it did not hold it; an ADD
+#: reusing that rid within this window is dropped without any output (CONTRACT §4.5).
+ENGINE_ABORT_MEMORY_S: float = 300.0
 
 # The only ext type the engine accepts (CUSTOM_TYPE_RAW_VIEW: a tensor's raw bytes).
 _EXT_RAW_VIEW = 3

@@ -1,0 +1,225 @@
+"""The I/O loop's handlers at unit level: one `IOLoop`, its sockets replaced where needed.
+
+What a peer sends may be wrong in ways no decoder foresaw; a handler may have a bug. Neither
+may end the loop: each frame is handled inside a boundary that drops it, counts it and logs it.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+import zmq
+from core_fixtures import DEADLINE
+
+from tsfront import ClientConfig, _native, control
+from tsfront.io.loop import DRAIN, IOLoop, Record, WorkerConn
+from tsfront.region import (
+    E_IN_FLIGHT,
+    E_KV_ACTIVE,
+    E_KV_TOTAL,
+    E_RUNNING,
+    E_WAITING,
+    ENGINE_DEAD,
+    ENGINE_LIVE,
+    FIN_DUPLICATE,
+)
+from tsfront.wire import BatchTokenIDOutSlim, encode_output
+
+
+class _Pull:
+    """An output PULL holding some frames."""
+
+    def __init__(self, frames: list[bytes]) -> None:
+        self.frames = list(frames)
+
+    def recv(self, flags: int = 0) -> bytes:
+        if not self.frames:
+            raise zmq.Again()
+        return self.frames.pop(0)
+
+
+def _tail_frame(running: int, waiting: int = 0, active: int = 0, total: int = 1000) -> bytes:
+    return encode_output(
+        BatchTokenIDOutSlim(
+            rids=[],
+            output_ids=[],
+            finished_reasons=[],
+            prompt_tokens=[],
+            completion_tokens=[],
+            cached_tokens=[],
+            output_token_logprobs_val=[],
+            output_token_logprobs_idx=[],
+            engine_index=0,
+            num_running=running,
+            num_waiting=waiting,
+            kv_active_pages=active,
+            kv_total_pages=total,
+        )
+    )
+
+
+@pytest.fixture
+def loop():
+    loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "handlers-test")
+    yield loop
+    loop.writer = None  # releases the region's buffer
+    loop.region.close()
+    loop.ctx.term()
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [(-1, 0, 0, 1000), (0, 1 << 32, 0, 1000), (0, 0, -(1 << 63), 1000), (1, 2, 3, -5)],
+)
+def test_a_load_tail_outside_u32_is_never_stored_and_the_loop_keeps_serving(loop, tail):
+    engine = loop.engines[0]
+    engine.pull = _Pull([_tail_frame(*tail)])
+    loop._on_output(engine)
+    loop._after_turn()  # publishes the engine row: must not raise
+    assert engine.tail == (0, 0, 0, 0)  # never stored, never routed on
+    engine.pull = _Pull([_tail_frame(3, 1, 7, 1000)])
+    loop._on_output(engine)
+    loop._after_turn()
+    assert engine.tail == (3, 1, 7, 1000)
+    row = loop.region.engines[0]
+    assert (row[E_RUNNING], row[E_WAITING], row[E_KV_ACTIVE], row[E_KV_TOTAL]) == (3, 1, 7, 1000)
+    metrics = loop.region.metrics()
+    # The native decoder may refuse such a frame itself; either way nothing is stored.
+    assert metrics["handler_errors"] == 0
+
+
+def test_engine_row_words_are_clamped_into_u32(loop):
+    engine = loop.engines[0]
+    engine.tail = (-1, 1 << 32, 1 << 40, 5)
+    engine.in_flight = -3
+    loop._publish_engine(engine)
+    row = loop.region.engines[0]
+    assert (row[E_RUNNING], row[E_WAITING], row[E_KV_ACTIVE], row[E_KV_TOTAL]) == (
+        0,
+        0xFFFFFFFF,
+        0xFFFFFFFF,
+        5,
+    )
+    assert row[E_IN_FLIGHT] == 0
+
+
+class _BuggyWriter:
+    """A Writer whose ingest fails on one frame (a bug, or an input nobody foresaw)."""
+
+    def __init__(self) -> None:
+        self.ingested: list[bytes] = []
+
+    def ingest(self, frame: bytes, index: int):
+        self.ingested.append(frame)
+        if frame == b"boom":
+            raise RuntimeError("a bug in a handler")
+        return (index, 0, 0, 0, 0, 1, 0, [7])  # one row, finishing slot 7
+
+    def spilling(self) -> int:
+        return 0
+
+
+def test_a_failing_frame_handler_drops_that_frame_counts_it_and_serves_the_next(loop):
+    engine = loop.engines[0]
+    loop.writer = _BuggyWriter()
+    loop.records[7] = Record(b"r7", engine, 1)
+    engine.in_flight = 1
+    engine.pull = _Pull([b"boom", b"ok"])
+    loop._on_output(engine)
+    assert loop.writer.ingested == [b"boom", b"ok"]
+    assert 7 not in loop.records and engine.in_flight == 0  # the frame after it was applied
+    loop._after_turn()
+    assert loop.region.metrics()["handler_errors"] == 1
+
+
+# ------------------------------------------------------------------ control sends
+
+
+def _control_pair(loop: IOLoop) -> tuple[WorkerConn, socket.socket]:
+    """A worker control connection as the loop holds it (non-blocking, polled), and the
+    worker's end, which reads only when the test says so."""
+    mine, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    mine.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    mine.setblocking(False)
+    peer.setblocking(False)
+    conn = WorkerConn(mine)
+    loop.poller = zmq.Poller()
+    loop.poller.register(mine.fileno(), zmq.POLLIN)
+    loop.workers[mine.fileno()] = conn
+    return conn, peer
+
+
+def test_control_messages_larger_than_the_socket_buffer_arrive_whole_and_in_order(loop):
+    conn, peer = _control_pair(loop)
+    sent = [{"op": "engine", "n": i, "pad": "x" * 3000} for i in range(200)]
+    for message in sent:
+        assert loop._send(conn, message)
+    assert conn.out  # the socket took only part of it: the rest waits, whole
+    assert dict(loop.poller.sockets)[conn.sock.fileno()] & zmq.POLLOUT
+    reader = control.MessageReader(peer)
+    received: list[dict] = []
+    deadline = time.monotonic() + DEADLINE
+    while len(received) < len(sent) and time.monotonic() < deadline:
+        received += reader.feed()  # the worker reads what is there...
+        loop._on_control(conn, zmq.POLLOUT)  # ...and the loop sends more when writable
+    assert received == sent
+    assert not conn.out and dict(loop.poller.sockets)[conn.sock.fileno()] == zmq.POLLIN
+    assert conn.sock.fileno() in loop.workers
+    peer.close()
+    loop._detach(conn)
+
+
+def test_a_worker_that_never_reads_its_control_socket_is_detached_not_waited_for(loop):
+    conn, peer = _control_pair(loop)
+    big = {"op": "engine", "pad": "x" * (1 << 20)}
+    results = [loop._send(conn, big) for _ in range(8)]
+    assert results[-1] is False  # over the control backlog bound: dropped
+    assert conn.sock.fileno() == -1 and not loop.workers
+    peer.close()
+
+
+# ------------------------------------------------------------------ output connections
+
+
+def _rows_frame(rid: str, tokens: list[int], completion: int, finish: str = "") -> bytes:
+    return encode_output(
+        BatchTokenIDOutSlim([rid], [tokens], [finish], [3], [completion], [0], [[]], [[]], 0)
+    )
+
+
+def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_declared_dead(loop):
+    g = loop.geometry
+    reader = _native.Reader(
+        loop.region.map, 0, g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines
+    )
+    engine = loop.engines[0]
+    engine.state, engine.generation, engine.connections = ENGINE_LIVE, 1, {7: 1}
+    reader.expect(0, 1)
+    assert loop.writer.bind(b"r", 0, 1, False, FIN_DUPLICATE)
+    loop.records[0] = Record(b"r", engine, 1)
+    engine.in_flight = 1
+    # More frames than one turn drains; the last finishes the request.
+    frames = [_rows_frame("r", [], 0) for _ in range(3 * DRAIN)]
+    engine.pull = _Pull([*frames, _rows_frame("r", [42], 1, "length")])
+    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 7)
+    assert engine.state == ENGINE_DEAD
+    assert not engine.pull.frames and not loop.records
+    assert engine.aborts == []  # it finished: nothing to abort
+    assert reader.poll() == [(0, [42], None, None, _native.FIN_LENGTH, 3, 1, 0, 0)]
+    del reader
+
+
+def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one(loop):
+    engine = loop.engines[0]
+    engine.pull = _Pull([])
+    # Connection 5 was accepted before the current process got its INIT (generation 2).
+    engine.state, engine.generation, engine.connections = ENGINE_LIVE, 2, {5: 1}
+    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 5)
+    assert engine.state == ENGINE_LIVE
+    assert loop.counts["stale_disconnects"] == 1 and loop.counts["output_disconnects"] == 1
+    loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 6)
+    assert engine.connections == {6: 2}
+    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 6)
+    assert engine.state == ENGINE_DEAD
