@@ -30,6 +30,7 @@ from tsfront.errors import (
 )
 from tsfront.info import EngineInfo
 from tsfront.io.loop import ABORT_ENTRY, SUBMIT_ABORT, SUBMIT_ADD, SUBMIT_HEADER, WORKER_IDENTITY
+from tsfront.metrics.recorder import Recorder, monotonic_ns
 from tsfront.region import Geometry, Region
 from tsfront.stream import RequestStream
 
@@ -59,6 +60,7 @@ class Attachment:
         self.reader = None
         self.ctx: zmq.Context | None = None
         self.dealer: zmq.Socket | None = None
+        self.recorder: Recorder | None = None  # this worker's request metrics (shared memory)
 
     # ------------------------------------------------------------------ attach
 
@@ -133,6 +135,7 @@ class Attachment:
             geometry.max_engines,
         )
         self.free = list(range(self.spw - 1, -1, -1))
+        self.recorder = Recorder(self.region, self.worker, self.spw)
         self.ctx = zmq.Context(1)
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, WORKER_IDENTITY.pack(self.worker, message["serial"]))
@@ -182,6 +185,8 @@ class Attachment:
         self._fail_waiters(ClientClosed(why))
         for stream in list(self.streams.values()):
             stream._fail(IOProcessDied(f"request {stream.rid!r}: {why}", rid=stream.rid))
+            if self.recorder is not None:
+                self.recorder.failed(IOProcessDied(why))
         self.close()
 
     # ------------------------------------------------------------------ outputs
@@ -196,11 +201,15 @@ class Attachment:
     def _drain(self) -> None:
         reader = self.reader
         streams = self.streams
+        record = self.recorder.chunk if self.recorder is not None else None
         while True:
+            now = monotonic_ns()
             for update in reader.poll():
                 stream = streams.get(update[0])
                 if stream is not None:
                     stream._deliver(update)
+                    if record is not None:
+                        record(update, now)
             if reader.park():
                 return
 
@@ -249,6 +258,8 @@ class Attachment:
             return
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
         self._release(stream)
+        if self.recorder is not None:
+            self.recorder.cancelled()
         if not self._abort_scheduled and not self.closed:
             self._abort_scheduled = True
             self.loop.call_soon(self._flush_aborts)
@@ -264,6 +275,8 @@ class Attachment:
         if current is not None or self.closed:
             return
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
+        if self.recorder is not None:
+            self.recorder.cancelled()
         if self.reader is not None:
             self.reader.release(stream._slot)
         self.free.append(stream._slot)
@@ -297,6 +310,8 @@ class Attachment:
             stream._fail(
                 StreamError(f"request {stream.rid!r}: the client was closed", rid=stream.rid)
             )
+            if self.recorder is not None:
+                self.recorder.failed(StreamError("closed"))
         if self._pending_aborts and self.dealer is not None:
             try:
                 self.dealer.send_multipart(
@@ -325,6 +340,7 @@ class Attachment:
             self.ctx.term()
             self.ctx = None
         self.reader = None
+        self.recorder = None
         if self.region is not None:
             self.region.close()
             self.region = None

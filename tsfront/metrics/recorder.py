@@ -1,0 +1,184 @@
+"""Writers of the metrics area: `Recorder` in each worker, `IOStats` in the I/O process.
+
+A worker's `Recorder` owns its place's block (`tsfront.metrics.layout`) and writes it in place
+with single aligned 8-byte stores, so a scrape in any process sees it at once and a SIGKILLed
+worker loses nothing it recorded. What it records, per request:
+
+* **time to first token**: from `EngineClient.generate` being called to the delivery of the
+  first chunk that carries a token;
+* **inter-token latency**, as SGLang records it: a chunk of ``k`` tokens arriving ``t`` after
+  the previous chunk with tokens counts ``k`` observations of ``t / k`` each (``k`` added to
+  the bucket of ``t / k``) and adds ``t`` to the sum, so ``_sum / _count`` is the mean time per
+  token and ``_count`` is the number of tokens after each request's first chunk;
+* **end-to-end latency** (``generate`` to the last chunk), and the prompt and generation token
+  counts as the engine reported them on that last chunk, for requests the engine finished;
+* counters: requests submitted, prompt / generation / cached prompt tokens, requests finished
+  by reason (each ends in exactly one), ``generate`` refusals by error class, aborts sent.
+
+Chunks are timed once per wake-up (every update of one `Reader.poll` gets the same clock
+reading), which is when the worker saw them.
+"""
+
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+from typing import TYPE_CHECKING
+
+from tsfront.metrics import layout as L
+
+if TYPE_CHECKING:
+    from tsfront.region import Region
+
+# Local terminal codes (tsfront.region FIN_*) → the StreamError class a stream raises.
+_ERROR_REASON = {16: "EngineDied", 17: "SendTimeout", 18: "StreamRejected", 19: "StreamRejected"}
+_ERROR_REASON[20] = "IOProcessDied"
+_FIN_LOCAL = 16
+# Engine finish codes (native FIN_*: stop 1, length 2, abort 3, other 4) → reason word.
+_ENGINE_REASON = {1: "stop", 2: "length", 3: "abort", 4: "other"}
+
+_NS = 1_000_000_000
+
+
+def _bounds_ns(bounds: tuple[float, ...]) -> list[int]:
+    # A value v falls in the first bucket whose bound b has v <= b (Prometheus' ``le``):
+    # bisect_left over integer-ns bounds gives exactly that index (len(bounds) is +Inf).
+    return [round(b * _NS) for b in bounds]
+
+
+class Recorder:
+    """The request metrics of one worker, written into its block of the shared region."""
+
+    def __init__(self, region: Region, worker: int, slots: int) -> None:
+        ml = region.metrics_layout
+        self.words = region.words(ml.worker_offset(worker), L.WORKER_WORDS)
+        n = slots
+        self._t0 = [0] * n  # ns at generate() for the request in each local slot
+        self._last = [0] * n  # ns of its last chunk with tokens (0: none yet)
+        self._open = 0
+        self.words[L.W_OPEN] = 0
+        self._ttft = HIST(self, "ttft")
+        self._itl_b, self._itl_s = L.HIST_WORDS["itl"]
+        self._itl_bounds = _bounds_ns(L.ITL_BUCKETS)
+        self._e2e = HIST(self, "e2e")
+        self._prompt = HIST(self, "prompt_tokens")
+        self._gen = HIST(self, "generation_tokens")
+        self._finished = {r: L.W_FINISHED + i for i, r in enumerate(L.FINISH_REASONS)}
+        self._refused = {c: L.W_REFUSED + i for i, c in enumerate(L.REFUSAL_CLASSES)}
+
+    # -- request lifecycle ---------------------------------------------------------------
+
+    def started(self, slot: int, t0_ns: int) -> None:
+        """A request was submitted in local ``slot``; ``t0_ns`` is when generate() was called."""
+        self._t0[slot] = t0_ns
+        self._last[slot] = 0
+        w = self.words
+        w[L.W_REQUESTS] += 1
+        self._open += 1
+        w[L.W_OPEN] = self._open
+
+    def refused(self, exc: BaseException) -> None:
+        """`generate` refused a request with ``exc`` (counted by its class)."""
+        index = self._refused.get(type(exc).__name__, self._refused["Error"])
+        self.words[index] += 1
+
+    def chunk(self, update: tuple, now: int) -> None:
+        """Account one `Reader.poll` update delivered to a live stream, seen at ``now`` ns."""
+        slot = update[0]
+        k = len(update[1])
+        w = self.words
+        if k:
+            w[L.W_GENERATION_TOKENS] += k
+            last = self._last[slot]
+            if last:
+                t = now - last
+                w[self._itl_b + bisect_left(self._itl_bounds, t // k)] += k
+                w[self._itl_s] += t
+            else:
+                self._ttft.observe(now - self._t0[slot])
+                w[L.W_PROMPT_TOKENS] += update[5]
+                w[L.W_CACHED_TOKENS] += update[7]
+            self._last[slot] = now
+        finish = update[4]
+        if finish:
+            self._finish(slot, finish, update, now)
+
+    def _finish(self, slot: int, finish: int, update: tuple, now: int) -> None:
+        if finish >= _FIN_LOCAL:
+            self._end(_ERROR_REASON.get(finish, "StreamError"))
+            return
+        if not self._last[slot]:
+            # Finished without a token (e.g. refused by the engine): the prompt was still
+            # counted by the engine; count it here once.
+            self.words[L.W_PROMPT_TOKENS] += update[5]
+            self.words[L.W_CACHED_TOKENS] += update[7]
+        self._e2e.observe(now - self._t0[slot])
+        self._prompt.observe(update[5])
+        self._gen.observe(update[6])
+        self._end(_ENGINE_REASON.get(finish, "other"))
+
+    def failed(self, error: BaseException) -> None:
+        """A stream ended with ``error`` outside the slot (its I/O process died, the client
+        closed)."""
+        name = type(error).__name__
+        self._end(name if name in self._finished else "StreamError")
+
+    def cancelled(self) -> None:
+        """The consumer ended a request early: an ABORT is sent for it."""
+        self.words[L.W_ABORTS_SENT] += 1
+        self._end("cancelled")
+
+    def _end(self, reason: str) -> None:
+        w = self.words
+        w[self._finished[reason]] += 1
+        self._open -= 1
+        w[L.W_OPEN] = self._open
+
+
+class HIST:
+    """One histogram of a worker block (bounds compared in the recorded unit)."""
+
+    __slots__ = ("bounds", "first", "sum", "words")
+
+    def __init__(self, rec: Recorder, name: str) -> None:
+        self.words = rec.words
+        self.first, self.sum = L.HIST_WORDS[name]
+        bounds = L.HISTOGRAMS[name]
+        self.bounds = _bounds_ns(bounds) if name in L.SECONDS_HISTOGRAMS else list(bounds)
+
+    def observe(self, value: int) -> None:
+        """Add one observation of ``value`` (ns for latencies, a count for tokens)."""
+        w = self.words
+        w[self.first + bisect_left(self.bounds, value)] += 1
+        w[self.sum] += value
+
+
+def monotonic_ns() -> int:
+    """The clock every recorded latency is measured on."""
+    return time.monotonic_ns()
+
+
+class IOStats:
+    """The I/O process's block: which worker places are attached, engine restarts and deaths."""
+
+    def __init__(self, region: Region) -> None:
+        ml = region.metrics_layout
+        self.layout = ml
+        self.words = region.words(ml.io_offset, ml.io_words)
+
+    def worker_attached(self, worker: int, pid: int) -> None:
+        """Worker place ``worker`` is held by process ``pid`` (its gauges are shown)."""
+        self.words[L.IO_WORKER_PID + worker] = max(1, pid)
+
+    def worker_detached(self, worker: int) -> None:
+        """Worker place ``worker`` is free (its gauges go; its counts stay)."""
+        self.words[L.IO_WORKER_PID + worker] = 0
+
+    def engine_registered(self, row: int, *, again: bool) -> None:
+        """Engine ``row`` registered; ``again``: it had registered before (a restart)."""
+        if again:
+            self.words[self.layout.io_restarts_word(row)] += 1
+
+    def engine_died(self, row: int) -> None:
+        """Engine ``row`` was declared dead."""
+        self.words[self.layout.io_deaths_word(row)] += 1
