@@ -311,7 +311,7 @@ class Attachment:
                 StreamError(f"request {stream.rid!r}: the client was closed", rid=stream.rid)
             )
             if self.recorder is not None:
-                self.recorder.failed(StreamError("closed"))
+                self.recorder.closed()
         if self._pending_aborts and self.dealer is not None:
             try:
                 self.dealer.send_multipart(

@@ -9,7 +9,9 @@ worker loses nothing it recorded. What it records, per request:
 * **inter-token latency**, as SGLang records it: a chunk of ``k`` tokens arriving ``t`` after
   the previous chunk with tokens counts ``k`` observations of ``t / k`` each (``k`` added to
   the bucket of ``t / k``) and adds ``t`` to the sum, so ``_sum / _count`` is the mean time per
-  token and ``_count`` is the number of tokens after each request's first chunk;
+  token. A first chunk of ``k`` tokens gives its first token to time-to-first-token and counts
+  the other ``k - 1`` as observations of 0 s (they arrived with it), so the ``_count`` is
+  exactly every delivered token but each request's first;
 * **end-to-end latency** (``generate`` to the last chunk), and the prompt and generation token
   counts as the engine reported them on that last chunk, for requests the engine finished;
 * counters: requests submitted, prompt / generation / cached prompt tokens, requests finished
@@ -96,6 +98,9 @@ class Recorder:
                 w[self._itl_s] += t
             else:
                 self._ttft.observe(now - self._t0[slot])
+                if k > 1:
+                    # The first chunk's other tokens arrived with the first: 0 s each.
+                    w[self._itl_b] += k - 1
                 w[L.W_PROMPT_TOKENS] += update[5]
                 w[L.W_CACHED_TOKENS] += update[7]
             self._last[slot] = now
@@ -122,6 +127,12 @@ class Recorder:
         closed)."""
         name = type(error).__name__
         self._end(name if name in self._finished else "StreamError")
+
+    def closed(self) -> None:
+        """The client closed with the request open: an ABORT is sent, the stream raised a plain
+        `StreamError`."""
+        self.words[L.W_ABORTS_SENT] += 1
+        self._end("StreamError")
 
     def cancelled(self) -> None:
         """The consumer ended a request early: an ABORT is sent for it."""
