@@ -186,7 +186,7 @@ class Attachment:
         for stream in list(self.streams.values()):
             stream._fail(IOProcessDied(f"request {stream.rid!r}: {why}", rid=stream.rid))
             if self.recorder is not None:
-                self.recorder.failed(IOProcessDied(why))
+                self.recorder.failed(stream._slot, IOProcessDied(why))
         self.close()
 
     # ------------------------------------------------------------------ outputs
@@ -201,15 +201,16 @@ class Attachment:
     def _drain(self) -> None:
         reader = self.reader
         streams = self.streams
-        record = self.recorder.chunk if self.recorder is not None else None
+        record = self.recorder.updates if self.recorder is not None else None
         while True:
             now = monotonic_ns()
-            for update in reader.poll():
+            updates = reader.poll()
+            for update in updates:
                 stream = streams.get(update[0])
                 if stream is not None:
                     stream._deliver(update)
-                    if record is not None:
-                        record(update, now)
+            if record is not None and updates:
+                record(updates, now)
             if reader.park():
                 return
 
@@ -259,7 +260,7 @@ class Attachment:
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
         self._release(stream)
         if self.recorder is not None:
-            self.recorder.cancelled()
+            self.recorder.cancelled(stream._slot)
         if not self._abort_scheduled and not self.closed:
             self._abort_scheduled = True
             self.loop.call_soon(self._flush_aborts)
@@ -276,7 +277,7 @@ class Attachment:
             return
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
         if self.recorder is not None:
-            self.recorder.cancelled()
+            self.recorder.cancelled(stream._slot)
         if self.reader is not None:
             self.reader.release(stream._slot)
         self.free.append(stream._slot)
@@ -311,7 +312,7 @@ class Attachment:
                 StreamError(f"request {stream.rid!r}: the client was closed", rid=stream.rid)
             )
             if self.recorder is not None:
-                self.recorder.closed()
+                self.recorder.closed(stream._slot)
         if self._pending_aborts and self.dealer is not None:
             try:
                 self.dealer.send_multipart(

@@ -84,33 +84,61 @@ class Recorder:
         index = self._refused.get(type(exc).__name__, self._refused["Error"])
         self.words[index] += 1
 
-    def chunk(self, update: tuple, now: int) -> None:
-        """Account one `Reader.poll` update delivered to a live stream, seen at ``now`` ns."""
-        slot = update[0]
-        k = len(update[1])
+    def updates(self, updates: list[tuple], now: int) -> None:
+        """Account one `Reader.poll` batch, seen at ``now`` ns.
+
+        Updates of slots with no recorded request (a stream already ended or dropped) are
+        skipped. In steady decoding every stream of a batch got its previous chunk in the same
+        earlier wake-up and carries as many tokens, so consecutive updates share ``(last, k)``:
+        they are counted as one run, and the histogram bucket is found once per run, not once
+        per update. Shared words are stored once per run / per batch.
+        """
+        t0s = self._t0
+        lasts = self._last
+        tokens = 0
+        run_last = run_k = run_chunks = 0  # the current run: same previous chunk time, same k
+        for update in updates:
+            slot = update[0]
+            if not t0s[slot]:
+                continue
+            k = len(update[1])
+            if k:
+                tokens += k
+                last = lasts[slot]
+                if last == run_last and k == run_k:
+                    run_chunks += 1
+                elif last:
+                    if run_chunks:
+                        self._itl_run(now - run_last, run_k, run_chunks)
+                    run_last, run_k, run_chunks = last, k, 1
+                else:
+                    self._first(update, k, now)
+                lasts[slot] = now
+            if update[4]:
+                self._finish(slot, update[4], update, now)
+        if run_chunks:
+            self._itl_run(now - run_last, run_k, run_chunks)
+        if tokens:
+            self.words[L.W_GENERATION_TOKENS] += tokens
+
+    def _itl_run(self, t: int, k: int, chunks: int) -> None:
+        # ``chunks`` chunks of ``k`` tokens, each ``t`` ns after its previous chunk.
         w = self.words
-        if k:
-            w[L.W_GENERATION_TOKENS] += k
-            last = self._last[slot]
-            if last:
-                t = now - last
-                w[self._itl_b + bisect_left(self._itl_bounds, t // k)] += k
-                w[self._itl_s] += t
-            else:
-                self._ttft.observe(now - self._t0[slot])
-                if k > 1:
-                    # The first chunk's other tokens arrived with the first: 0 s each.
-                    w[self._itl_b] += k - 1
-                w[L.W_PROMPT_TOKENS] += update[5]
-                w[L.W_CACHED_TOKENS] += update[7]
-            self._last[slot] = now
-        finish = update[4]
-        if finish:
-            self._finish(slot, finish, update, now)
+        w[self._itl_b + bisect_left(self._itl_bounds, t // k)] += k * chunks
+        w[self._itl_s] += t * chunks
+
+    def _first(self, update: tuple, k: int, now: int) -> None:
+        w = self.words
+        self._ttft.observe(now - self._t0[update[0]])
+        if k > 1:
+            # The first chunk's other tokens arrived with the first: 0 s each.
+            w[self._itl_b] += k - 1
+        w[L.W_PROMPT_TOKENS] += update[5]
+        w[L.W_CACHED_TOKENS] += update[7]
 
     def _finish(self, slot: int, finish: int, update: tuple, now: int) -> None:
         if finish >= _FIN_LOCAL:
-            self._end(_ERROR_REASON.get(finish, "StreamError"))
+            self._end(slot, _ERROR_REASON.get(finish, "StreamError"))
             return
         if not self._last[slot]:
             # Finished without a token (e.g. refused by the engine): the prompt was still
@@ -120,26 +148,29 @@ class Recorder:
         self._e2e.observe(now - self._t0[slot])
         self._prompt.observe(update[5])
         self._gen.observe(update[6])
-        self._end(_ENGINE_REASON.get(finish, "other"))
+        self._end(slot, _ENGINE_REASON.get(finish, "other"))
 
-    def failed(self, error: BaseException) -> None:
-        """A stream ended with ``error`` outside the slot (its I/O process died, the client
-        closed)."""
+    def failed(self, slot: int, error: BaseException) -> None:
+        """The request in ``slot`` ended with ``error`` outside the slot (its I/O process
+        died)."""
         name = type(error).__name__
-        self._end(name if name in self._finished else "StreamError")
+        self._end(slot, name if name in self._finished else "StreamError")
 
-    def closed(self) -> None:
-        """The client closed with the request open: an ABORT is sent, the stream raised a plain
-        `StreamError`."""
+    def closed(self, slot: int) -> None:
+        """The client closed with the request in ``slot`` open: an ABORT is sent, the stream
+        raised a plain `StreamError`."""
         self.words[L.W_ABORTS_SENT] += 1
-        self._end("StreamError")
+        self._end(slot, "StreamError")
 
-    def cancelled(self) -> None:
-        """The consumer ended a request early: an ABORT is sent for it."""
+    def cancelled(self, slot: int) -> None:
+        """The consumer ended the request in ``slot`` early: an ABORT is sent for it."""
         self.words[L.W_ABORTS_SENT] += 1
-        self._end("cancelled")
+        self._end(slot, "cancelled")
 
-    def _end(self, reason: str) -> None:
+    def _end(self, slot: int, reason: str) -> None:
+        if not self._t0[slot]:
+            return  # ended already: each request is counted once
+        self._t0[slot] = 0
         w = self.words
         w[self._finished[reason]] += 1
         self._open -= 1
