@@ -15,6 +15,7 @@ import asyncio
 import os
 import signal
 import time
+import urllib.request
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,
+    free_port,
     next_chunk,
     reap,
     request,
@@ -31,11 +33,13 @@ from core_fixtures import (
 )
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from test_cli import TSFRONT, Proc
 from test_hardening_support import io_rig, wait_state
 
 from tsfront import EngineClient, errors
 from tsfront.metrics import asgi_app, registry
 from tsfront.metrics.layout import E2E_BUCKETS, FINISH_REASONS, TOKEN_BUCKETS
+from tsfront.sim import SimGroup
 
 P = "tsfront:"
 
@@ -431,3 +435,24 @@ async def test_an_engine_restart_is_counted_and_its_gauges_follow_the_new_proces
         assert value(m, "engine_deaths_total", engine="0") == 1
         assert value(m, "requests_finished_total", reason="length") == 2
         assert value(m, "engine_load_age_seconds", engine="0") < DEADLINE
+
+
+def test_tsfront_io_serves_metrics_on_its_port():
+    port = free_port()
+    io = Proc([*TSFRONT, "io", "--handshake", "tcp://127.0.0.1:0", "--num-engines", "2",
+               "--metrics-port", str(port)])  # fmt: skip
+    try:
+        handshake = io.wait_line(io.err, r"engines dial (tcp://\S+) ").group(1)
+        with SimGroup(handshake, 2):
+            io.wait_line(io.err, r"metrics at http://")
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                assert resp.status == 200
+                m = parse(resp.read().decode())
+            assert value(m, "engine_up", engine="0") == 1
+            assert value(m, "engine_up", engine="1") == 1
+            assert value(m, "workers_attached") == 1  # the command's own monitor
+            assert value(m, "requests_total") == 0
+            io.proc.send_signal(signal.SIGINT)
+            assert io.finish() == 0, io.err_lines
+    finally:
+        io.kill_group()
