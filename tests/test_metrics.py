@@ -336,7 +336,6 @@ async def test_engine_death_is_counted_per_stream_and_per_engine():
         assert value(m, "engine_up", engine="1") == 0
         assert value(m, "worker_requests_open", worker=str(r.client._att.worker)) == 0
         # What was delivered before the death: one TTFT per stream with a token, the rest ITL.
-        assert sum(got) > 0
         assert value(m, "generation_tokens_total") == sum(got)
         assert value(m, "time_to_first_token_seconds_count") == sum(1 for n in got if n)
         assert value(m, "inter_token_latency_seconds_count") == sum(n - 1 for n in got if n)

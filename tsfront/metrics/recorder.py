@@ -101,6 +101,11 @@ class Recorder:
             slot = update[0]
             if not t0s[slot]:
                 continue
+            if update[4] >= _FIN_LOCAL:
+                # A local end (EngineDied...): the stream raises it and drops this update's
+                # tokens, so they are not counted as delivered either.
+                self._end(slot, _ERROR_REASON.get(update[4], "StreamError"))
+                continue
             k = len(update[1])
             if k:
                 tokens += k
@@ -137,9 +142,6 @@ class Recorder:
         w[L.W_CACHED_TOKENS] += update[7]
 
     def _finish(self, slot: int, finish: int, update: tuple, now: int) -> None:
-        if finish >= _FIN_LOCAL:
-            self._end(slot, _ERROR_REASON.get(finish, "StreamError"))
-            return
         if not self._last[slot]:
             # Finished without a token (e.g. refused by the engine): the prompt was still
             # counted by the engine; count it here once.
