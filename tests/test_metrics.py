@@ -320,21 +320,21 @@ async def test_scrape_equals_the_load_of_several_workers_and_a_killed_worker_kee
 
 
 async def test_engine_death_is_counted_per_stream_and_per_engine():
-    async with rig(2, rank_options={1: {"dead_after_steps": 3}}) as r:
-        streams = [await r.client.generate(request(f"d-{i}", FOREVER, pin=1)) for i in range(4)]
-        got = []
-        for s in streams:
-            tokens = 0
+    async with io_rig(2) as r:
+        client = await r.attach()
+        streams = [await client.generate(request(f"d-{i}", FOREVER, pin=1)) for i in range(4)]
+        got = [len((await next_chunk(s)).output_ids) for s in streams]
+        r.ranks[1].kill()  # every stream is running on it: each must end with EngineDied
+        for i, s in enumerate(streams):
             with pytest.raises(errors.EngineDied):
                 async for chunk in s:
-                    tokens += len(chunk.output_ids)
-            got.append(tokens)
-        m = scrape(r.client)
+                    got[i] += len(chunk.output_ids)
+        m = scrape(client)
         assert value(m, "requests_finished_total", reason="EngineDied") == 4
         assert value(m, "engine_deaths_total", engine="1") == 1
         assert value(m, "engine_deaths_total", engine="0") == 0
         assert value(m, "engine_up", engine="1") == 0
-        assert value(m, "worker_requests_open", worker=str(r.client._att.worker)) == 0
+        assert value(m, "worker_requests_open", worker=str(client._att.worker)) == 0
         # What was delivered before the death: one TTFT per stream with a token, the rest ITL.
         assert value(m, "generation_tokens_total") == sum(got)
         assert value(m, "time_to_first_token_seconds_count") == sum(1 for n in got if n)

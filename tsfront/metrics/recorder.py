@@ -25,19 +25,21 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from typing import TYPE_CHECKING
 
+from tsfront import region as shm
 from tsfront.metrics import layout as L
 
-if TYPE_CHECKING:
-    from tsfront.region import Region
-
-# Local terminal codes (tsfront.region FIN_*) → the StreamError class a stream raises.
-_ERROR_REASON = {16: "EngineDied", 17: "SendTimeout", 18: "StreamRejected", 19: "StreamRejected"}
-_ERROR_REASON[20] = "IOProcessDied"
-_FIN_LOCAL = 16
-# Engine finish codes (native FIN_*: stop 1, length 2, abort 3, other 4) → reason word.
-_ENGINE_REASON = {1: "stop", 2: "length", 3: "abort", 4: "other"}
+# Local terminal codes → the StreamError class the stream raises (see tsfront.stream).
+_ERROR_REASON = {
+    shm.FIN_ENGINE_DEAD: "EngineDied",
+    shm.FIN_SEND_TIMEOUT: "SendTimeout",
+    shm.FIN_DUPLICATE: "StreamRejected",
+    shm.FIN_NO_ENGINE: "StreamRejected",
+    shm.FIN_IO_STOPPING: "IOProcessDied",
+}
+_FIN_LOCAL = min(_ERROR_REASON)  # codes from here on are local ends, below are the engine's
+# The engine's finish codes → reason (tsfront.region.FINISH_REASONS).
+_ENGINE_REASON = shm.FINISH_REASONS
 
 _NS = 1_000_000_000
 
@@ -51,7 +53,7 @@ def _bounds_ns(bounds: tuple[float, ...]) -> list[int]:
 class Recorder:
     """The request metrics of one worker, written into its block of the shared region."""
 
-    def __init__(self, region: Region, worker: int, slots: int) -> None:
+    def __init__(self, region: shm.Region, worker: int, slots: int) -> None:
         ml = region.metrics_layout
         self.words = region.words(ml.worker_offset(worker), L.WORKER_WORDS)
         n = slots
@@ -59,12 +61,12 @@ class Recorder:
         self._last = [0] * n  # ns of its last chunk with tokens (0: none yet)
         self._open = 0
         self.words[L.W_OPEN] = 0
-        self._ttft = HIST(self, "ttft")
+        self._ttft = _Histogram(self, "ttft")
         self._itl_b, self._itl_s = L.HIST_WORDS["itl"]
         self._itl_bounds = _bounds_ns(L.ITL_BUCKETS)
-        self._e2e = HIST(self, "e2e")
-        self._prompt = HIST(self, "prompt_tokens")
-        self._gen = HIST(self, "generation_tokens")
+        self._e2e = _Histogram(self, "e2e")
+        self._prompt = _Histogram(self, "prompt_tokens")
+        self._gen = _Histogram(self, "generation_tokens")
         self._finished = {r: L.W_FINISHED + i for i, r in enumerate(L.FINISH_REASONS)}
         self._refused = {c: L.W_REFUSED + i for i, c in enumerate(L.REFUSAL_CLASSES)}
 
@@ -101,10 +103,11 @@ class Recorder:
             slot = update[0]
             if not t0s[slot]:
                 continue
-            if update[4] >= _FIN_LOCAL:
+            finish = update[4]
+            if finish and finish >= _FIN_LOCAL:
                 # A local end (EngineDied...): the stream raises it and drops this update's
                 # tokens, so they are not counted as delivered either.
-                self._end(slot, _ERROR_REASON.get(update[4], "StreamError"))
+                self._end(slot, _ERROR_REASON.get(finish, "StreamError"))
                 continue
             k = len(update[1])
             if k:
@@ -119,8 +122,8 @@ class Recorder:
                 else:
                     self._first(update, k, now)
                 lasts[slot] = now
-            if update[4]:
-                self._finish(slot, update[4], update, now)
+            if finish:
+                self._finish(slot, finish, update, now)
         if run_chunks:
             self._itl_run(now - run_last, run_k, run_chunks)
         if tokens:
@@ -179,7 +182,7 @@ class Recorder:
         w[L.W_OPEN] = self._open
 
 
-class HIST:
+class _Histogram:
     """One histogram of a worker block (bounds compared in the recorded unit)."""
 
     __slots__ = ("bounds", "first", "sum", "words")
@@ -205,7 +208,7 @@ def monotonic_ns() -> int:
 class IOStats:
     """The I/O process's block: which worker places are attached, engine restarts and deaths."""
 
-    def __init__(self, region: Region) -> None:
+    def __init__(self, region: shm.Region) -> None:
         ml = region.metrics_layout
         self.layout = ml
         self.words = region.words(ml.io_offset, ml.io_words)
