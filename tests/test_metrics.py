@@ -39,6 +39,9 @@ from test_hardening_support import io_rig, wait_state
 from tsfront import EngineClient, errors
 from tsfront.metrics import asgi_app, registry
 from tsfront.metrics.layout import E2E_BUCKETS, FINISH_REASONS, TOKEN_BUCKETS
+from tsfront.metrics.recorder import Recorder
+from tsfront.metrics.snapshot import read_metrics
+from tsfront.region import Geometry, Region
 from tsfront.sim import SimGroup
 
 P = "tsfront:"
@@ -375,13 +378,15 @@ async def test_scrapes_under_heavy_load_are_bounded_and_monotone():
         try:
             previous: dict | None = None
             durations = []
+            cpu = []
             scrapes = 0
             deadline = time.monotonic() + 60
             while any(p.is_alive() and not c.poll() for p, c in procs):
                 assert time.monotonic() < deadline, "the load did not finish"
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 m = scrape(r.client)
                 durations.append(time.perf_counter() - t0)
+                cpu.append(time.thread_time() - c0)
                 scrapes += 1
                 for name in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
                     cumulative = [
@@ -404,11 +409,17 @@ async def test_scrapes_under_heavy_load_are_bounded_and_monotone():
             assert value(final, "inter_token_latency_seconds_count") == total - 256
             assert scrapes >= 5
             durations.sort()
+            cpu.sort()
+            mid = len(cpu) // 2
             print(
-                f"\n{scrapes} scrapes under load: p50 {durations[len(durations) // 2] * 1e3:.2f}"
-                f" ms, max {durations[-1] * 1e3:.2f} ms"
+                f"\n{scrapes} scrapes under load: wall p50 {durations[mid] * 1e3:.2f} ms, max "
+                f"{durations[-1] * 1e3:.2f} ms; CPU p50 {cpu[mid] * 1e3:.2f} ms, max "
+                f"{cpu[-1] * 1e3:.2f} ms"
             )
-            assert durations[-1] < 0.5
+            # The scrape's own work is bounded (CPU time: what it costs, whatever else runs);
+            # its wall time only loosely (on a shared 2-core machine it can be preempted).
+            assert cpu[-1] < 0.1
+            assert durations[-1] < 5.0
         finally:
             for proc, conn in procs:
                 reap(proc)
@@ -455,3 +466,57 @@ def test_tsfront_io_serves_metrics_on_its_port():
             assert io.finish() == 0, io.err_lines
     finally:
         io.kill_group()
+
+
+# ------------------------------------------------------------------------------- in-process
+
+_MS = 1_000_000
+
+
+def _update(slot: int, k: int, finish: int = 0, prompt: int = 3, done: int = 0) -> tuple:
+    # The shape of a `Reader.poll` update: slot, ids, lp values, lp ids, finish, prompt,
+    # completion, cached, engine.
+    return (slot, list(range(k)), None, None, finish, prompt, done, 1, 0)
+
+
+def test_recorder_buckets_use_le_at_exact_bounds_and_count_each_token_once():
+    region = Region.create(Geometry(num_workers=2, slots_per_worker=4, ring_capacity=16,
+                                    max_engines=1))  # fmt: skip
+    try:
+        rec = Recorder(region, 1, 4)
+        rec.started(0, 1_000 * _MS)
+        rec.started(1, 1_000 * _MS)
+        # Slot 0: first chunk of 3 tokens exactly 10 ms after generate(); slot 1: 1 token.
+        rec.updates([_update(0, 3), _update(1, 1)], 1_010 * _MS)
+        # Both 20 ms later with 2 tokens each: a run of two chunks, 10 ms per token (le=0.01).
+        rec.updates([_update(0, 2), _update(1, 2)], 1_030 * _MS)
+        # Slot 0 ends (length) 1 ms later with 1 token; slot 1 ends with an engine death.
+        rec.updates([_update(0, 1, 2, done=6), _update(1, 5, 16)], 1_031 * _MS)
+        rec.updates([_update(1, 4)], 1_040 * _MS)  # after its end: ignored
+        m = read_metrics(region)
+        r = m.requests
+        ttft = dict(r.time_to_first_token.cumulative())
+        assert ttft[0.005] == 0 and ttft[0.01] == 2  # 10 ms exactly is in le=0.01
+        itl = r.inter_token_latency
+        # Slot 0: 2 tokens at 0 s (its first chunk), 2 at 10 ms, 1 at 1 ms; slot 1: 2 at 10 ms.
+        assert itl.counts[0] == 2 + 2 + 1 + 2 and itl.count == 7
+        assert itl.sum == pytest.approx(0.020 * 2 + 0.001)
+        assert r.generation_tokens == 3 + 1 + 2 + 2 + 1  # the dying update's 5 never delivered
+        assert r.finished["length"] == 1 and r.finished["EngineDied"] == 1
+        assert r.e2e_latency.count == 1 and r.e2e_latency.sum == pytest.approx(0.031)
+        assert r.generation_tokens_per_request.sum == 6
+        assert r.prompt_tokens == 6 and r.cached_tokens == 2
+        assert m.workers == []  # nobody attached: no gauge, counts still summed
+
+        # The place is reused by a new worker: counts continue, the gauge starts at 0.
+        again = Recorder(region, 1, 4)
+        again.started(2, 2_000 * _MS)
+        again.cancelled(2)
+        again.cancelled(2)  # a second end of one request is not counted
+        r2 = read_metrics(region).requests
+        assert r2.requests == 3 and r2.finished["cancelled"] == 1 and r2.aborts_sent == 1
+        assert r2.generation_tokens == r.generation_tokens
+        assert region.read_words(region.metrics_layout.worker_offset(1), 1) == [0]
+    finally:
+        del rec, again
+        region.close()

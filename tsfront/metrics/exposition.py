@@ -76,8 +76,9 @@ def families(m: FrontendMetrics) -> Iterator[Metric]:
     )
     yield _histogram(
         "inter_token_latency_seconds",
-        "Time between a request's chunks, per token: a chunk of k tokens after t seconds "
-        "counts k observations of t/k (sum grows by t).",
+        "Time between a request's chunks, per token: a chunk of k tokens t seconds after the "
+        "previous one counts k observations of t/k (sum grows by t); a first chunk's tokens "
+        "after its first count 0.",
         r.inter_token_latency,
     )
     yield _histogram(

@@ -164,22 +164,23 @@ class Recorder:
     def closed(self, slot: int) -> None:
         """The client closed with the request in ``slot`` open: an ABORT is sent, the stream
         raised a plain `StreamError`."""
-        self.words[L.W_ABORTS_SENT] += 1
-        self._end(slot, "StreamError")
+        if self._end(slot, "StreamError"):
+            self.words[L.W_ABORTS_SENT] += 1
 
     def cancelled(self, slot: int) -> None:
         """The consumer ended the request in ``slot`` early: an ABORT is sent for it."""
-        self.words[L.W_ABORTS_SENT] += 1
-        self._end(slot, "cancelled")
+        if self._end(slot, "cancelled"):
+            self.words[L.W_ABORTS_SENT] += 1
 
-    def _end(self, slot: int, reason: str) -> None:
+    def _end(self, slot: int, reason: str) -> bool:
         if not self._t0[slot]:
-            return  # ended already: each request is counted once
+            return False  # ended already: each request is counted once
         self._t0[slot] = 0
         w = self.words
         w[self._finished[reason]] += 1
         self._open -= 1
         w[L.W_OPEN] = self._open
+        return True
 
 
 class _Histogram:

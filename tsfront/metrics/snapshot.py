@@ -151,6 +151,9 @@ def _histogram(values: list[int], name: str) -> HistogramData:
 def read_metrics(region: shm.Region) -> FrontendMetrics:
     """Read every figure from ``region`` (a mapping in any process: worker or observer)."""
     ml = region.metrics_layout
+    table = region.engines
+    if table is None:  # closed under us (a scrape thread racing the client's close)
+        raise ValueError("the region is closed")
     io_counters = region.metrics()
     io_block = region.read_words(ml.io_offset, ml.io_words)
     totals = [0] * L.WORKER_WORDS
@@ -179,7 +182,6 @@ def read_metrics(region: shm.Region) -> FrontendMetrics:
     )
     now_ms = time.monotonic() * 1000.0
     engines = []
-    table = region.engines
     for row in range(ml.max_engines):
         e = [int(v) for v in table[row]]  # each u32 read once
         state = e[shm.E_STATE]
