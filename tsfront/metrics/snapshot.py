@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from tsfront import region as shm
 from tsfront.metrics import layout as L
 
@@ -156,15 +158,17 @@ def read_metrics(region: shm.Region) -> FrontendMetrics:
         raise ValueError("the region is closed")
     io_counters = region.metrics()
     io_block = region.read_words(ml.io_offset, ml.io_words)
-    totals = [0] * L.WORKER_WORDS
+    # Every worker block in one pass of single 8-byte loads, then summed by numpy (exact:
+    # object dtype, so no u64 overflow can wrap a sum).
+    stride = ml.worker_bytes // 8
+    words = region.read_words(ml.offset, ml.num_workers * stride)
+    blocks = np.array(words, dtype=np.uint64).reshape(ml.num_workers, stride)[:, : L.WORKER_WORDS]
+    totals = [int(v) for v in blocks.astype(object).sum(axis=0)]
     workers: list[WorkerMetrics] = []
     for w in range(ml.num_workers):
-        block = region.read_words(ml.worker_offset(w), L.WORKER_WORDS)
         pid = io_block[L.IO_WORKER_PID + w]
         if pid:
-            workers.append(WorkerMetrics(w, pid, block[L.W_OPEN]))
-        for i, v in enumerate(block):
-            totals[i] += v
+            workers.append(WorkerMetrics(w, pid, words[w * stride + L.W_OPEN]))
     requests = RequestMetrics(
         requests=totals[L.W_REQUESTS],
         open=sum(w.open for w in workers),
