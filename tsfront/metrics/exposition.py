@@ -7,7 +7,7 @@ is the same (``tsfront:time_to_first_token_seconds``, ``tsfront:num_requests_run
 Nothing is registered in prometheus_client's global registry and no multiprocess directory is
 used: the region is already the one place every process writes to.
 
-`asgi_app` embeds it in any ASGI server (``tsfront serve`` mounts it at ``/metrics``);
+`asgi_app` embeds it in any ASGI server (one line: mount it at ``/metrics``);
 `serve` runs prometheus_client's own HTTP server on a port (``tsfront io --metrics-port``).
 """
 
