@@ -201,9 +201,9 @@ class _Histogram:
         w[self.sum] += value
 
 
-def monotonic_ns() -> int:
-    """The clock every recorded latency is measured on."""
-    return time.monotonic_ns()
+#: The clock every recorded latency is measured on (the function itself: no wrapper call on the
+#: worker's wake path).
+monotonic_ns = time.monotonic_ns
 
 
 class IOStats:
