@@ -279,6 +279,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not attach a monitor (no engine reports on stderr; exit only on a signal or "
         "if the I/O process dies)",
     )
+    io.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics (GET /metrics, every worker's and engine's figures) on "
+        "0.0.0.0:PORT once every engine registered; uses the monitor's attachment",
+    )
     io.set_defaults(run="tsfront.iocmd:run")
 
     sim = sub.add_parser(

@@ -22,11 +22,14 @@ from tsfront.errors import (
     ClientClosed,
     DuplicateRequest,
     EngineUnavailable,
+    Error,
     InvalidRequest,
     RidRecentlyAborted,
 )
 from tsfront.info import EngineInfo, EngineLoad, load_from_row
 from tsfront.io.process import IOProcess
+from tsfront.metrics.recorder import monotonic_ns
+from tsfront.metrics.snapshot import FrontendMetrics, read_metrics
 from tsfront.stream import RequestStream
 from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
 from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
@@ -79,8 +82,21 @@ class EngineClient:
         (`RidRecentlyAborted`: the engine would drop it silently), a prompt that does not fit
         the engine's context (`PromptTooLong`),
         a pin to an absent or dead rank or no live engine at all (`EngineUnavailable`), a full
-        local queue (`Busy`), a closed client (`ClientClosed`).
+        local queue (`Busy`), a closed client (`ClientClosed`). Each refusal is counted in the
+        worker's metrics by its class; time to first token is measured from this call.
         """
+        t0 = monotonic_ns()
+        try:
+            stream = self._submit(request)
+        except Error as exc:
+            if self._att.recorder is not None:
+                self._att.recorder.refused(exc)
+            raise
+        if self._att.recorder is not None:
+            self._att.recorder.started(stream._slot, t0)
+        return stream
+
+    def _submit(self, request: TokenizedGenerateReqInput) -> RequestStream:
         att = self._att
         if att.closed:
             raise ClientClosed(str(att.failure) if att.failure else "the client is closed")
@@ -169,17 +185,20 @@ class EngineClient:
             for i, info in enumerate(att.engines)
         ]
 
-    def metrics(self) -> dict[str, int]:
-        """The I/O process's counters: output frames, rows and tokens it wrote to slots, rows
-        for unknown rids (aborted or foreign), tokens that went through the spill path,
-        eventfd wake-ups, requests in flight, slots spilling now; and the I/O loop's own:
-        frames whose handler failed (dropped, logged), load tails out of range, output
-        connections lost (and how many of those were an earlier process's), ADDs refused
-        for reusing a recently aborted rid (see `tsfront.region.IO_METRICS`)."""
+    def metrics(self) -> FrontendMetrics:
+        """Every figure of the frontend, read from shared memory now: the same numbers the
+        Prometheus exposition (`tsfront.metrics`) shows.
+
+        As a mapping it is still the I/O process's counters (``m["frames"]``, ``m["in_flight"]``:
+        output frames, rows and tokens it wrote to slots, rows for unknown rids, tokens that
+        went through the spill path, eventfd wake-ups, requests in flight, slots spilling now);
+        its attributes add the request metrics of every worker (``m.requests``), each engine's
+        load, liveness and restarts (``m.engines``) and the attached workers (``m.workers``).
+        """
         att = self._att
         if att.closed or att.region is None:
             raise ClientClosed("the client is closed")
-        return att.region.metrics()
+        return read_metrics(att.region)
 
     @property
     def address(self) -> str:

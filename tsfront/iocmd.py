@@ -30,10 +30,16 @@ def _note(message: str) -> None:
     progress("io", message)
 
 
-async def _monitor(io: IOProcess) -> None:
+async def _monitor(io: IOProcess, metrics_port: int | None = None) -> None:
     """Attach, report registration, then report every liveness change until cancelled."""
     client = await EngineClient.attach(io.address)
+    server = None
     try:
+        if metrics_port is not None:
+            from tsfront.metrics import serve
+
+            server = serve(metrics_port, client)
+            _note(f"metrics at http://0.0.0.0:{metrics_port}/metrics")
         engines = ", ".join(f"rank {e.rank} = engine {e.index}" for e in client.engines())
         _note(f"every engine registered ({engines}); serving")
         states = {load.index: load.state for load in client.load()}
@@ -44,10 +50,15 @@ async def _monitor(io: IOProcess) -> None:
                     _note(f"engine {load.index} (rank {load.rank}) is now {load.state}")
                     states[load.index] = load.state
     finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         await client.close()
 
 
 async def _main(args: argparse.Namespace) -> int:
+    if args.metrics_port is not None and args.no_monitor:
+        raise CommandError("--metrics-port serves from the monitor's attachment: drop --no-monitor")
     if args.max_workers < 1:
         raise CommandError(f"--max-workers={args.max_workers}: must be at least 1")
     config = config_from_args(
@@ -77,7 +88,9 @@ async def _main(args: argparse.Namespace) -> int:
             f"({config.num_engines} expected, timeout {config.handshake_timeout:g}s); workers "
             f"attach at {io.address}; SIGINT/SIGTERM stops it"
         )
-        monitor = None if args.no_monitor else asyncio.ensure_future(_monitor(io))
+        monitor = (
+            None if args.no_monitor else asyncio.ensure_future(_monitor(io, args.metrics_port))
+        )
         stopping = asyncio.ensure_future(stop.wait())
         try:
             while True:

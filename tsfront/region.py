@@ -5,6 +5,8 @@ holder), passed to each worker over its control socket. Its layout comes from
 `tsfront._native.layout`; the slot rings are read and written only by native code. This
 module also gives numpy views of the engine table, which the I/O process alone writes:
 advisory, naturally aligned single-word values (liveness and load) that need no ordering.
+After the native layout, from the next page, comes the metrics area (`tsfront.metrics.layout`:
+one block per worker place and one for the I/O process), read and written through `words`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tsfront import _native
+from tsfront.metrics.layout import MetricsLayout
 
 # Engine table row: 16 little-endian u32 words (64 bytes).
 E_STATE, E_INDEX, E_IN_FLIGHT, E_RUNNING, E_WAITING, E_KV_ACTIVE, E_KV_TOTAL = range(7)
@@ -96,7 +99,11 @@ class Region:
         self.fd = fd
         self.geometry = geometry
         self.layout = geometry.layout()
-        self.size = self.layout["total_bytes"]
+        self.metrics_layout = MetricsLayout.after(
+            self.layout["total_bytes"], geometry.num_workers, geometry.max_engines
+        )
+        self.size = self.metrics_layout.total_bytes
+        self._views: list[memoryview] = []
         self.map = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         off = self.layout["engines_off"]
         self.engines = np.frombuffer(
@@ -109,7 +116,9 @@ class Region:
     @classmethod
     def create(cls, geometry: Geometry) -> Region:
         """Make a fresh region (I/O process side)."""
-        size = geometry.layout()["total_bytes"]
+        size = MetricsLayout.after(
+            geometry.layout()["total_bytes"], geometry.num_workers, geometry.max_engines
+        ).total_bytes
         fd = os.memfd_create("tsfront-slots", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, size)
@@ -126,6 +135,22 @@ class Region:
         values.update(zip(IO_METRICS, (int(v) for v in self.io_metrics), strict=True))
         return values
 
+    def words(self, offset: int, count: int) -> memoryview:
+        """``count`` u64 words at byte ``offset`` (8-byte aligned): item reads and writes are
+        single 8-byte loads and stores. Released by `close`."""
+        view = memoryview(self.map)[offset : offset + 8 * count].cast("Q")
+        self._views.append(view)
+        return view
+
+    def read_words(self, offset: int, count: int) -> list[int]:
+        """A copy of ``count`` u64 words at byte ``offset``, each read once by one 8-byte load."""
+        with (
+            memoryview(self.map) as whole,
+            whole[offset : offset + 8 * count] as part,
+            part.cast("Q") as words,
+        ):
+            return words.tolist()
+
     def engine_load_ms(self, row: int) -> int:
         """Monotonic milliseconds at which engine ``row``'s load tail was last seen (0: never)."""
         e = self.engines[row]
@@ -135,6 +160,9 @@ class Region:
         """Unmap and close the fd (views must be dropped first)."""
         self.engines = None
         self.io_metrics = None
+        for view in self._views:
+            view.release()
+        self._views.clear()
         try:
             self.map.close()
         except BufferError:

@@ -39,6 +39,7 @@ from tsfront.io.loop import (
     TICKET_SHIFT,
     WORKER_IDENTITY,
 )
+from tsfront.metrics.recorder import Recorder, monotonic_ns
 from tsfront.region import Geometry, Region
 from tsfront.stream import RequestStream
 
@@ -73,6 +74,7 @@ class Attachment:
         self.reader = None
         self.ctx: zmq.Context | None = None
         self.dealer: zmq.Socket | None = None
+        self.recorder: Recorder | None = None  # this worker's request metrics (shared memory)
 
     # ------------------------------------------------------------------ attach
 
@@ -150,6 +152,7 @@ class Attachment:
             geometry.max_engines,
         )
         self.free = list(range(self.spw - 1, -1, -1))
+        self.recorder = Recorder(self.region, self.worker, self.spw)
         self.ctx = zmq.Context(1)
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, WORKER_IDENTITY.pack(self.worker, message["serial"]))
@@ -199,6 +202,8 @@ class Attachment:
         self._fail_waiters(ClientClosed(why))
         for stream in list(self.streams.values()):
             stream._fail(IOProcessDied(f"request {stream.rid!r}: {why}", rid=stream.rid))
+            if self.recorder is not None:
+                self.recorder.failed(stream._slot, IOProcessDied(why))
         self.close()
 
     # ------------------------------------------------------------------ outputs
@@ -213,11 +218,16 @@ class Attachment:
     def _drain(self) -> None:
         reader = self.reader
         streams = self.streams
+        record = self.recorder.updates if self.recorder is not None else None
         while True:
-            for update in reader.poll():
+            now = monotonic_ns()
+            updates = reader.poll()
+            for update in updates:
                 stream = streams.get(update[0])
                 if stream is not None:
                     stream._deliver(update)
+            if record is not None and updates:
+                record(updates, now)
             if reader.park():
                 return
 
@@ -271,6 +281,8 @@ class Attachment:
         self.aborted.add(stream.rid, time.monotonic())
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
         self._release(stream)
+        if self.recorder is not None:
+            self.recorder.cancelled(stream._slot)
         if not self._abort_scheduled and not self.closed:
             self._abort_scheduled = True
             self.loop.call_soon(self._flush_aborts)
@@ -287,6 +299,8 @@ class Attachment:
             return
         self.aborted.add(stream.rid, time.monotonic())
         self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
+        if self.recorder is not None:
+            self.recorder.cancelled(stream._slot)
         if self.reader is not None:
             self.reader.release(stream._slot)
         self.free.append(stream._slot)
@@ -320,6 +334,8 @@ class Attachment:
             stream._fail(
                 StreamError(f"request {stream.rid!r}: the client was closed", rid=stream.rid)
             )
+            if self.recorder is not None:
+                self.recorder.closed(stream._slot)
         if self._pending_aborts and self.dealer is not None:
             try:
                 self.dealer.send_multipart(
@@ -348,6 +364,7 @@ class Attachment:
             self.ctx.term()
             self.ctx = None
         self.reader = None
+        self.recorder = None
         if self.region is not None:
             self.region.close()
             self.region = None

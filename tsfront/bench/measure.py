@@ -147,6 +147,7 @@ async def _worker(conn, address: str) -> None:
     stats = [0, 0]
     lat: list[int] = []
     spinning = False
+    recorder = att.recorder  # request metrics; "record" False/True takes it out and back
     spinner: asyncio.Future | None = None
     held: list = []
     heap_base = 0
@@ -178,6 +179,9 @@ async def _worker(conn, address: str) -> None:
             await asyncio.gather(*tasks)
             tasks = []
             conn.send(("done", stats, lat))
+        elif cmd == "record":
+            att.recorder = recorder if args[0] else None
+            conn.send(("record", args[0]))
         elif cmd == "wakes":
             conn.send(("wakes", att.reader.wakes()))
         elif cmd == "spin":
@@ -251,6 +255,109 @@ def reader_poll_ns_per_token(rows: int, steps: int = 200, tokens_per_row: int = 
     del w, r
     mem.close()
     return total / (steps * rows * tokens_per_row)
+
+
+class _Attachment:
+    """What a `RequestStream` needs of its attachment, for the in-process measure."""
+
+    def __init__(self, loop) -> None:
+        self.loop = loop
+
+    def _release(self, stream) -> None:
+        pass
+
+    def _abort(self, stream) -> None:
+        pass
+
+
+def deliver_ns_per_token(rows: int, steps: int = 2000, *, consumers: bool = True) -> dict:
+    """The worker's per-token cost, with and without request-metrics recording, side by side.
+
+    One Writer and one worker's Reader on a real region (`Region.create`, metrics area
+    included) and ``rows`` streams, each consumed by an ``async for`` task on a uvloop. Each
+    step ingests a frame of one-token rows (untimed), then times what the worker does with it:
+    the clock reading, ``poll()``, the stream lookup and `RequestStream._deliver` per update
+    (as `Attachment._drain` does), `Recorder.updates` on every other step, and the loop
+    iteration that runs every consumer task to its next chunk. Only the eventfd read is left
+    out. Steps alternate off/on, so both figures share the same frames, cache state and
+    machine load; each is the median step (a step the scheduler preempted says nothing).
+    Without ``consumers`` no task reads: the step is the delivery path alone, where the
+    recording's share is largest.
+    """
+    import uvloop
+
+    return uvloop.run(_deliver_ns_per_token(rows, steps, consumers))
+
+
+async def _deliver_ns_per_token(rows: int, steps: int, consumers: bool) -> dict:
+    from tsfront.metrics.layout import W_GENERATION_TOKENS
+    from tsfront.metrics.recorder import Recorder, monotonic_ns
+    from tsfront.region import Geometry, Region
+    from tsfront.stream import RequestStream
+    from tsfront.wire import encode_output
+
+    g = Geometry(num_workers=1, slots_per_worker=rows, ring_capacity=256, max_engines=1)
+    region = Region.create(g)
+    w = _native.Writer(region.map, 1, rows, 256, 1)
+    r = _native.Reader(region.map, 0, 1, rows, 256, 1)
+    rec = Recorder(region, 0, rows)
+    att = _Attachment(asyncio.get_running_loop())
+    rids = make_rids("rec", rows)
+    streams = {}
+    t0 = monotonic_ns()
+    for i, rid in enumerate(rids):
+        w.bind(rid.encode(), i, i + 1, False, 18)
+        r.expect(i, i + 1)
+        streams[i] = RequestStream(att, rid, i, i + 1)
+        rec.started(i, t0)
+    consumed = [0]
+
+    async def consume(stream) -> None:
+        async for chunk in stream:
+            consumed[0] += len(chunk.output_ids)
+
+    tasks = [asyncio.ensure_future(consume(st)) for st in streams.values()] if consumers else []
+    await asyncio.sleep(0)  # every task waits on its stream
+    batch = replay._batch(rids, [1000 + i for i in range(rows)], 1, "", 0)
+    frame = encode_output(batch)
+    times: dict[bool, list[int]] = {False: [], True: []}
+    for s in range(2 * steps + 20):
+        on = s % 2 == 1
+        w.ingest(frame)
+        want = consumed[0] + rows if consumers else 0
+        t = time.perf_counter_ns()
+        now = monotonic_ns()
+        updates = r.poll()
+        for update in updates:
+            stream = streams.get(update[0])
+            if stream is not None:
+                stream._deliver(update)
+        if on and updates:
+            rec.updates(updates, now)
+        while consumed[0] < want:
+            await asyncio.sleep(0)
+        dt = time.perf_counter_ns() - t
+        if not consumers:
+            for stream in streams.values():
+                stream._pending.clear()  # what a reading task would take (untimed)
+        if s >= 20:
+            times[on].append(dt)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    # Every token of an "on" step (warm-up included) was counted: the recording really ran.
+    assert rec.words[W_GENERATION_TOKENS] == (steps + 10) * rows
+    del w, r, rec, streams, updates, tasks
+    region.close()
+    off = statistics.median(times[False]) / rows
+    on_ = statistics.median(times[True]) / rows
+    return {
+        "worker_ns_per_token_no_recording": off,
+        "worker_ns_per_token_recording": on_,
+        "recording_cost_ratio": on_ / off,
+        "recording_ns_per_token": on_ - off,
+        "steps_each": steps,
+    }
 
 
 def ingest_us_per_frame(rows: int, steps: int = 500) -> float:
@@ -431,6 +538,13 @@ class Session:
             self.engines[k].send("expect", rnd["rows"])
         for k in range(rnd["ranks"]):
             assert self.engines[k].recv()[0] == "got"
+
+    def set_recording(self, on: bool) -> None:
+        """Turn every worker's request-metrics recording on or off (it is on by default)."""
+        for w in self.workers:
+            w.send("record", on)
+        for w in self.workers:
+            assert w.recv()[0] == "record"
 
     def wakes(self) -> list[int]:
         """Each worker's count of eventfd wake-ups so far."""
@@ -656,6 +770,7 @@ class Params:
     latency_interval_s: float = 0.001
     latency_batch: int = 1
     heap_streams: int = 10_000
+    recording_steps: int = 2000
     submit_paced: int = 300
     ring_capacity: int = 1024
     uvloop: bool = True
@@ -670,6 +785,7 @@ class Params:
             paced_steps=250,
             latency_steps=400,
             submit_paced=100,
+            recording_steps=500,
         )
 
 
@@ -766,6 +882,10 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
                 _log(verbose, f"  baseline {mode} K={kb}")
                 entry[mode] = _baseline_figures(s.baseline(mode, rnd, kb))
             entry["reader_poll_ns_per_token"] = reader_poll_ns_per_token(rows)
+            entry["recording"] = deliver_ns_per_token(rows, p.recording_steps)
+            entry["recording_delivery_only"] = deliver_ns_per_token(
+                rows, p.recording_steps, consumers=False
+            )
             entry["ingest_only_us_per_frame"] = ingest_us_per_frame(rows)
             if rows == p.primary_batch:
                 _log(verbose, "  paced")
@@ -845,6 +965,7 @@ def _headline(p: Params, out: dict) -> dict:
     parked = e.get("latency_parked", {})
     paced = e.get("paced", {})
     idle = e.get("idle", {})
+    rec = e.get("recording", {})
     h = {
         "batch": primary,
         "workers": p.workers[0],
@@ -869,6 +990,14 @@ def _headline(p: Params, out: dict) -> dict:
         "worker_us_per_chunk": paced.get("worker_us_per_chunk", float("nan")),
         "worker_us_per_chunk_burst": t["worker_us_per_chunk"],
         "worker_ns_per_token_burst": t["worker_ns_per_token_e2e"],
+        "worker_ns_per_token_recording": rec.get("worker_ns_per_token_recording", float("nan")),
+        "worker_ns_per_token_no_recording": rec.get(
+            "worker_ns_per_token_no_recording", float("nan")
+        ),
+        "recording_cost_ratio": rec.get("recording_cost_ratio", float("nan")),
+        "recording_cost_ratio_delivery_only": e.get("recording_delivery_only", {}).get(
+            "recording_cost_ratio", float("nan")
+        ),
         "wakes_per_worker_step": paced.get("wakes_per_worker_step", float("nan")),
         "wakes_per_worker_step_burst": t["wakes_per_worker_step"],
         "idle_cpu_percent": max(

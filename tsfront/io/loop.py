@@ -29,6 +29,7 @@ from tsfront.errors import WireDecodeError
 from tsfront.io.addresses import advertised, bind_socket, output_address_for
 from tsfront.io.engines import Engine, PendingSend
 from tsfront.io.routing import Router
+from tsfront.metrics.recorder import IOStats
 from tsfront.region import (
     E_IN_FLIGHT,
     E_INDEX,
@@ -162,6 +163,7 @@ class IOLoop:
         )
         self.spw = config.slots_per_worker
         self.region = Region.create(self.geometry)
+        self.stats = IOStats(self.region)  # the metrics area's I/O block
         self.writer = _native.Writer(
             self.region.map,
             config.max_workers,
@@ -615,6 +617,7 @@ class IOLoop:
         except WireDecodeError as exc:
             self.warn("bad-registration", "engine %d: bad registration: %s", engine.index, exc)
             return
+        self.stats.engine_registered(engine.row, again=engine.registration is not None)
         engine.registration = registration
         engine.state = ENGINE_LIVE
         engine.dead_reason = ""
@@ -682,6 +685,7 @@ class IOLoop:
         if engine.state == ENGINE_DEAD:
             return
         log.warning("engine %d is dead: %s", engine.index, reason)
+        self.stats.engine_died(engine.row)
         engine.state = ENGINE_DEAD
         engine.dead_reason = reason
         # The records are the one account of what is in flight where; a death is rare enough
@@ -776,6 +780,7 @@ class IOLoop:
         conn.pid = int(message.get("pid", 0)) if isinstance(message.get("pid"), int) else 0
         self.writer.reset_worker(worker)
         self.writer.set_worker_fd(worker, conn.eventfd)
+        self.stats.worker_attached(worker, conn.pid)
         identity = WORKER_IDENTITY.pack(worker, conn.serial)
         self.by_submit_identity[identity] = conn
         g = self.geometry
@@ -817,6 +822,7 @@ class IOLoop:
                         p for p in e.backlog if not base <= p.slot < base + self.spw
                     )
             self.writer.reset_worker(w)
+            self.stats.worker_detached(w)
             self.by_submit_identity.pop(WORKER_IDENTITY.pack(w, conn.serial), None)
             self.free_workers.append(w)
             conn.worker = None  # detached once, whatever calls this again
