@@ -14,15 +14,18 @@ request's `RequestStream`.
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from tsfront import region as shm
 from tsfront.config import ClientConfig
-from tsfront.errors import ClientClosed, DuplicateRequest, EngineUnavailable, InvalidRequest
+from tsfront.errors import ClientClosed, DuplicateRequest, EngineUnavailable, Error, InvalidRequest
 from tsfront.info import EngineInfo, EngineLoad, load_from_row
 from tsfront.io.process import IOProcess
 from tsfront.stream import RequestStream
 from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
 from tsfront.worker import Attachment
+
+log = logging.getLogger("tsfront.client")
 
 
 class EngineClient:
@@ -71,6 +74,15 @@ class EngineClient:
         a pin to an absent or dead rank or no live engine at all (`EngineUnavailable`), a full
         local queue (`Busy`), a closed client (`ClientClosed`).
         """
+        try:
+            return self._submit(request)
+        except Error as exc:
+            log.info(
+                "refused request %r: %s: %s", getattr(request, "rid", None), type(exc).__name__, exc
+            )
+            raise
+
+    def _submit(self, request: TokenizedGenerateReqInput) -> RequestStream:
         att = self._att
         if att.closed:
             raise ClientClosed(str(att.failure) if att.failure else "the client is closed")

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from tsfront.cli import CommandError, progress
+from tsfront.cli import UsageError, progress
 from tsfront.client import EngineClient
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
@@ -143,9 +143,9 @@ def _check(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if not low <= value <= high:
             flag = "--" + name.replace("_", "-")
-            raise CommandError(f"{flag}={value}: must be between {low} and {high}")
+            raise UsageError("tsfront demo", f"{flag}={value}: must be between {low} and {high}")
     if not args.step_ms > 0:
-        raise CommandError(f"--step-ms={args.step_ms}: must be positive")
+        raise UsageError("tsfront demo", f"--step-ms={args.step_ms}: must be positive")
 
 
 def _collect(results, procs, want: str, count: int, timeout: float) -> dict[int, Any]:

@@ -10,10 +10,13 @@ engine and frees its slot.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from tsfront import region
 from tsfront.errors import EngineDied, IOProcessDied, SendTimeout, StreamError, StreamRejected
+
+log = logging.getLogger("tsfront.stream")
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -197,6 +200,7 @@ class RequestStream:
             return
         self._done = True
         self._error = error
+        log.info("stream %r ended: %s: %s", self.rid, type(error).__name__, error)
         self._attachment._release(self)
         self._wake()
 

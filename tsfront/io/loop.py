@@ -354,8 +354,16 @@ class IOLoop:
         else:
             engine = self.router.choose(self.engines)
         if not self.writer.bind(rid, slot, ticket, bool(with_lp), FIN_DUPLICATE):
+            log.info(
+                "refused request %r: its rid is in flight already", rid.decode("utf-8", "replace")
+            )
             return  # the rid is in flight already; the slot now says so
         if engine is None:
+            log.info(
+                "refused request %r: no live engine%s",
+                rid.decode("utf-8", "replace"),
+                f" at rank {pin}" if pin >= 0 else "",
+            )
             self.writer.finish(slot, FIN_NO_ENGINE, -1)
             return
         self.records[slot] = Record(rid, engine, ticket)
@@ -397,6 +405,9 @@ class IOLoop:
                 engine.backlog.popleft()
                 self.records.pop(pending.slot, None)
                 engine.in_flight -= 1
+                self.warn(
+                    "send-timeout", "engine %d took no request within send_timeout", engine.index
+                )
                 self.writer.finish(pending.slot, FIN_SEND_TIMEOUT, engine.index)
                 continue
             try:
@@ -581,8 +592,13 @@ class IOLoop:
             f"{self.config.handshake_timeout}s; check that each engine dials "
             f"{self.addresses.get('handshake_address')} with --zmq-engine-index "
             f"{self.config.first_engine_index} and --data-parallel-size {self.config.num_engines}"
+            "; engines handshake once per start: if they registered with an earlier frontend, "
+            "restart them, or keep a long-lived `tsfront io` and attach to it"
         )
-        log.error("handshake failed: %s", self.failure)
+        # Attached workers receive the failure and raise it (HandshakeTimeout), so the user sees
+        # it there; logging it as an error too would report one failure twice.
+        attached = any(conn.worker is not None for conn in self.workers.values())
+        log.log(logging.INFO if attached else logging.ERROR, "handshake failed: %s", self.failure)
         self._broadcast({"op": "failed", "kind": "timeout", "error": self.failure})
 
     # ------------------------------------------------------------------ workers

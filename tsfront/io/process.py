@@ -8,6 +8,7 @@ that started it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import selectors
@@ -20,6 +21,8 @@ from tsfront.config import ClientConfig
 from tsfront.errors import ConfigError, Error
 
 START_TIMEOUT = 30.0
+
+log = logging.getLogger("tsfront.io.process")
 
 
 class IOProcess:
@@ -75,6 +78,12 @@ class IOProcess:
                 pass
             _reap(proc)
             raise ConfigError(f"I/O process could not start: {info['error']}")
+        log.info(
+            "I/O process %d started: engines dial %s, workers attach at %s",
+            proc.pid,
+            info["handshake_address"],
+            info["address"],
+        )
         return cls(proc, info)
 
     def alive(self) -> bool:
@@ -83,6 +92,8 @@ class IOProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the process (SIGTERM, then SIGKILL after ``timeout``); idempotent."""
+        if self._proc.returncode is None:
+            log.info("stopping I/O process %d", self.pid)
         _reap(self._proc, timeout)
 
     def __enter__(self) -> IOProcess:

@@ -111,6 +111,36 @@ class EngineOptions:
     handshake_timeout_s: float = 600.0
     hard_exit: bool = False
 
+    def __post_init__(self) -> None:
+        # Refuse what no engine could be configured with, before a rank dials anything.
+        if not (isinstance(self.step_ms, (int, float)) and self.step_ms >= 0):
+            raise ValueError(f"step_ms={self.step_ms!r}: must be a number >= 0")
+        if not isinstance(self.output_form, int) or self.output_form < 9:
+            raise ValueError(
+                f"output_form={self.output_form!r}: the output array has 9 (Aug3), 10 (Aug12), "
+                "14 (0.1.1) or more elements"
+            )
+        positive = ("max_model_len", "vocab_size", "page_size", "kv_total_pages")
+        for name in (*positive, "stream_interval", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        if self.max_batch is not None and (
+            not isinstance(self.max_batch, int) or self.max_batch < 1
+        ):
+            raise ValueError(f"max_batch={self.max_batch!r}: must be an integer >= 1")
+        if not 0 <= self.eos_token_id < self.vocab_size:
+            raise ValueError(
+                f"eos_token_id={self.eos_token_id!r}: must be in 0..{self.vocab_size - 1} "
+                "(below vocab_size)"
+            )
+        for name in ("dead_after_steps", "exit_after_steps", "silent_after_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+        if not self.handshake_timeout_s > 0:
+            raise ValueError(f"handshake_timeout_s={self.handshake_timeout_s!r}: must be > 0")
+
     def replace(self, **changes: Any) -> EngineOptions:
         """Return a copy with ``changes`` applied (unknown names raise ``TypeError``)."""
         return dataclasses.replace(self, **changes)
