@@ -188,12 +188,20 @@ def _summary(results: dict[int, dict], client: EngineClient, args) -> list[str]:
         f"{tokens / elapsed:.0f} tokens/s"
     ]
     for load in client.load():
+        # in_flight and requests_total are tsfront's own exact counts; running, waiting and kv
+        # pages are what the engine said with its last output, so label them and their age.
+        if load.age is None:
+            report = "engine's last load report: none yet"
+        else:
+            report = (
+                f"engine's last load report ({load.age:.2f}s old): running {load.num_running}, "
+                f"waiting {load.num_waiting}, kv pages {load.kv_active_pages}/"
+                f"{load.kv_total_pages}"
+            )
         lines.append(
             f"  rank {load.rank} (engine {load.index}): {per_engine.get(load.index, 0)} "
-            f"requests | load: {load.state}, in_flight {load.in_flight}, running "
-            f"{load.num_running}, waiting {load.num_waiting}, kv pages "
-            f"{load.kv_active_pages}/{load.kv_total_pages}, requests_total {load.requests_total}"
-            + ("" if load.age is None else f" (load tail {load.age:.2f}s old)")
+            f"requests | now: {load.state}, in_flight {load.in_flight}, requests_total "
+            f"{load.requests_total} | {report}"
         )
     for worker in sorted(results):
         r = results[worker]

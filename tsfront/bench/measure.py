@@ -30,7 +30,9 @@ import mmap
 import multiprocessing
 import os
 import secrets
+import signal
 import statistics
+import sys
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -285,7 +287,14 @@ class _Child:
     def __init__(self, ctx, target, *args) -> None:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=target, args=(child, *args), daemon=True)
-        self.proc.start()
+        # Ctrl-C reaches the whole process group; the driver alone answers it (it tears the
+        # children down). An ignored SIGINT survives exec and Python leaves it ignored, so the
+        # child never raises KeyboardInterrupt, not even while it is still importing.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.proc.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
         child.close()
 
     @property
@@ -388,10 +397,16 @@ class Session:
         return self.io.pid
 
     def close(self) -> None:
-        """Stop every worker, replay engine and the I/O process."""
-        for c in self.workers + self.engines:
+        """Stop every worker, then the I/O process, then the replay engines.
+
+        The I/O process goes before the engines: an engine leaving a live I/O process is an
+        engine death (logged as a warning), which our own teardown is not.
+        """
+        for c in self.workers:
             c.close()
         self.io.stop()
+        for c in self.engines:
+            c.close()
 
     # -- rounds ---------------------------------------------------------------------------
 
@@ -736,18 +751,41 @@ def _baseline_figures(r: dict) -> dict:
     }
 
 
-def _log(verbose: bool, msg: str) -> None:
-    if verbose:
-        print(f"[tsfront bench] {msg}", flush=True)
+class _Progress:
+    """Progress lines on stderr: phase k of n, percent done, time so far."""
+
+    def __init__(self, p: Params, verbose: bool) -> None:
+        self.verbose = verbose
+        # A session's bursts and four baselines; the primary batch adds paced, two latency
+        # phases and idle; each extra worker count is one session; then the heap session.
+        self.total = 5 * len(p.batches) + 4 * (p.primary_batch in p.batches)
+        self.total += len(p.workers[1:]) + 1
+        self.done = 0
+        self.start = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        if not self.verbose:
+            return
+        percent = 100 * self.done // self.total
+        self.done += 1
+        elapsed = time.monotonic() - self.start
+        sys.stderr.write(
+            f"tsfront bench: [{self.done}/{self.total} {percent:3d}% {elapsed:5.1f}s] {message}\n"
+        )
+        sys.stderr.flush()
 
 
 def run_suite(p: Params, verbose: bool = False) -> dict:
-    """Run every measurement; returns the report (flat headline keys plus details)."""
+    """Run every measurement; returns the report (flat headline keys plus details).
+
+    With ``verbose``, one progress line per phase goes to stderr.
+    """
     t_start = time.monotonic()
     out: dict = {"by_batch": {}, "by_workers": {}}
     w0 = p.workers[0]
+    _log = _Progress(p, verbose)
     for rows in p.batches:
-        _log(verbose, f"session B={rows} W={w0} R={p.ranks}")
+        _log(f"session B={rows} W={w0} R={p.ranks}: bursts")
         streams = rows * p.ranks
         s = Session(
             rows,
@@ -763,12 +801,16 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
             rnd = s.new_round()
             for mode in ("recv", "decode", "forward", "single"):
                 kb = steps_for(mode, rows, p.target_cpu_s)
-                _log(verbose, f"  baseline {mode} K={kb}")
+                _log(f"  baseline {mode} K={kb}")
                 entry[mode] = _baseline_figures(s.baseline(mode, rnd, kb))
             entry["reader_poll_ns_per_token"] = reader_poll_ns_per_token(rows)
             entry["ingest_only_us_per_frame"] = ingest_us_per_frame(rows)
             if rows == p.primary_batch:
-                _log(verbose, "  paced")
+                seconds = p.paced_steps * p.paced_interval_s * 3
+                _log(
+                    f"  paced: 3 runs of {p.paced_steps} steps, one per "
+                    f"{p.paced_interval_s * 1e3:g} ms (~{seconds:.0f}s)"
+                )
                 rnd = s.new_round()
                 s.submit(rnd, stamped=True)
                 paced = s.run(rnd, p.paced_steps, interval=p.paced_interval_s)
@@ -782,7 +824,8 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
                     entry[f"{mode}_paced"] = _baseline_figures(r)
                 lat_rows = p.latency_batch
                 for mode in ("parked", "busy"):
-                    _log(verbose, f"  latency {mode}")
+                    seconds = p.latency_steps * p.latency_interval_s
+                    _log(f"  latency {mode}: {p.latency_steps} steps (~{seconds:.1f}s)")
                     rnd = s.new_round(rows=lat_rows, ranks=1)
                     s.submit(rnd, stamped=True, workers=1)
                     if mode == "busy":
@@ -800,14 +843,14 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
                 hop = s.baseline("recv_lat", rnd, p.latency_steps, interval=p.latency_interval_s)
                 entry["zmq_hop"] = summarize_latency(hop["latency_ns"])
                 entry["zmq_hop"]["us_per_step"] = hop["cpu_s"] * 1e6 / hop["steps"]
-                _log(verbose, "  idle")
+                _log("  idle (1s)")
                 entry["idle"] = s.idle(1.0)
             out["by_batch"][rows] = entry
         finally:
             s.close()
     for nw in p.workers[1:]:
         rows = p.primary_batch
-        _log(verbose, f"session B={rows} W={nw} R={p.ranks}")
+        _log(f"session B={rows} W={nw} R={p.ranks}")
         streams = rows * p.ranks
         s = Session(
             rows,
@@ -828,7 +871,7 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
     if p.primary_batch in p.batches and w0 not in out["by_workers"]:
         e = out["by_batch"][p.primary_batch]
         out["by_workers"][w0] = {"tsfront": e["tsfront"], "forward": e["forward"]}
-    _log(verbose, "heap session")
+    _log(f"heap session: {p.heap_streams} streams")
     out["heap"] = heap_session(p.heap_streams, p.submit_paced, p.uvloop)
     out["shm"] = shm_bytes_per_stream()
     out["elapsed_s"] = time.monotonic() - t_start

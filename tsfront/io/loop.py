@@ -321,6 +321,8 @@ class IOLoop:
                 break
             worker = self.by_submit_identity.get(frames[0].bytes)
             if worker is None or len(frames) < 3:
+                if self._late_abort(frames):
+                    continue
                 self.warn("bad-submit", "dropped a submission from an unknown or stale worker")
                 continue
             kind = frames[1].bytes
@@ -332,6 +334,20 @@ class IOLoop:
                 self.warn(
                     "bad-submit", "dropped a malformed submission from worker %s", worker.worker
                 )
+
+    def _late_abort(self, frames: list) -> bool:
+        # A worker closing its client sends its last aborts on the submit socket and then
+        # closes its control socket; the detach can win the race. Its requests ended at the
+        # detach, so this is our own teardown, not a problem worth a warning.
+        identity = frames[0].bytes
+        if len(frames) != 3 or frames[1].bytes != SUBMIT_ABORT:
+            return False
+        if len(identity) != WORKER_IDENTITY.size:
+            return False
+        if not 0 < WORKER_IDENTITY.unpack(identity)[1] <= self.serial:
+            return False
+        log.debug("dropped the last aborts of a detached worker")
+        return True
 
     def _add(self, worker: WorkerConn, header: bytes, payload: zmq.Frame) -> None:
         if len(header) < SUBMIT_HEADER.size:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from tsfront.sim.scheduler import (
     EngineFault,
@@ -220,6 +221,9 @@ class SimEngine:
         self._sentinel_on_stop = True
         self._thread: threading.Thread | None = None
         self._out: zmq.Socket | None = None
+        self._frontend: zmq.Socket | None = None  # monitor of the input connection
+        #: Whether the input connection to the frontend is up (None before the first connect).
+        self.frontend_connected: bool | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -374,6 +378,9 @@ class SimEngine:
         inp = context.socket(zmq.DEALER)
         sockets.append(inp)
         inp.setsockopt(zmq.IDENTITY, self.identity)
+        # Watch the input connection so the rank can say when its frontend goes away.
+        self._frontend = inp.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sockets.insert(0, self._frontend)
         inp.connect(inputs[0])
         inp.send(
             encode_registration(
@@ -432,6 +439,7 @@ class SimEngine:
         next_step = time.monotonic()
         while True:
             self._check_stop()
+            self._watch_frontend()
             if self.scheduler.busy and not self._silent:
                 timeout = max(0.0, min(next_step - time.monotonic(), _POLL_SLICE_S))
             else:
@@ -458,6 +466,30 @@ class SimEngine:
             if opts.silent_after_steps is not None and steps >= opts.silent_after_steps:
                 log.warning("engine %d: going silent after %d steps", self.engine_index, steps)
                 self._silent = True
+
+    def _watch_frontend(self) -> None:
+        """Log when the frontend's input ROUTER goes away (and when ZMQ redials it)."""
+        while True:
+            try:
+                event = recv_monitor_message(self._frontend, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            address = self.init_addresses[0] if self.init_addresses else "?"
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.frontend_connected = False
+                # INFO: `tsfront sim` shows it; a demo or test tearing down its own frontend
+                # first does not print it.
+                log.info(
+                    "engine %d: the frontend went away (input connection to %s closed); an "
+                    "engine handshakes once per start, so a new frontend needs this rank "
+                    "restarted",
+                    self.engine_index,
+                    address,
+                )
+            elif event["event"] == zmq.EVENT_CONNECTED:
+                if self.frontend_connected is False:
+                    log.info("engine %d: reconnected to %s", self.engine_index, address)
+                self.frontend_connected = True
 
     def _drain(self, inp: zmq.Socket) -> bool:
         """Handle every queued input message; returns True if one killed the engine."""
