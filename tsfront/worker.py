@@ -170,7 +170,7 @@ class Attachment:
                     self.engines = [info if e.index == info.index else e for e in self.engines]
                 elif op == "failed":
                     kind = HandshakeTimeout if message.get("kind") == "timeout" else HandshakeError
-                    log.warning("the I/O process reports: %s", message.get("error"))
+                    log.info("the I/O process reports: %s", message.get("error"))
                     self._fail_waiters(kind(message.get("error", "the handshake failed")))
             except Error as exc:
                 self._fail_waiters(exc)
@@ -186,7 +186,7 @@ class Attachment:
     def _lost(self, why: str) -> None:
         if self.closed:
             return
-        log.warning("lost the I/O process (%s); ending %d open streams", why, len(self.streams))
+        log.info("lost the I/O process (%s); ending %d open streams", why, len(self.streams))
         self._fail_waiters(ClientClosed(why))
         for stream in list(self.streams.values()):
             stream._fail(IOProcessDied(f"request {stream.rid!r}: {why}", rid=stream.rid))

@@ -33,6 +33,7 @@ import secrets
 import signal
 import statistics
 import sys
+import threading
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -46,6 +47,20 @@ _CLK_TCK = os.sysconf("SC_CLK_TCK")
 # Rough CPU per row and per frame of each design, only to size K to a target CPU time.
 _EST_ROW_US = {"tsfront": 0.12, "recv": 0.01, "decode": 0.12, "forward": 1.2, "single": 2.5}
 _EST_FRAME_US = 12.0
+
+
+# Set by the driver's SIGINT handler: from then on children get a short grace to exit (one
+# may be waiting for frames that will never come) before they are terminated.
+_interrupted = threading.Event()
+_EXIT_GRACE_S = 10.0
+_INTERRUPTED_GRACE_S = 0.5
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    if _interrupted.is_set():
+        return  # already tearing down: a second Ctrl-C must not cut the teardown short
+    _interrupted.set()
+    raise KeyboardInterrupt
 
 
 # ----------------------------------------------------------------------------- CPU & stats
@@ -315,7 +330,10 @@ class _Child:
             self.conn.send(("exit",))
         except (OSError, BrokenPipeError):
             pass
-        self.proc.join(10)
+        self.proc.join(_INTERRUPTED_GRACE_S if _interrupted.is_set() else _EXIT_GRACE_S)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(1.0)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
@@ -778,8 +796,18 @@ class _Progress:
 def run_suite(p: Params, verbose: bool = False) -> dict:
     """Run every measurement; returns the report (flat headline keys plus details).
 
-    With ``verbose``, one progress line per phase goes to stderr.
+    With ``verbose``, one progress line per phase goes to stderr. SIGINT (Ctrl-C) raises
+    `KeyboardInterrupt` here after every child is stopped; the children ignore it.
     """
+    _interrupted.clear()
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        return _run_suite(p, verbose)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_suite(p: Params, verbose: bool) -> dict:
     t_start = time.monotonic()
     out: dict = {"by_batch": {}, "by_workers": {}}
     w0 = p.workers[0]
