@@ -30,7 +30,7 @@ from tsfront.cli import UsageError, progress
 from tsfront.client import EngineClient
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
-from tsfront.io.process import IOProcess
+from tsfront.io.process import IOProcess, hold_sigint, ignore_sigint
 
 __all__ = ["run"]
 
@@ -118,7 +118,7 @@ def _worker_entry(
     """Main function of a spawned demo worker."""
     from tsfront import _native
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the demo's main process stops us
+    ignore_sigint()  # the demo's main process stops us
     _native.set_parent_death_signal(signal.SIGTERM)
     import uvloop
 
@@ -273,8 +273,13 @@ def run(args: argparse.Namespace) -> int:
                 name=f"tsfront-demo-worker-{w}",
                 daemon=True,
             )
-            proc.start()
-            procs.append(proc)
+            held = hold_sigint()  # the worker ignores Ctrl-C from its first instruction on
+            try:
+                proc.start()
+            finally:
+                if proc.pid is not None:
+                    procs.append(proc)  # started: stopped on the way out, whatever happens
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
         loop = uvloop.new_event_loop()
         client = loop.run_until_complete(_attach_monitor(io.address))
         engines = ", ".join(f"rank {e.rank} = engine {e.index}" for e in client.engines())

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from tsfront import _native
 from tsfront.bench import baselines, replay
 from tsfront.bench.replay import make_rids, stamp_age_ns
+from tsfront.io.process import hold_sigint, ignore_sigint
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -296,21 +297,33 @@ def ingest_us_per_frame(rows: int, steps: int = 500) -> float:
 # ----------------------------------------------------------------------------- sessions
 
 
+def _child_main(target, conn, *args) -> None:
+    """Entry of every bench child: ignore SIGINT (the driver answers it), then run."""
+    ignore_sigint()
+    target(conn, *args)
+
+
 class _Child:
     """A spawned process and the driver's end of its pipe."""
 
     def __init__(self, ctx, target, *args) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=target, args=(child, *args), daemon=True)
+        self.proc = ctx.Process(target=_child_main, args=(target, child, *args), daemon=True)
         # Ctrl-C reaches the whole process group; the driver alone answers it (it tears the
-        # children down). An ignored SIGINT survives exec and Python leaves it ignored, so the
-        # child never raises KeyboardInterrupt, not even while it is still importing.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # children down). SIGINT is held while the child starts: it inherits the block and
+        # ignores SIGINT before unblocking it, so it never raises KeyboardInterrupt, not even
+        # while still importing; here the signal stays pending, raised below.
+        held = hold_sigint()
         try:
             self.proc.start()
         finally:
-            signal.signal(signal.SIGINT, previous)
-        child.close()
+            child.close()
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            except KeyboardInterrupt:
+                if self.proc.pid is not None:
+                    self.close()  # started, but no session holds it yet: stop it here
+                raise
 
     @property
     def pid(self) -> int:

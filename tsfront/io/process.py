@@ -22,6 +22,26 @@ from tsfront.errors import ConfigError, Error
 
 START_TIMEOUT = 30.0
 
+_SIGINT = {signal.SIGINT}
+
+
+def hold_sigint() -> set:
+    """Block SIGINT in this thread while a child is started; returns the mask to restore.
+
+    A child inherits the blocked mask through exec, so a Ctrl-C to the process group cannot
+    interrupt it before it has called `ignore_sigint` (no KeyboardInterrupt traceback from a
+    half-started child); in this process the signal stays pending and is raised when the
+    mask is restored, so no Ctrl-C is lost.
+    """
+    return signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
+
+
+def ignore_sigint() -> None:
+    """In a child started under `hold_sigint`: ignore SIGINT (its parent answers Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also drops a Ctrl-C pending since start
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
+
+
 log = logging.getLogger("tsfront.io.process")
 
 
@@ -54,15 +74,22 @@ class IOProcess:
         if not isinstance(config, ClientConfig):
             raise ConfigError(f"IOProcess.start takes a ClientConfig, got {type(config).__name__}")
         token = f"{os.getpid()}-{secrets.token_hex(6)}"
-        proc = subprocess.Popen(
-            # -P: never put the working directory on sys.path, or a source checkout there
-            # would shadow the installed package (whose native extension is compiled).
-            [sys.executable, "-P", "-m", "tsfront.io.main"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-        )
+        held = hold_sigint()
         try:
+            proc = subprocess.Popen(
+                # -P: never put the working directory on sys.path, or a source checkout there
+                # would shadow the installed package (whose native extension is compiled).
+                [sys.executable, "-P", "-m", "tsfront.io.main"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+            )
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            raise
+        try:
+            # A Ctrl-C that came while SIGINT was held is raised here; the child is reaped.
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             proc.stdin.write(json.dumps({"config": config.to_dict(), "token": token}).encode())
             proc.stdin.write(b"\n")
             proc.stdin.close()
