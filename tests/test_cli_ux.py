@@ -299,3 +299,33 @@ def test_readme_embedded_example_runs_against_tsfront_sim(procs, tmp_path: Path)
     assert len(tokens) == int(budget.group(1))
     assert tokens == [default_token("r1", i) for i in range(len(tokens))]
     assert time.monotonic() - started < 30
+
+
+# ---------------------------------------------------------------------- 13: TSFRONT_LOG
+
+
+def test_tsfront_log_shows_the_loggers_of_every_process(procs) -> None:
+    env = {**ENV, "TSFRONT_LOG": "INFO"}
+    gen = Proc([*TSFRONT, "generate", *LOCAL, "--input-ids", "1,2", "--max-new-tokens", "2"],
+               env=env)  # fmt: skip
+    procs.append(gen)
+    address = gen.wait_line(gen.err, r"handshake bound at (tcp://\S+);").group(1)
+    sim = Proc([*TSFRONT, "sim", "--handshake", address])
+    procs.append(sim)
+    assert gen.finish() == 0, gen.err_lines
+    err = "\n".join(gen.err_lines)
+    assert re.search(r"tsfront-io\[\d+\] tsfront\.io INFO engine 0 registered", err), err
+    assert re.search(r"tsfront\[\d+\] tsfront\.io\.process INFO I/O process \d+ started", err)
+    assert re.search(r"tsfront\.worker INFO attached to the I/O process as worker 0", err)
+    assert re.search(r"tsfront\.io INFO worker 0 detached", err), err
+
+
+def test_a_bad_tsfront_log_is_one_line() -> None:
+    result = subprocess.run(
+        [*TSFRONT, "demo"], capture_output=True, text=True, timeout=30,
+        env={**ENV, "TSFRONT_LOG": "LOUD"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "tsfront: error: TSFRONT_LOG='LOUD': not a logging level; use DEBUG, INFO, WARNING or ERROR"
+    ]

@@ -36,6 +36,8 @@ from tsfront.stream import RequestStream
 
 ATTACH_TIMEOUT = 30.0
 
+# What a worker logs is also raised to its caller (HandshakeTimeout, IOProcessDied, ...), so it
+# logs at INFO: visible when asked for, never a second report of one failure.
 log = logging.getLogger("tsfront.worker")
 
 
