@@ -131,7 +131,7 @@ def test_ctrl_c_during_bench_is_one_line_and_exit_130(procs) -> None:
     os.killpg(bench.proc.pid, signal.SIGINT)
     assert bench.finish() == 130, bench.err_lines
     errors = [line for line in bench.err_lines if not line.startswith("tsfront bench: [")]
-    assert errors == ["tsfront: error: interrupted"], bench.err_lines
+    assert errors == ["tsfront: error: interrupted"], "\n".join(bench.err_lines)
     assert group_empty(bench.proc.pid, 15), "Ctrl-C left bench processes behind"
 
 

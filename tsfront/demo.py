@@ -273,13 +273,13 @@ def run(args: argparse.Namespace) -> int:
                 name=f"tsfront-demo-worker-{w}",
                 daemon=True,
             )
-            held = hold_sigint()  # the worker ignores Ctrl-C from its first instruction on
+            hold = hold_sigint()  # the worker ignores Ctrl-C from its first instruction on
             try:
                 proc.start()
             finally:
                 if proc.pid is not None:
                     procs.append(proc)  # started: stopped on the way out, whatever happens
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+                hold.release()
         loop = uvloop.new_event_loop()
         client = loop.run_until_complete(_attach_monitor(io.address))
         engines = ", ".join(f"rank {e.rank} = engine {e.index}" for e in client.engines())

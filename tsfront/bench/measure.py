@@ -313,13 +313,13 @@ class _Child:
         # children down). SIGINT is held while the child starts: it inherits the block and
         # ignores SIGINT before unblocking it, so it never raises KeyboardInterrupt, not even
         # while still importing; here the signal stays pending, raised below.
-        held = hold_sigint()
+        hold = hold_sigint()
         try:
             self.proc.start()
         finally:
             child.close()
             try:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+                hold.release()
             except KeyboardInterrupt:
                 if self.proc.pid is not None:
                     self.close()  # started, but no session holds it yet: stop it here

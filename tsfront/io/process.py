@@ -15,6 +15,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from tsfront.config import ClientConfig
@@ -25,15 +26,47 @@ START_TIMEOUT = 30.0
 _SIGINT = {signal.SIGINT}
 
 
-def hold_sigint() -> set:
-    """Block SIGINT in this thread while a child is started; returns the mask to restore.
+class SigintHold:
+    """SIGINT held off while a child process is started (`hold_sigint`); `release` ends it.
 
-    A child inherits the blocked mask through exec, so a Ctrl-C to the process group cannot
-    interrupt it before it has called `ignore_sigint` (no KeyboardInterrupt traceback from a
-    half-started child); in this process the signal stays pending and is raised when the
-    mask is restored, so no Ctrl-C is lost.
+    SIGINT is blocked in this thread, and a child inherits the blocked mask through fork and
+    exec, so a Ctrl-C to the process group cannot interrupt the child before it has called
+    `ignore_sigint` (no KeyboardInterrupt traceback from a half-started child). In the main
+    thread the Python handler is also swapped for one that only records the signal, since the
+    kernel may deliver SIGINT to any other thread (numpy's BLAS threads, say) and Python then
+    runs the handler in the main thread whatever its mask. `release` restores both and then
+    answers a Ctrl-C that came meanwhile with the original handler, so none is lost.
     """
-    return signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
+
+    def __init__(self) -> None:
+        self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
+        self._pending = False
+        self._swapped = threading.current_thread() is threading.main_thread()
+        self._handler: object = None
+        if self._swapped:
+            self._handler = signal.signal(signal.SIGINT, self._defer)
+
+    def _defer(self, signum: int, frame: object) -> None:
+        self._pending = True
+
+    def release(self) -> None:
+        """Unblock SIGINT and restore its handler; raise a Ctrl-C that came meanwhile."""
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)  # a pending one: `_defer`
+        if not self._swapped:
+            return  # not the main thread: Python raises it there, not here
+        handler = self._handler if self._handler is not None else signal.SIG_DFL
+        signal.signal(signal.SIGINT, handler)
+        if not self._pending:
+            return
+        if callable(handler):
+            handler(signal.SIGINT, None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def hold_sigint() -> SigintHold:
+    """Hold SIGINT off while starting a child process; call ``release()`` once it started."""
+    return SigintHold()
 
 
 def ignore_sigint() -> None:
@@ -74,7 +107,7 @@ class IOProcess:
         if not isinstance(config, ClientConfig):
             raise ConfigError(f"IOProcess.start takes a ClientConfig, got {type(config).__name__}")
         token = f"{os.getpid()}-{secrets.token_hex(6)}"
-        held = hold_sigint()
+        hold = hold_sigint()
         try:
             proc = subprocess.Popen(
                 # -P: never put the working directory on sys.path, or a source checkout there
@@ -85,11 +118,11 @@ class IOProcess:
                 close_fds=True,
             )
         except BaseException:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            hold.release()
             raise
         try:
             # A Ctrl-C that came while SIGINT was held is raised here; the child is reaped.
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            hold.release()
             proc.stdin.write(json.dumps({"config": config.to_dict(), "token": token}).encode())
             proc.stdin.write(b"\n")
             proc.stdin.close()
