@@ -22,6 +22,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from tsfront.config import ClientConfig, LoadBalance, Routing
@@ -65,7 +66,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(self.prog, message)
 
 
-def endpoint(*, tcp_only: bool = False):
+def endpoint(*, tcp_only: bool = False) -> Callable[[str], str]:
     """An argparse ``type=`` that accepts only what `check_endpoint` accepts (one-line error)."""
 
     def parse(text: str) -> str:

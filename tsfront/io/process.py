@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from tsfront.config import ClientConfig
 from tsfront.errors import ConfigError, Error
@@ -42,7 +43,7 @@ class SigintHold:
         self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
         self._pending = False
         self._swapped = threading.current_thread() is threading.main_thread()
-        self._handler: object = None
+        self._handler: Any = None
         if self._swapped:
             self._handler = signal.signal(signal.SIGINT, self._defer)
 
