@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -54,4 +55,12 @@ def test_bench_quick_json() -> None:
         assert math.isfinite(value), (key, value)
     assert isinstance(report["params"], dict)
     assert report["params"]["batches"] == [256]
+    # stderr carries progress only: a phase counter with its percentage on each line, and no
+    # warning (the suite's own teardown is not an engine death).
+    lines = proc.stderr.splitlines()
+    assert lines, "no progress on stderr"
+    assert all(re.match(r"tsfront bench: \[\d+/\d+ +\d+% +[\d.]+s\] ", line) for line in lines), (
+        lines
+    )
+    assert "WARNING" not in proc.stderr
     print({k: round(report[k], 3) for k in KEYS})

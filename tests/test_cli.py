@@ -320,12 +320,12 @@ def test_io_handshake_timeout_is_an_error(procs) -> None:
         ),
         (
             ["generate", "--handshake", "ipc://x", "--num-engines", "1", "--input-ids", "1"],
-            1,
+            2,
             "over TCP",
         ),
         (
             ["generate", *LOCAL, "--input-ids", "1,zz"],
-            1,
+            2,
             "--input-ids",
         ),
         (
@@ -339,10 +339,10 @@ def test_io_handshake_timeout_is_an_error(procs) -> None:
             "did not register",
         ),
         (["sim", "--handshake", "tcp://127.0.0.1:1", "--num-engines", "0"], 2, "num_engines"),
-        (["demo", "--workers", "0"], 1, "--workers"),
-        (["io", *LOCAL, "--max-workers", "0"], 1, "--max-workers"),
-        (["io", *LOCAL, "--slots-per-worker", "0"], 1, "slots_per_worker"),
-        (["io", *LOCAL, "--handshake-timeout", "0"], 1, "handshake_timeout"),
+        (["demo", "--workers", "0"], 2, "--workers"),
+        (["io", *LOCAL, "--max-workers", "0"], 2, "--max-workers"),
+        (["io", *LOCAL, "--slots-per-worker", "0"], 2, "--slots-per-worker"),
+        (["io", *LOCAL, "--handshake-timeout", "0"], 2, "--handshake-timeout"),
     ],
 )
 def test_errors_are_one_line(args: list[str], code: int, needle: str) -> None:

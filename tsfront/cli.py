@@ -8,19 +8,36 @@ Subcommands:
 * ``tsfront sim`` — run simulated TokenSpeed ranks against a frontend.
 
 Progress goes to stderr, results to stdout. An error is one line on stderr,
-``tsfront: error: ...``, and a non-zero exit (2 for a bad command line, 1 otherwise).
+``tsfront: error: ...``, and a non-zero exit: 2 for a bad command line (an unknown option, a
+malformed address, a value out of range; the line ends with ``see 'tsfront CMD --help'``),
+1 for anything else, 130 when interrupted (Ctrl-C).
+
+``TSFRONT_LOG=LEVEL`` (e.g. ``INFO``, ``DEBUG``) shows the ``tsfront.*`` loggers of this
+process and of the I/O process it starts on stderr; unset, the commands keep them quiet.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from tsfront.config import ClientConfig, LoadBalance, Routing
-from tsfront.errors import Error
+from tsfront.errors import ConfigError, Error
+from tsfront.io.addresses import check_endpoint
 
-__all__ = ["CommandError", "add_engine_arguments", "config_from_args", "main", "progress"]
+__all__ = [
+    "CommandError",
+    "UsageError",
+    "add_engine_arguments",
+    "config_from_args",
+    "endpoint",
+    "main",
+    "progress",
+]
 
 USAGE_EXIT = 2
 ERROR_EXIT = 1
@@ -31,7 +48,12 @@ class CommandError(Error):
     """A subcommand cannot go on (bad input file, ...); reported as one line."""
 
 
-class _UsageError(Exception):
+class UsageError(CommandError):
+    """The command line asks for something impossible (exit 2, with a pointer to ``--help``).
+
+    ``prog`` is the command whose help to read, e.g. ``"tsfront generate"``.
+    """
+
     def __init__(self, prog: str, message: str) -> None:
         self.prog = prog
         super().__init__(message)
@@ -41,7 +63,43 @@ class _Parser(argparse.ArgumentParser):
     """An `ArgumentParser` whose errors become one line instead of usage plus a message."""
 
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(self.prog, message)
+        raise UsageError(self.prog, message)
+
+
+def endpoint(*, tcp_only: bool = False) -> Callable[[str], str]:
+    """An argparse ``type=`` that accepts only what `check_endpoint` accepts (one-line error)."""
+
+    def parse(text: str) -> str:
+        try:
+            return check_endpoint(text, "address", tcp_only=tcp_only)
+        except ConfigError as exc:
+            # argparse prefixes "argument --handshake: "; drop our own "address=...: " prefix.
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[1]) from None
+
+    parse.__name__ = "address"
+    return parse
+
+
+# Options whose value is a list of token ids: "-5,3" must be read as their value, not as an
+# unknown option, so that the refusal says what is wrong with it (token ids are >= 0).
+_ID_OPTIONS = ("--input-ids", "--stop-token-ids")
+
+
+def _join_id_values(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        if arg in _ID_OPTIONS:
+            value = next(it, None)
+            if value is not None and value.startswith("-") and value[1:2].isdigit():
+                out.append(f"{arg}={value}")
+                continue
+            out.append(arg)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(arg)
+    return out
 
 
 def one_line(text: object) -> str:
@@ -64,6 +122,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, handshake_timeout: 
     group.add_argument(
         "--handshake",
         required=True,
+        type=endpoint(tcp_only=True),
         metavar="ADDR",
         help="handshake endpoint to BIND, which the engines dial (TokenSpeed's "
         "--data-parallel-address/--data-parallel-rpc-port), e.g. tcp://127.0.0.1:30500; "
@@ -93,12 +152,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, handshake_timeout: 
     group.add_argument(
         "--input-address",
         default="tcp://127.0.0.1:0",
+        type=endpoint(),
         metavar="ADDR",
         help="endpoint of the input ROUTER the engines connect to; default tcp://127.0.0.1:0",
     )
     group.add_argument(
         "--output-address",
         default="tcp://127.0.0.1:0",
+        type=endpoint(),
         metavar="ADDR",
         help="output PULL endpoint: port 0 = ephemeral per engine, port P = P+rank, "
         "ipc://path = ipc://path.rank; default tcp://127.0.0.1:0",
@@ -112,7 +173,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser, *, handshake_timeout: 
 
 
 def config_from_args(args: argparse.Namespace, **overrides: object) -> ClientConfig:
-    """The `ClientConfig` the engine-group options describe (raises `ConfigError`)."""
+    """The `ClientConfig` the engine-group options describe (raises `UsageError`).
+
+    A value `ClientConfig` refuses is a bad command line: exit 2 with a pointer to ``--help``.
+    """
     values: dict = {
         "handshake_address": args.handshake,
         "input_address": args.input_address,
@@ -123,7 +187,17 @@ def config_from_args(args: argparse.Namespace, **overrides: object) -> ClientCon
         "routing": Routing.aggregated(LoadBalance(args.load_balance)),
     }
     values.update(overrides)
-    return ClientConfig(**values)
+    try:
+        return ClientConfig(**values)
+    except ConfigError as exc:
+        # Name the option the user wrote, not the ClientConfig field behind it.
+        field, sep, rest = str(exc).partition("=")
+        if sep and field in values:
+            option = (
+                "--handshake" if field == "handshake_address" else "--" + field.replace("_", "-")
+            )
+            raise UsageError(f"tsfront {args.command}", f"{option}={rest}") from None
+        raise UsageError(f"tsfront {args.command}", str(exc)) from None
 
 
 # ---------------------------------------------------------------------- parser
@@ -317,7 +391,12 @@ def _run_sim(args: argparse.Namespace) -> int:
     try:
         sim_cli._group_from_args(args)
     except (TypeError, ValueError) as exc:
-        raise _UsageError("tsfront sim", one_line(exc)) from None
+        message = one_line(exc)
+        field, sep, rest = message.partition("=")
+        if sep and field.isidentifier() and field != "handshake_address":
+            # The options are named after the EngineOptions fields (minus the "_s" unit).
+            message = f"--{field.removesuffix('_s').replace('_', '-')}={rest}"
+        raise UsageError("tsfront sim", message) from None
     return sim_cli.cli_main(args.argv)
 
 
@@ -330,16 +409,31 @@ def _resolve(target: str):
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tsfront`` console script; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _join_id_values(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
+    level = os.environ.get("TSFRONT_LOG")
+    if level:
+        try:
+            logging.basicConfig(
+                level=level.upper(),
+                format="tsfront[%(process)d] %(name)s %(levelname)s %(message)s",
+            )
+        except ValueError:
+            _error(f"TSFRONT_LOG={level!r}: not a logging level; use DEBUG, INFO, WARNING or ERROR")
+            return USAGE_EXIT
     try:
         try:
-            args = parser.parse_args(argv)
+            args, extra = parser.parse_known_args(argv)
         except SystemExit as exc:  # --help / --version
             return exc.code if isinstance(exc.code, int) else 0
+        if extra:
+            # Unknown options belong to the subcommand: point at its help, not the top level's.
+            raise UsageError(
+                f"tsfront {args.command}", f"unrecognized arguments: {' '.join(extra)}"
+            )
         args.argv = argv[argv.index(args.command) + 1 :]
         return int(_resolve(args.run)(args) or 0)
-    except _UsageError as exc:
+    except UsageError as exc:
         hint = f" (see '{exc.prog} --help')"
         _error(f"{one_line(exc)}{hint}")
         return USAGE_EXIT

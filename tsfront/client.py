@@ -14,6 +14,7 @@ request's `RequestStream`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from tsfront import region as shm
@@ -34,6 +35,8 @@ from tsfront.stream import RequestStream
 from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
 from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
 from tsfront.worker import Attachment
+
+log = logging.getLogger("tsfront.client")
 
 
 class EngineClient:
@@ -89,6 +92,9 @@ class EngineClient:
         try:
             stream = self._submit(request)
         except Error as exc:
+            log.info(
+                "refused request %r: %s: %s", getattr(request, "rid", None), type(exc).__name__, exc
+            )
             if self._att.recorder is not None:
                 self._att.recorder.refused(exc)
             raise

@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass, field
 
 from tsfront.errors import ConfigError
+from tsfront.io.addresses import MAX_PORT, check_endpoint, split_tcp
 
 
 class LoadBalance(enum.Enum):
@@ -112,17 +113,9 @@ class ClientConfig:
     load_ttl: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in ("handshake_address", "input_address", "output_address"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or "://" not in value:
-                raise ConfigError(
-                    f"{name}={value!r} is not a ZMQ endpoint; use e.g. 'tcp://127.0.0.1:0'"
-                )
-        if not self.handshake_address.startswith("tcp://"):
-            raise ConfigError(
-                f"handshake_address={self.handshake_address!r}: TokenSpeed engines dial the "
-                "handshake over TCP; use 'tcp://HOST:PORT'"
-            )
+        check_endpoint(self.handshake_address, "handshake_address", tcp_only=True)
+        check_endpoint(self.input_address, "input_address")
+        check_endpoint(self.output_address, "output_address")
         if not 1 <= self.num_engines <= 4096:
             raise ConfigError(f"num_engines={self.num_engines}: must be between 1 and 4096")
         if not 0 <= self.first_engine_index <= 0xFFFF - self.num_engines + 1:
@@ -130,6 +123,13 @@ class ClientConfig:
                 f"first_engine_index={self.first_engine_index}: identities are u16, so "
                 f"first_engine_index + num_engines - 1 must be <= 65535"
             )
+        if self.output_address.startswith("tcp://"):
+            port = split_tcp(self.output_address)[1]
+            if port.isdigit() and int(port) and int(port) + self.num_engines - 1 > MAX_PORT:
+                raise ConfigError(
+                    f"output_address={self.output_address!r}: engine i gets port {port}+i, and "
+                    f"{port}+{self.num_engines - 1} is above {MAX_PORT}; pick a lower port or 0"
+                )
         if not isinstance(self.routing, Routing):
             raise ConfigError(
                 f"routing={self.routing!r}: use Routing.aggregated(LoadBalance.LEAST_IN_FLIGHT)"

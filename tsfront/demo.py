@@ -26,11 +26,11 @@ import sys
 import time
 from typing import Any
 
-from tsfront.cli import CommandError, progress
+from tsfront.cli import UsageError, progress
 from tsfront.client import EngineClient
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
-from tsfront.io.process import IOProcess
+from tsfront.io.process import IOProcess, hold_sigint, ignore_sigint
 
 __all__ = ["run"]
 
@@ -118,7 +118,7 @@ def _worker_entry(
     """Main function of a spawned demo worker."""
     from tsfront import _native
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the demo's main process stops us
+    ignore_sigint()  # the demo's main process stops us
     _native.set_parent_death_signal(signal.SIGTERM)
     import uvloop
 
@@ -143,9 +143,9 @@ def _check(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if not low <= value <= high:
             flag = "--" + name.replace("_", "-")
-            raise CommandError(f"{flag}={value}: must be between {low} and {high}")
+            raise UsageError("tsfront demo", f"{flag}={value}: must be between {low} and {high}")
     if not args.step_ms > 0:
-        raise CommandError(f"--step-ms={args.step_ms}: must be positive")
+        raise UsageError("tsfront demo", f"--step-ms={args.step_ms}: must be positive")
 
 
 def _collect(results, procs, want: str, count: int, timeout: float) -> dict[int, Any]:
@@ -188,12 +188,20 @@ def _summary(results: dict[int, dict], client: EngineClient, args) -> list[str]:
         f"{tokens / elapsed:.0f} tokens/s"
     ]
     for load in client.load():
+        # in_flight and requests_total are tsfront's own exact counts; running, waiting and kv
+        # pages are what the engine said with its last output, so label them and their age.
+        if load.age is None:
+            report = "engine's last load report: none yet"
+        else:
+            report = (
+                f"engine's last load report ({load.age:.2f}s old): running {load.num_running}, "
+                f"waiting {load.num_waiting}, kv pages {load.kv_active_pages}/"
+                f"{load.kv_total_pages}"
+            )
         lines.append(
             f"  rank {load.rank} (engine {load.index}): {per_engine.get(load.index, 0)} "
-            f"requests | load: {load.state}, in_flight {load.in_flight}, running "
-            f"{load.num_running}, waiting {load.num_waiting}, kv pages "
-            f"{load.kv_active_pages}/{load.kv_total_pages}, requests_total {load.requests_total}"
-            + ("" if load.age is None else f" (load tail {load.age:.2f}s old)")
+            f"requests | now: {load.state}, in_flight {load.in_flight}, requests_total "
+            f"{load.requests_total} | {report}"
         )
     for worker in sorted(results):
         r = results[worker]
@@ -265,8 +273,13 @@ def run(args: argparse.Namespace) -> int:
                 name=f"tsfront-demo-worker-{w}",
                 daemon=True,
             )
-            proc.start()
-            procs.append(proc)
+            hold = hold_sigint()  # the worker ignores Ctrl-C from its first instruction on
+            try:
+                proc.start()
+            finally:
+                if proc.pid is not None:
+                    procs.append(proc)  # started: stopped on the way out, whatever happens
+                hold.release()
         loop = uvloop.new_event_loop()
         client = loop.run_until_complete(_attach_monitor(io.address))
         engines = ", ".join(f"rank {e.rank} = engine {e.index}" for e in client.engines())

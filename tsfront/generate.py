@@ -1,6 +1,9 @@
 """``tsfront generate``: be the frontend of an engine group and run requests from the shell.
 
-Binds the handshake (the engines dial it), waits for every engine to register, then runs one
+Everything on the command line and in the requests file is checked before the handshake is
+bound (`tsfront.wire.validate_request` without engine limits: stop strings, token ids out of
+int32, sampling values), so a bad request never waits out the handshake timeout. Then it binds
+the handshake (the engines dial it), waits for every engine to register, and runs one
 request (``--input-ids``) or a JSON-lines file of them (``--requests``) with at most
 ``--concurrency`` in flight, printing each chunk as it arrives: ``RID: ids...`` lines, or one
 JSON object per chunk with ``--json``. Progress and a summary go to stderr.
@@ -17,27 +20,44 @@ import sys
 import time
 from typing import Any
 
-from tsfront.cli import CommandError, config_from_args, one_line, progress
+from tsfront.cli import CommandError, UsageError, config_from_args, one_line, progress
 from tsfront.client import ClientListener, EngineClient
-from tsfront.errors import Error
-from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
+from tsfront.errors import Error, InvalidRequest
+from tsfront.wire import SamplingParams, TokenizedGenerateReqInput, validate_request
 
 __all__ = ["parse_ids", "parse_requests", "run"]
 
 _PROGRESS_S = 2.0
 _SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
 _REQUEST_KEYS = frozenset({"rid", "input_ids", "data_parallel_rank", "sampling_params"})
+_PROG = "tsfront generate"
 
 
 def parse_ids(text: str, what: str) -> list[int]:
-    """``"1,2, 3"`` → ``[1, 2, 3]``; raises `CommandError` naming ``what``."""
+    """``"1,2, 3"`` → ``[1, 2, 3]``; raises `UsageError` naming the option ``what``."""
     try:
         ids = [int(part) for part in text.replace(" ", ",").split(",") if part.strip()]
     except ValueError:
-        raise CommandError(f"{what}={text!r}: expected comma-separated integers") from None
+        raise UsageError(_PROG, f"{what}={text!r}: expected comma-separated integers") from None
     if any(i < 0 for i in ids):
-        raise CommandError(f"{what}={text!r}: token ids are non-negative")
+        raise UsageError(_PROG, f"{what}={text!r}: token ids are integers >= 0")
     return ids
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """Refuse out-of-range options (exit 2) before anything is bound."""
+    if args.concurrency < 1:
+        raise UsageError(_PROG, f"--concurrency={args.concurrency}: must be at least 1")
+    if args.max_new_tokens < 1:
+        raise UsageError(
+            _PROG,
+            f"--max-new-tokens={args.max_new_tokens}: must be at least 1 (an engine asked "
+            "for 0 still samples one token)",
+        )
+    if args.rank is not None and not 0 <= args.rank < args.num_engines:
+        raise UsageError(
+            _PROG, f"--rank={args.rank}: ranks are 0..{args.num_engines - 1} (--num-engines)"
+        )
 
 
 def _defaults(args: argparse.Namespace) -> dict[str, Any]:
@@ -50,10 +70,25 @@ def _defaults(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _build(
-    obj: dict, index: int, prefix: str, sampling: dict, rank: int | None, where: str
+    obj: dict,
+    index: int,
+    prefix: str,
+    sampling: dict,
+    rank: int | None,
+    where: str,
+    num_engines: int | None = None,
 ) -> TokenizedGenerateReqInput:
+    """One request from ``obj``, checked as far as it can be without the engines.
+
+    Raises `CommandError` (a file line) or `UsageError` (``where`` is an option) naming
+    ``where``.
+    """
+
+    def refuse(message: str) -> CommandError:
+        return UsageError(_PROG, message) if where.startswith("--") else CommandError(message)
+
     if not isinstance(obj, dict):
-        raise CommandError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        raise refuse(f"{where}: expected a JSON object, got {type(obj).__name__}")
     unknown = set(obj) - _REQUEST_KEYS - _SAMPLING_FIELDS
     if unknown:
         raise CommandError(
@@ -66,35 +101,53 @@ def _build(
         or not ids
         or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
     ):
-        raise CommandError(f"{where}: 'input_ids' must be a non-empty list of token ids")
+        raise refuse(f"{where}: 'input_ids' must be a non-empty list of token ids")
     params = dict(sampling)
     nested = obj.get("sampling_params") or {}
     if not isinstance(nested, dict) or set(nested) - _SAMPLING_FIELDS:
-        raise CommandError(f"{where}: 'sampling_params' must be an object of SamplingParams fields")
+        raise refuse(f"{where}: 'sampling_params' must be an object of SamplingParams fields")
     params.update(nested)
     params.update({k: v for k, v in obj.items() if k in _SAMPLING_FIELDS})
     try:
         sp = SamplingParams(**params)
     except TypeError as exc:
-        raise CommandError(f"{where}: {exc}") from None
+        raise refuse(f"{where}: {exc}") from None
     rid = obj.get("rid", f"{prefix}-{index}")
     if not isinstance(rid, str) or not rid:
-        raise CommandError(f"{where}: 'rid' must be a non-empty string")
+        raise refuse(f"{where}: 'rid' must be a non-empty string")
     pin = obj.get("data_parallel_rank", rank)
-    return TokenizedGenerateReqInput(
+    if pin is not None and (
+        not isinstance(pin, int) or (num_engines is not None and not 0 <= pin < num_engines)
+    ):
+        ranks = "an int" if num_engines is None else f"0..{num_engines - 1}"
+        raise refuse(f"{where}: data_parallel_rank={pin!r}: ranks are {ranks}")
+    request = TokenizedGenerateReqInput(
         rid=rid, input_ids=ids, sampling_params=sp, stream=True, data_parallel_rank=pin
     )
+    if isinstance(sp.max_new_tokens, int) and sp.max_new_tokens < 1:
+        raise refuse(
+            f"{where}: max_new_tokens={sp.max_new_tokens}: must be at least 1 (an engine "
+            "asked for 0 still samples one token)"
+        )
+    try:
+        # The engine-independent rules (stop strings, int32 ids, sampling ranges) now, so a
+        # bad request is refused before the handshake is bound, not after the engines came.
+        validate_request(request)
+    except InvalidRequest as exc:
+        raise refuse(f"{where}: {exc}") from None
+    return request
 
 
 def parse_requests(args: argparse.Namespace) -> list[TokenizedGenerateReqInput]:
     """The requests the command line asks for (raises `CommandError` / `OSError`)."""
     prefix = f"gen-{secrets.token_hex(4)}"
     sampling = _defaults(args)
+    engines = args.num_engines
     if args.input_ids is not None:
         ids = parse_ids(args.input_ids, "--input-ids")
         if not ids:
-            raise CommandError("--input-ids is empty; give at least one token id")
-        return [_build({"input_ids": ids}, 0, prefix, sampling, args.rank, "--input-ids")]
+            raise UsageError(_PROG, "--input-ids is empty; give at least one token id")
+        return [_build({"input_ids": ids}, 0, prefix, sampling, args.rank, "--input-ids", engines)]
     if args.requests == "-":
         lines = sys.stdin.read().splitlines()
         name = "<stdin>"
@@ -112,7 +165,7 @@ def parse_requests(args: argparse.Namespace) -> list[TokenizedGenerateReqInput]:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise CommandError(f"{where}: not JSON ({exc.msg})") from None
-        request = _build(obj, len(out), prefix, sampling, args.rank, where)
+        request = _build(obj, len(out), prefix, sampling, args.rank, where, engines)
         if request.rid in rids:
             raise CommandError(f"{where}: rid {request.rid!r} appears twice")
         rids.add(request.rid)
@@ -220,8 +273,7 @@ async def _wait_engines(listener: ClientListener, run: _Run, n: int, timeout: fl
 
 
 async def _main(args: argparse.Namespace) -> int:
-    if args.concurrency < 1:
-        raise CommandError(f"--concurrency={args.concurrency}: must be at least 1")
+    _check_options(args)
     requests = parse_requests(args)
     config = config_from_args(args)
     run = _Run(args, len(requests))

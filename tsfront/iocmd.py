@@ -16,7 +16,7 @@ import json
 import signal
 import sys
 
-from tsfront.cli import CommandError, config_from_args, progress
+from tsfront.cli import UsageError, config_from_args, progress
 from tsfront.client import EngineClient
 from tsfront.errors import Error
 from tsfront.io.process import IOProcess
@@ -58,9 +58,11 @@ async def _monitor(io: IOProcess, metrics_port: int | None = None) -> None:
 
 async def _main(args: argparse.Namespace) -> int:
     if args.metrics_port is not None and args.no_monitor:
-        raise CommandError("--metrics-port serves from the monitor's attachment: drop --no-monitor")
+        raise UsageError(
+            "tsfront io", "--metrics-port serves from the monitor's attachment: drop --no-monitor"
+        )
     if args.max_workers < 1:
-        raise CommandError(f"--max-workers={args.max_workers}: must be at least 1")
+        raise UsageError("tsfront io", f"--max-workers={args.max_workers}: must be at least 1")
     config = config_from_args(
         args,
         max_workers=args.max_workers + (0 if args.no_monitor else 1),

@@ -10,11 +10,14 @@ engine and frees its slot.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from tsfront import region
 from tsfront.errors import EngineDied, IOProcessDied, SendTimeout, StreamError, StreamRejected
 from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
+
+log = logging.getLogger("tsfront.stream")
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -213,6 +216,7 @@ class RequestStream:
             return
         self._done = True
         self._error = error
+        log.info("stream %r ended: %s: %s", self.rid, type(error).__name__, error)
         self._attachment._release(self)
         self._wake()
 

@@ -11,6 +11,7 @@ stream, and parks again. Nothing here blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import time
@@ -48,6 +49,10 @@ ATTACH_TIMEOUT = 30.0
 # Past this many, the oldest are forgotten; the I/O process's per-engine memory still
 # catches a reuse of those.
 ABORTED_RIDS_REMEMBERED = 1 << 16
+
+# What a worker logs is also raised to its caller (HandshakeTimeout, IOProcessDied, ...), so it
+# logs at INFO: visible when asked for, never a second report of one failure.
+log = logging.getLogger("tsfront.worker")
 
 
 class Attachment:
@@ -162,6 +167,7 @@ class Attachment:
         self.dealer = dealer
         self.loop.add_reader(self.eventfd, self._on_wake)
         self._drain()
+        log.info("attached to the I/O process as worker %d (pid %d)", self.worker, os.getpid())
 
     def _on_control(self) -> None:
         try:
@@ -177,13 +183,16 @@ class Attachment:
                     self._attached.set_result(None)
                 elif op == "engines":
                     self.engines = [EngineInfo.from_message(m) for m in message["engines"]]
+                    log.info("every engine registered: %s", [e.index for e in self.engines])
                     if not self._engines_ready.done():
                         self._engines_ready.set_result(None)
                 elif op == "engine":
                     info = EngineInfo.from_message(message["engine"])
+                    log.info("engine %d (rank %d) registered again", info.index, info.rank)
                     self.engines = [info if e.index == info.index else e for e in self.engines]
                 elif op == "failed":
                     kind = HandshakeTimeout if message.get("kind") == "timeout" else HandshakeError
+                    log.info("the I/O process reports: %s", message.get("error"))
                     self._fail_waiters(kind(message.get("error", "the handshake failed")))
             except Error as exc:
                 self._fail_waiters(exc)
@@ -199,6 +208,7 @@ class Attachment:
     def _lost(self, why: str) -> None:
         if self.closed:
             return
+        log.info("lost the I/O process (%s); ending %d open streams", why, len(self.streams))
         self._fail_waiters(ClientClosed(why))
         for stream in list(self.streams.values()):
             stream._fail(IOProcessDied(f"request {stream.rid!r}: {why}", rid=stream.rid))
@@ -329,6 +339,11 @@ class Attachment:
         if self.closed:
             return
         self.closed = True
+        log.info(
+            "detaching worker %s from the I/O process (%d open streams aborted)",
+            getattr(self, "worker", None),
+            len(self.streams),
+        )
         for stream in list(self.streams.values()):
             self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
             stream._fail(

@@ -1,4 +1,8 @@
-"""The ``tsfront bench`` command: ``add_arguments(parser)`` and ``run(args) -> int``."""
+"""The ``tsfront bench`` command: ``add_arguments(parser)`` and ``run(args) -> int``.
+
+Progress (one line per phase, with its share of the run and the time so far) goes to stderr,
+the report to stdout (a summary, or one JSON object with ``--json``).
+"""
 
 from __future__ import annotations
 
@@ -17,7 +21,10 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the bench options to ``parser`` (a subcommand's parser)."""
-    parser.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object on stdout, nothing else"
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     parser.add_argument("--quick", action="store_true", help="B=256, W=1 only; under a minute")
     parser.add_argument("--batches", type=_ints, help="requests per engine step, e.g. 64,256,1024")
     parser.add_argument("--workers", type=_ints, help="worker counts, e.g. 1,2,4 (first: default)")
@@ -65,7 +72,7 @@ def _clean(x):
 def run(args: argparse.Namespace) -> int:
     """Run the suite; print the report (JSON with ``--json``, else a summary)."""
     p = params_from(args)
-    report = run_suite(p, verbose=not args.json)
+    report = run_suite(p, verbose=not getattr(args, "quiet", False))
     report["params"] = dataclasses.asdict(p)
     report = _clean(report)
     if args.out:

@@ -30,7 +30,10 @@ import mmap
 import multiprocessing
 import os
 import secrets
+import signal
 import statistics
+import sys
+import threading
 import time
 import tracemalloc
 from dataclasses import dataclass
@@ -38,12 +41,27 @@ from dataclasses import dataclass
 from tsfront import _native
 from tsfront.bench import baselines, replay
 from tsfront.bench.replay import make_rids, stamp_age_ns
+from tsfront.io.process import hold_sigint, ignore_sigint
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Rough CPU per row and per frame of each design, only to size K to a target CPU time.
 _EST_ROW_US = {"tsfront": 0.12, "recv": 0.01, "decode": 0.12, "forward": 1.2, "single": 2.5}
 _EST_FRAME_US = 12.0
+
+
+# Set by the driver's SIGINT handler: from then on children get a short grace to exit (one
+# may be waiting for frames that will never come) before they are terminated.
+_interrupted = threading.Event()
+_EXIT_GRACE_S = 10.0
+_INTERRUPTED_GRACE_S = 0.5
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    if _interrupted.is_set():
+        return  # already tearing down: a second Ctrl-C must not cut the teardown short
+    _interrupted.set()
+    raise KeyboardInterrupt
 
 
 # ----------------------------------------------------------------------------- CPU & stats
@@ -386,14 +404,33 @@ def ingest_us_per_frame(rows: int, steps: int = 500) -> float:
 # ----------------------------------------------------------------------------- sessions
 
 
+def _child_main(target, conn, *args) -> None:
+    """Entry of every bench child: ignore SIGINT (the driver answers it), then run."""
+    ignore_sigint()
+    target(conn, *args)
+
+
 class _Child:
     """A spawned process and the driver's end of its pipe."""
 
     def __init__(self, ctx, target, *args) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=target, args=(child, *args), daemon=True)
-        self.proc.start()
-        child.close()
+        self.proc = ctx.Process(target=_child_main, args=(target, child, *args), daemon=True)
+        # Ctrl-C reaches the whole process group; the driver alone answers it (it tears the
+        # children down). SIGINT is held while the child starts: it inherits the block and
+        # ignores SIGINT before unblocking it, so it never raises KeyboardInterrupt, not even
+        # while still importing; here the signal stays pending, raised below.
+        hold = hold_sigint()
+        try:
+            self.proc.start()
+        finally:
+            child.close()
+            try:
+                hold.release()
+            except KeyboardInterrupt:
+                if self.proc.pid is not None:
+                    self.close()  # started, but no session holds it yet: stop it here
+                raise
 
     @property
     def pid(self) -> int:
@@ -413,7 +450,10 @@ class _Child:
             self.conn.send(("exit",))
         except (OSError, BrokenPipeError):
             pass
-        self.proc.join(10)
+        self.proc.join(_INTERRUPTED_GRACE_S if _interrupted.is_set() else _EXIT_GRACE_S)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join(1.0)
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join()
@@ -495,10 +535,16 @@ class Session:
         return self.io.pid
 
     def close(self) -> None:
-        """Stop every worker, replay engine and the I/O process."""
-        for c in self.workers + self.engines:
+        """Stop every worker, then the I/O process, then the replay engines.
+
+        The I/O process goes before the engines: an engine leaving a live I/O process is an
+        engine death (logged as a warning), which our own teardown is not.
+        """
+        for c in self.workers:
             c.close()
         self.io.stop()
+        for c in self.engines:
+            c.close()
 
     # -- rounds ---------------------------------------------------------------------------
 
@@ -852,18 +898,51 @@ def _baseline_figures(r: dict) -> dict:
     }
 
 
-def _log(verbose: bool, msg: str) -> None:
-    if verbose:
-        print(f"[tsfront bench] {msg}", flush=True)
+class _Progress:
+    """Progress lines on stderr: phase k of n, percent done, time so far."""
+
+    def __init__(self, p: Params, verbose: bool) -> None:
+        self.verbose = verbose
+        # A session's bursts and four baselines; the primary batch adds paced, two latency
+        # phases and idle; each extra worker count is one session; then the heap session.
+        self.total = 5 * len(p.batches) + 4 * (p.primary_batch in p.batches)
+        self.total += len(p.workers[1:]) + 1
+        self.done = 0
+        self.start = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        if not self.verbose:
+            return
+        percent = 100 * self.done // self.total
+        self.done += 1
+        elapsed = time.monotonic() - self.start
+        sys.stderr.write(
+            f"tsfront bench: [{self.done}/{self.total} {percent:3d}% {elapsed:5.1f}s] {message}\n"
+        )
+        sys.stderr.flush()
 
 
 def run_suite(p: Params, verbose: bool = False) -> dict:
-    """Run every measurement; returns the report (flat headline keys plus details)."""
+    """Run every measurement; returns the report (flat headline keys plus details).
+
+    With ``verbose``, one progress line per phase goes to stderr. SIGINT (Ctrl-C) raises
+    `KeyboardInterrupt` here after every child is stopped; the children ignore it.
+    """
+    _interrupted.clear()
+    previous = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        return _run_suite(p, verbose)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_suite(p: Params, verbose: bool) -> dict:
     t_start = time.monotonic()
     out: dict = {"by_batch": {}, "by_workers": {}}
     w0 = p.workers[0]
+    _log = _Progress(p, verbose)
     for rows in p.batches:
-        _log(verbose, f"session B={rows} W={w0} R={p.ranks}")
+        _log(f"session B={rows} W={w0} R={p.ranks}: bursts")
         streams = rows * p.ranks
         s = Session(
             rows,
@@ -879,7 +958,7 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
             rnd = s.new_round()
             for mode in ("recv", "decode", "forward", "single"):
                 kb = steps_for(mode, rows, p.target_cpu_s)
-                _log(verbose, f"  baseline {mode} K={kb}")
+                _log(f"  baseline {mode} K={kb}")
                 entry[mode] = _baseline_figures(s.baseline(mode, rnd, kb))
             entry["reader_poll_ns_per_token"] = reader_poll_ns_per_token(rows)
             entry["recording"] = deliver_ns_per_token(rows, p.recording_steps)
@@ -888,7 +967,11 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
             )
             entry["ingest_only_us_per_frame"] = ingest_us_per_frame(rows)
             if rows == p.primary_batch:
-                _log(verbose, "  paced")
+                seconds = p.paced_steps * p.paced_interval_s * 3
+                _log(
+                    f"  paced: 3 runs of {p.paced_steps} steps, one per "
+                    f"{p.paced_interval_s * 1e3:g} ms (~{seconds:.0f}s)"
+                )
                 rnd = s.new_round()
                 s.submit(rnd, stamped=True)
                 paced = s.run(rnd, p.paced_steps, interval=p.paced_interval_s)
@@ -902,7 +985,8 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
                     entry[f"{mode}_paced"] = _baseline_figures(r)
                 lat_rows = p.latency_batch
                 for mode in ("parked", "busy"):
-                    _log(verbose, f"  latency {mode}")
+                    seconds = p.latency_steps * p.latency_interval_s
+                    _log(f"  latency {mode}: {p.latency_steps} steps (~{seconds:.1f}s)")
                     rnd = s.new_round(rows=lat_rows, ranks=1)
                     s.submit(rnd, stamped=True, workers=1)
                     if mode == "busy":
@@ -920,14 +1004,14 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
                 hop = s.baseline("recv_lat", rnd, p.latency_steps, interval=p.latency_interval_s)
                 entry["zmq_hop"] = summarize_latency(hop["latency_ns"])
                 entry["zmq_hop"]["us_per_step"] = hop["cpu_s"] * 1e6 / hop["steps"]
-                _log(verbose, "  idle")
+                _log("  idle (1s)")
                 entry["idle"] = s.idle(1.0)
             out["by_batch"][rows] = entry
         finally:
             s.close()
     for nw in p.workers[1:]:
         rows = p.primary_batch
-        _log(verbose, f"session B={rows} W={nw} R={p.ranks}")
+        _log(f"session B={rows} W={nw} R={p.ranks}")
         streams = rows * p.ranks
         s = Session(
             rows,
@@ -948,7 +1032,7 @@ def run_suite(p: Params, verbose: bool = False) -> dict:
     if p.primary_batch in p.batches and w0 not in out["by_workers"]:
         e = out["by_batch"][p.primary_batch]
         out["by_workers"][w0] = {"tsfront": e["tsfront"], "forward": e["forward"]}
-    _log(verbose, "heap session")
+    _log(f"heap session: {p.heap_streams} streams")
     out["heap"] = heap_session(p.heap_streams, p.submit_paced, p.uvloop)
     out["shm"] = shm_bytes_per_stream()
     out["elapsed_s"] = time.monotonic() - t_start

@@ -390,6 +390,8 @@ class IOLoop:
                 break
             worker = self.by_submit_identity.get(frames[0].bytes)
             if worker is None or len(frames) < 3:
+                if self._late_abort(frames):
+                    continue
                 self.warn("bad-submit", "dropped a submission from an unknown or stale worker")
                 continue
             try:
@@ -404,6 +406,20 @@ class IOLoop:
                     )
             except Exception as exc:
                 self._handler_failed(f"worker {worker.worker}: submission", exc)
+
+    def _late_abort(self, frames: list) -> bool:
+        # A worker closing its client sends its last aborts on the submit socket and then
+        # closes its control socket; the detach can win the race. Its requests ended at the
+        # detach, so this is our own teardown, not a problem worth a warning.
+        identity = frames[0].bytes
+        if len(frames) != 3 or frames[1].bytes != SUBMIT_ABORT:
+            return False
+        if len(identity) != WORKER_IDENTITY.size:
+            return False
+        if not 0 < WORKER_IDENTITY.unpack(identity)[1] <= self.serial:
+            return False
+        log.debug("dropped the last aborts of a detached worker")
+        return True
 
     def _add(self, worker: WorkerConn, header: bytes, payload: zmq.Frame) -> None:
         if len(header) < SUBMIT_HEADER.size:
@@ -432,8 +448,16 @@ class IOLoop:
         else:
             engine = self.router.choose(self.engines)
         if not self.writer.bind(rid, slot, ticket, bool(with_lp), FIN_DUPLICATE):
+            log.info(
+                "refused request %r: its rid is in flight already", rid.decode("utf-8", "replace")
+            )
             return  # the rid is in flight already; the slot now says so
         if engine is None:
+            log.info(
+                "refused request %r: no live engine%s",
+                rid.decode("utf-8", "replace"),
+                f" at rank {pin}" if pin >= 0 else "",
+            )
             self.writer.finish(slot, FIN_NO_ENGINE, -1)
             return
         if engine.aborted and engine.aborted.age(rid, time.monotonic()) is not None:
@@ -482,6 +506,9 @@ class IOLoop:
                 engine.backlog.popleft()
                 self.records.pop(pending.slot, None)
                 engine.in_flight -= 1
+                self.warn(
+                    "send-timeout", "engine %d took no request within send_timeout", engine.index
+                )
                 self.writer.finish(pending.slot, FIN_SEND_TIMEOUT, engine.index)
                 continue
             try:
@@ -711,8 +738,13 @@ class IOLoop:
             f"{self.config.handshake_timeout}s; check that each engine dials "
             f"{self.addresses.get('handshake_address')} with --zmq-engine-index "
             f"{self.config.first_engine_index} and --data-parallel-size {self.config.num_engines}"
+            "; engines handshake once per start: if they registered with an earlier frontend, "
+            "restart them, or keep a long-lived `tsfront io` and attach to it"
         )
-        log.error("handshake failed: %s", self.failure)
+        # Attached workers receive the failure and raise it (HandshakeTimeout), so the user sees
+        # it there; logging it as an error too would report one failure twice.
+        attached = any(conn.worker is not None for conn in self.workers.values())
+        log.log(logging.INFO if attached else logging.ERROR, "handshake failed: %s", self.failure)
         self._broadcast({"op": "failed", "kind": "timeout", "error": self.failure})
 
     # ------------------------------------------------------------------ workers

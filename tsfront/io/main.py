@@ -15,6 +15,7 @@ import sys
 from tsfront import _native
 from tsfront.config import ClientConfig
 from tsfront.io.loop import IOLoop, Stop
+from tsfront.io.process import ignore_sigint
 
 
 class _Terminate(BaseException):
@@ -31,12 +32,14 @@ def main() -> int:
     parent = os.getppid()
     _native.set_parent_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches it
+    ignore_sigint()  # the parent decides; Ctrl-C reaches it
     if os.getppid() != parent:
         return 0  # the parent died before the death signal was armed
+    level = os.environ.get("TSFRONT_LOG", "WARNING").upper()
+    if not isinstance(logging.getLevelName(level), int):
+        level = "WARNING"  # a typo in the variable must not keep the I/O process from starting
     logging.basicConfig(
-        level=os.environ.get("TSFRONT_LOG", "WARNING").upper(),
-        format="tsfront-io[%(process)d] %(levelname)s %(message)s",
+        level=level, format="tsfront-io[%(process)d] %(name)s %(levelname)s %(message)s"
     )
     request = json.loads(sys.stdin.readline())
     loop = None

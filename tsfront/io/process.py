@@ -8,18 +8,75 @@ that started it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
+from typing import Any
 
 from tsfront.config import ClientConfig
 from tsfront.errors import ConfigError, Error
 
 START_TIMEOUT = 30.0
+
+_SIGINT = {signal.SIGINT}
+
+
+class SigintHold:
+    """SIGINT held off while a child process is started (`hold_sigint`); `release` ends it.
+
+    SIGINT is blocked in this thread, and a child inherits the blocked mask through fork and
+    exec, so a Ctrl-C to the process group cannot interrupt the child before it has called
+    `ignore_sigint` (no KeyboardInterrupt traceback from a half-started child). In the main
+    thread the Python handler is also swapped for one that only records the signal, since the
+    kernel may deliver SIGINT to any other thread (numpy's BLAS threads, say) and Python then
+    runs the handler in the main thread whatever its mask. `release` restores both and then
+    answers a Ctrl-C that came meanwhile with the original handler, so none is lost.
+    """
+
+    def __init__(self) -> None:
+        self._mask = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)
+        self._pending = False
+        self._swapped = threading.current_thread() is threading.main_thread()
+        self._handler: Any = None
+        if self._swapped:
+            self._handler = signal.signal(signal.SIGINT, self._defer)
+
+    def _defer(self, signum: int, frame: object) -> None:
+        self._pending = True
+
+    def release(self) -> None:
+        """Unblock SIGINT and restore its handler; raise a Ctrl-C that came meanwhile."""
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._mask)  # a pending one: `_defer`
+        if not self._swapped:
+            return  # not the main thread: Python raises it there, not here
+        handler = self._handler if self._handler is not None else signal.SIG_DFL
+        signal.signal(signal.SIGINT, handler)
+        if not self._pending:
+            return
+        if callable(handler):
+            handler(signal.SIGINT, None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def hold_sigint() -> SigintHold:
+    """Hold SIGINT off while starting a child process; call ``release()`` once it started."""
+    return SigintHold()
+
+
+def ignore_sigint() -> None:
+    """In a child started under `hold_sigint`: ignore SIGINT (its parent answers Ctrl-C)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also drops a Ctrl-C pending since start
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGINT)
+
+
+log = logging.getLogger("tsfront.io.process")
 
 
 class IOProcess:
@@ -51,15 +108,22 @@ class IOProcess:
         if not isinstance(config, ClientConfig):
             raise ConfigError(f"IOProcess.start takes a ClientConfig, got {type(config).__name__}")
         token = f"{os.getpid()}-{secrets.token_hex(6)}"
-        proc = subprocess.Popen(
-            # -P: never put the working directory on sys.path, or a source checkout there
-            # would shadow the installed package (whose native extension is compiled).
-            [sys.executable, "-P", "-m", "tsfront.io.main"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-        )
+        hold = hold_sigint()
         try:
+            proc = subprocess.Popen(
+                # -P: never put the working directory on sys.path, or a source checkout there
+                # would shadow the installed package (whose native extension is compiled).
+                [sys.executable, "-P", "-m", "tsfront.io.main"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                close_fds=True,
+            )
+        except BaseException:
+            hold.release()
+            raise
+        try:
+            # A Ctrl-C that came while SIGINT was held is raised here; the child is reaped.
+            hold.release()
             proc.stdin.write(json.dumps({"config": config.to_dict(), "token": token}).encode())
             proc.stdin.write(b"\n")
             proc.stdin.close()
@@ -75,6 +139,12 @@ class IOProcess:
                 pass
             _reap(proc)
             raise ConfigError(f"I/O process could not start: {info['error']}")
+        log.info(
+            "I/O process %d started: engines dial %s, workers attach at %s",
+            proc.pid,
+            info["handshake_address"],
+            info["address"],
+        )
         return cls(proc, info)
 
     def alive(self) -> bool:
@@ -83,6 +153,8 @@ class IOProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the process (SIGTERM, then SIGKILL after ``timeout``); idempotent."""
+        if self._proc.returncode is None:
+            log.info("stopping I/O process %d", self.pid)
         _reap(self._proc, timeout)
 
     def __enter__(self) -> IOProcess:

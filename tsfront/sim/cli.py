@@ -15,6 +15,7 @@ import signal
 import threading
 from typing import Any
 
+from tsfront.cli import endpoint
 from tsfront.sim.group import SimGroup
 
 __all__ = ["add_arguments", "cli_main"]
@@ -28,6 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--handshake",
         required=True,
+        type=endpoint(tcp_only=True),
         metavar="ADDR",
         help="frontend handshake ROUTER, e.g. tcp://127.0.0.1:30500",
     )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from tsfront.sim.scheduler import (
     EngineFault,
@@ -111,6 +112,36 @@ class EngineOptions:
     handshake_timeout_s: float = 600.0
     hard_exit: bool = False
 
+    def __post_init__(self) -> None:
+        # Refuse what no engine could be configured with, before a rank dials anything.
+        if not (isinstance(self.step_ms, (int, float)) and self.step_ms >= 0):
+            raise ValueError(f"step_ms={self.step_ms!r}: must be a number >= 0")
+        if not isinstance(self.output_form, int) or self.output_form < 9:
+            raise ValueError(
+                f"output_form={self.output_form!r}: the output array has 9 (Aug3), 10 (Aug12), "
+                "14 (0.1.1) or more elements"
+            )
+        positive = ("max_model_len", "vocab_size", "page_size", "kv_total_pages")
+        for name in (*positive, "stream_interval", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}: must be an integer >= 1")
+        if self.max_batch is not None and (
+            not isinstance(self.max_batch, int) or self.max_batch < 1
+        ):
+            raise ValueError(f"max_batch={self.max_batch!r}: must be an integer >= 1")
+        if not 0 <= self.eos_token_id < self.vocab_size:
+            raise ValueError(
+                f"eos_token_id={self.eos_token_id!r}: must be in 0..{self.vocab_size - 1} "
+                "(below vocab_size)"
+            )
+        for name in ("dead_after_steps", "exit_after_steps", "silent_after_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"{name}={value!r}: must be an integer >= 0")
+        if not self.handshake_timeout_s > 0:
+            raise ValueError(f"handshake_timeout_s={self.handshake_timeout_s!r}: must be > 0")
+
     def replace(self, **changes: Any) -> EngineOptions:
         """Return a copy with ``changes`` applied (unknown names raise ``TypeError``)."""
         return dataclasses.replace(self, **changes)
@@ -190,6 +221,9 @@ class SimEngine:
         self._sentinel_on_stop = True
         self._thread: threading.Thread | None = None
         self._out: zmq.Socket | None = None
+        self._frontend: zmq.Socket | None = None  # monitor of the input connection
+        #: Whether the input connection to the frontend is up (None before the first connect).
+        self.frontend_connected: bool | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -344,6 +378,9 @@ class SimEngine:
         inp = context.socket(zmq.DEALER)
         sockets.append(inp)
         inp.setsockopt(zmq.IDENTITY, self.identity)
+        # Watch the input connection so the rank can say when its frontend goes away.
+        self._frontend = inp.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sockets.insert(0, self._frontend)
         inp.connect(inputs[0])
         inp.send(
             encode_registration(
@@ -402,6 +439,7 @@ class SimEngine:
         next_step = time.monotonic()
         while True:
             self._check_stop()
+            self._watch_frontend()
             if self.scheduler.busy and not self._silent:
                 timeout = max(0.0, min(next_step - time.monotonic(), _POLL_SLICE_S))
             else:
@@ -428,6 +466,30 @@ class SimEngine:
             if opts.silent_after_steps is not None and steps >= opts.silent_after_steps:
                 log.warning("engine %d: going silent after %d steps", self.engine_index, steps)
                 self._silent = True
+
+    def _watch_frontend(self) -> None:
+        """Log when the frontend's input ROUTER goes away (and when ZMQ redials it)."""
+        while True:
+            try:
+                event = recv_monitor_message(self._frontend, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            address = self.init_addresses[0] if self.init_addresses else "?"
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self.frontend_connected = False
+                # INFO: `tsfront sim` shows it; a demo or test tearing down its own frontend
+                # first does not print it.
+                log.info(
+                    "engine %d: the frontend went away (input connection to %s closed); an "
+                    "engine handshakes once per start, so a new frontend needs this rank "
+                    "restarted",
+                    self.engine_index,
+                    address,
+                )
+            elif event["event"] == zmq.EVENT_CONNECTED:
+                if self.frontend_connected is False:
+                    log.info("engine %d: reconnected to %s", self.engine_index, address)
+                self.frontend_connected = True
 
     def _drain(self, inp: zmq.Socket) -> bool:
         """Handle every queued input message; returns True if one killed the engine."""

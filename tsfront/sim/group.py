@@ -20,6 +20,7 @@ from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any
 
+from tsfront.io.addresses import check_endpoint
 from tsfront.sim.engine import EngineOptions, SimEngine
 
 __all__ = ["SimGroup"]
@@ -51,6 +52,7 @@ class SimGroup:
         rank_options: Mapping[int, Mapping[str, Any]] | None = None,
         **options: Any,
     ) -> None:
+        check_endpoint(handshake_address, "handshake_address", tcp_only=True)
         if num_engines < 1:
             raise ValueError(f"num_engines must be >= 1, got {num_engines}")
         if first_engine_index < 0 or first_engine_index + num_engines - 1 > 0xFFFF:
