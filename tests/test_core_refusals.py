@@ -148,6 +148,8 @@ async def test_an_add_that_overtakes_the_abort_of_its_rid_ends_with_stream_rejec
             await collect(again)
         assert "aborted" in str(info.value) and info.value.engine_index == 0
         assert await _metric(r, "reused_rids") == 1
+        # Nothing leaked: neither request is counted in flight any more.
+        await wait_until(lambda: r.client.metrics()["in_flight"] == 0, "in_flight back to 0")
 
 
 async def test_a_rid_aborted_on_an_engine_is_refused_there_from_any_worker_and_served_elsewhere():

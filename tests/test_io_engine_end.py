@@ -61,6 +61,24 @@ async def test_tokens_sent_right_before_engine_core_dead_are_delivered_then_engi
             assert stream.finished
 
 
+async def test_tokens_spilled_before_an_engine_death_are_all_delivered_then_engine_died():
+    # 40 tokens into an 8-token ring while the worker is held: 32 spill, and the death is
+    # published only once they drained, together with the last of them.
+    async with raw_rig(1, ring_capacity=8) as (_io, engines, client, _ctx):
+        engine = engines[0]
+        stream = await client.generate(request("spilled", FOREVER, pin=0))
+        assert (await in_thread(engine.recv_add)).rid == "spilled"
+        burst = list(range(1000, 1040))
+        engine.push(engine.tokens_frame("spilled", burst, len(burst)))
+        engine.push_dead()
+        wait_until_blocking(lambda: client.load()[0].state == "dead", "rank 0 dead")
+        chunks, error = await _read(stream)
+        assert [t for c in chunks for t in c.output_ids] == burst
+        assert all(c.finish_reason is None for c in chunks)
+        assert isinstance(error, EngineDied) and error.engine_index == 0
+        assert client.metrics()["spilled_tokens"] >= len(burst) - 8
+
+
 class _Attachment:
     """What a stream needs of its worker: a loop, and the slot release it reports."""
 

@@ -8,7 +8,8 @@ the kernel closes it for a crashed process, so no heartbeat is needed on this ho
 
 Messages (``op`` key):
     worker → I/O: ``attach`` {pid} + [eventfd]
-    I/O → worker: ``attached`` {worker, serial, geometry, submit, config} + [memfd]
+    I/O → worker: ``attached`` {worker, serial, ticket_base, geometry, submit, config,
+                  addresses} + [memfd]
     I/O → worker: ``engines`` {engines: [registration maps]} once every engine registered,
                   ``engine`` {engine: map} when an engine re-registers after a restart,
                   ``failed`` {kind, error} if the handshake cannot complete.
