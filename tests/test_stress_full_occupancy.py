@@ -633,7 +633,7 @@ async def stress(size: StressSize) -> dict:
         "max_in_flight": run.max_in_flight,
         "capacity": size.workers * size.slots,
         "spilled_tokens": metrics["spilled_tokens"],
-        "io_metrics": metrics,
+        "io_metrics": dict(metrics),
         "in_flight_after": metrics["in_flight"],
         "slots_not_idle_after": held[:KEEP],
         "io_alive": io_pid_alive,
