@@ -300,6 +300,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_cli.add_arguments(bench)
     bench.set_defaults(run="tsfront.bench.cli:run")
+
+    from tsfront.serve import cli as serve_cli
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve the OpenAI API (completions, chat) from W worker processes",
+        description=serve_cli.__doc__.split("\n\n")[0],
+    )
+    serve_cli.add_arguments(serve)
+    serve.set_defaults(run="tsfront.serve.cli:run")
     return parser
 
 
