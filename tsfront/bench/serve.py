@@ -83,24 +83,36 @@ class Figures:
 # ---------------------------------------------------------------------- processes
 
 
-def session_cpu(session: int) -> tuple[float, int]:
-    """CPU seconds (user + system) of every live process in ``session``, and their number."""
-    total = 0
-    count = 0
+def session_cpu(session: int) -> dict[int, tuple[float, str]]:
+    """CPU seconds (user + system) of every live process in ``session``, with its role."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
                 stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
         if int(fields[3]) != session:
             continue
-        total += int(fields[11]) + int(fields[12])
-        count += 1
-    return total / _TICK, count
+        found[int(entry)] = ((int(fields[11]) + int(fields[12])) / _TICK, _role(cmdline))
+    return found
+
+
+def _role(cmdline: str) -> str:
+    if "tsfront.io.main" in cmdline:
+        return "I/O process"
+    if "spawn_main" in cmdline:
+        return "worker"
+    if "resource_tracker" in cmdline:
+        return "resource tracker"
+    if "smg" in cmdline:
+        return "smg"
+    return "master"
 
 
 class _Proc:
@@ -310,11 +322,16 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _measure(target: str, url: str, session: int, model: str, p: ServeParams) -> Figures:
     _load(url, model, p, p.warmup_requests)
-    cpu0, _ = session_cpu(session)
+    before = session_cpu(session)
     load = _load(url, model, p, p.requests)
-    cpu1, processes = session_cpu(session)
+    after = session_cpu(session)
     tokens = load["tokens"]
-    cpu = cpu1 - cpu0
+    by_role: dict[str, float] = {}
+    for pid, (cpu_s, role) in after.items():
+        used = cpu_s - before.get(pid, (0.0, role))[0]
+        by_role[role] = by_role.get(role, 0.0) + used
+    cpu = sum(by_role.values())
+    processes = len(after)
     return Figures(
         target=target,
         cpu_us_per_token=cpu / tokens * 1e6 if tokens else float("nan"),
@@ -327,7 +344,14 @@ def _measure(target: str, url: str, session: int, model: str, p: ServeParams) ->
         cpu_s=cpu,
         processes=processes,
         note=load.get("error", ""),
-        extra={"events": load["events"]},
+        extra={
+            "events": load["events"],
+            "tokens_per_event": tokens / max(1, load["events"]),
+            "us_per_token_by_process": {
+                role: used / tokens * 1e6 if tokens else float("nan")
+                for role, used in sorted(by_role.items())
+            },
+        },
     )
 
 
@@ -378,7 +402,12 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
                 say(
                     f"bench serve: {name}: {fig.cpu_us_per_token:.1f} us CPU/token, "
                     f"{fig.tokens_per_s:.0f} tok/s, TTFT p50 {fig.ttft_p50_ms:.1f} ms "
-                    f"p99 {fig.ttft_p99_ms:.1f} ms ({fig.errors} errors)"
+                    f"p99 {fig.ttft_p99_ms:.1f} ms, "
+                    f"{fig.extra['tokens_per_event']:.2f} tokens/event "
+                    f"({fig.errors} errors); by process, us/token: "
+                    + ", ".join(
+                        f"{k} {v:.1f}" for k, v in fig.extra["us_per_token_by_process"].items()
+                    )
                 )
                 results.append(fig)
     report = {"targets": [asdict(f) for f in results], "skipped": skipped}
