@@ -53,7 +53,7 @@ class ServeParams:
     requests: int = 1024
     warmup_requests: int = 64
     stacks: tuple[str, ...] = ()
-    smg: str | None = None
+    smg: str | None = None  # None: look for it; "": do not measure it
     repeat: int = 1
 
     @classmethod
@@ -379,8 +379,10 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
             targets.append((f"tsfront serve W={w}", ("uvicorn", w)))
         for stack in p.stacks:
             targets.append((f"tsfront {stack} W=1", (stack, 1)))
-        smg = find_smg(p.smg)
-        if smg is None:
+        smg = None if p.smg == "" else find_smg(p.smg)
+        if p.smg == "":
+            skipped.append("SMG: --no-smg")
+        elif smg is None:
             skipped.append("SMG: not installed (pip install tokenspeed-smg into .smg-venv)")
         else:
             targets.append(("SMG gateway", None))
@@ -461,6 +463,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also measure these HTTP stacks at W=1, comma-separated: granian,aiohttp",
     )
     g.add_argument("--smg", help="the smg executable (default: .smg-venv/bin/smg, then PATH)")
+    g.add_argument("--no-smg", action="store_true", help="do not measure SMG")
     g.add_argument("--repeat", type=int, help="measure every target this many times (1)")
 
 
@@ -471,6 +474,8 @@ def params_from(args: argparse.Namespace) -> ServeParams:
         value = getattr(args, name, None)
         if value is not None:
             setattr(p, name, value)
+    if getattr(args, "no_smg", False):
+        p.smg = ""
     if getattr(args, "workers", None):
         p.workers = tuple(args.workers)
     if getattr(args, "stacks", None):
