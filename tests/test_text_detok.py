@@ -15,7 +15,7 @@ import random
 import pytest
 from text_fixtures import REPLACEMENT, mixed_text, model_dir
 
-from tsfront.text import Detokenizer, TextModel
+from tsfront.text import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer, TextModel
 
 SPECIAL = {"bytelevel": "<|eot_id|>", "metaspace": "<|im_end|>"}
 
@@ -72,54 +72,85 @@ def check_every_prefix(
     assert detok.flush() == ""
 
 
+# (tokenizer, algorithm): the byte table is the default for byte-level BPE, DecodeStream for
+# the SentencePiece-style one; DecodeStream is also measured against the table on byte-level.
+DEFAULTS = [("bytelevel", "bytes"), ("bytelevel", "decode_stream"), ("metaspace", "decode_stream")]
+ALL = [*DEFAULTS, ("bytelevel", "offsets"), ("metaspace", "offsets")]
+
+
+def test_each_model_gets_its_measured_algorithm(models: dict[str, TextModel]) -> None:
+    assert models["bytelevel"].detokenizer_algorithm == "bytes"
+    assert isinstance(models["bytelevel"].detokenizer(), ByteLevelDetokenizer)
+    assert models["metaspace"].detokenizer_algorithm == "decode_stream"
+    assert isinstance(models["metaspace"].detokenizer(), StreamDetokenizer)
+
+
 @pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
-@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+@pytest.mark.parametrize(("kind", "algorithm"), DEFAULTS)
 def test_every_prefix_streams_the_full_decode(
-    models: dict[str, TextModel], kind: str, skip: bool
+    models: dict[str, TextModel], kind: str, algorithm: str, skip: bool
 ) -> None:
     model = models[kind]
     # The decoders are not equally fast: a few thousand tokens in about a second each.
     ids = stream_ids(model, kind, seed=1, min_tokens=3000 if kind == "bytelevel" else 2000)
     # The text must really split characters across tokens, or the test proves little.
     assert any(model.decode(ids[:k], skip).endswith(REPLACEMENT) for k in range(1, 300))
-    detok = model.detokenizer(skip_special_tokens=skip)
+    detok = model.detokenizer(skip_special_tokens=skip, algorithm=algorithm)
     check_every_prefix(model, detok, [], ids, skip, kind == "metaspace")
 
 
-@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+@pytest.mark.parametrize(("kind", "algorithm"), ALL)
 def test_every_prefix_after_a_prompt_streams_the_full_decode_of_prompt_and_output(
-    models: dict[str, TextModel], kind: str
+    models: dict[str, TextModel], kind: str, algorithm: str
 ) -> None:
+    """Also the fallback used without DecodeStream (or when it refuses a window)."""
     model = models[kind]
     prompt = model.encode(model.apply_chat_template([{"role": "user", "content": "Hi ü"}]), False)
-    ids = stream_ids(model, kind, seed=2, min_tokens=1000)
-    detok = model.detokenizer(prompt, skip_special_tokens=True)
+    ids = stream_ids(model, kind, seed=2, min_tokens=800)
+    detok = model.detokenizer(prompt, skip_special_tokens=True, algorithm=algorithm)
     check_every_prefix(model, detok, prompt, ids, True, kind == "metaspace")
 
 
-@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
-def test_the_offsets_algorithm_streams_the_full_decode(
-    models: dict[str, TextModel], kind: str
+@pytest.mark.parametrize("algorithm", ["bytes", "decode_stream", "offsets"])
+def test_random_token_ids_stream_the_full_decode_even_when_not_utf8(
+    models: dict[str, TextModel], algorithm: str
 ) -> None:
-    """The fallback used without DecodeStream (or when it refuses a window) is as exact."""
-    model = models[kind]
-    ids = stream_ids(model, kind, seed=3, min_tokens=800)
-    detok = Detokenizer(model.tokenizer, None, None, skip_special_tokens=True)
-    check_every_prefix(model, detok, [], ids, True, kind == "metaspace")
+    """A model may emit byte tokens that never form a character: U+FFFD where the full
+    decode has it, and nothing lost or repeated."""
+    model = models["bytelevel"]
+    rng = random.Random(6)
+    ids = [rng.randrange(model.tokenizer.get_vocab_size()) for _ in range(1500)]
+    detok = model.detokenizer(skip_special_tokens=False, algorithm=algorithm)
+    out = "".join(detok.step([t]) for t in ids) + detok.flush()
+    assert out == model.decode(ids, skip_special_tokens=False)
+    assert REPLACEMENT in out
 
 
-@pytest.mark.parametrize("decode_stream", [True, False], ids=["DecodeStream", "offsets"])
-@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_random_token_ids_on_the_byte_table_match_every_prefix(
+    models: dict[str, TextModel],
+) -> None:
+    """The table path never shows text the full decode of the same prefix does not start
+    with, even for bytes that are not UTF-8 (its C decoder replaces as Rust's lossy one)."""
+    model = models["bytelevel"]
+    rng = random.Random(7)
+    ids = [rng.randrange(model.tokenizer.get_vocab_size()) for _ in range(800)]
+    detok = model.detokenizer(skip_special_tokens=False, algorithm="bytes")
+    out = ""
+    for k, t in enumerate(ids):
+        out += detok.step([t])
+        full = model.decode(ids[: k + 1], skip_special_tokens=False)
+        assert out + copy.copy(detok).flush() == full
+
+
+@pytest.mark.parametrize(("kind", "algorithm"), ALL)
 def test_chunks_of_several_tokens_stream_the_full_decode(
-    models: dict[str, TextModel], kind: str, decode_stream: bool
+    models: dict[str, TextModel], kind: str, algorithm: str
 ) -> None:
     """A worker that falls behind gets several tokens per chunk: same text, no loss."""
     model = models[kind]
     ids = stream_ids(model, kind, seed=4, min_tokens=2000)
     prompt = model.encode("Question: ", False)
-    detok = Detokenizer(
-        model.tokenizer, model._decode_stream if decode_stream else None, prompt, True
-    )
+    detok = model.detokenizer(prompt, True, algorithm=algorithm)
     rng = random.Random(5)
     out, i = [], 0
     while i < len(ids):

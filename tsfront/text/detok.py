@@ -6,18 +6,29 @@ the prompt's tail, so a SentencePiece ``▁`` on the first output token becomes 
 in the full text). A token that ends inside a multi-byte UTF-8 character yields ``""``: its
 bytes are held until the character is complete, never shown as U+FFFD.
 
-The work is done by ``tokenizers.decoders.DecodeStream`` (Rust): it keeps a short window of
-ids, decodes the window with and without the new ids, and emits the difference once the text
-no longer ends in an incomplete character. Measured against the same algorithm in Python
-(vLLM's prefix/read offsets, two ``Tokenizer.decode`` calls per token) it costs less than half
-per token (docs/TEXT.md has the figures and the command).
+Three algorithms, chosen per model by :meth:`TextModel.detokenizer` (docs/TEXT.md has the
+measurements behind the choice):
+
+- :class:`ByteLevelDetokenizer`, for a tokenizer whose decoder is exactly ``ByteLevel``
+  (GPT-2, Llama-3, Qwen): each token id maps to fixed bytes (a table built once per model,
+  with the decoder's own rule), and a C incremental UTF-8 decoder turns the bytes into text.
+  No ``tokenizers`` call per token.
+- :class:`StreamDetokenizer` with ``tokenizers.decoders.DecodeStream`` (Rust), for any other
+  decoder (SentencePiece ``▁``, byte fallback, WordPiece ...): it decodes a short window of ids
+  with and without the new ones and emits the difference once the text no longer ends in an
+  incomplete character.
+- :class:`StreamDetokenizer` without DecodeStream (tokenizers before 0.21, or a window that
+  DecodeStream refuses): the same prefix/read-offset algorithm in Python, as vLLM's.
 """
 
 from __future__ import annotations
 
+import codecs
 import copy
 from collections.abc import Sequence
 from typing import Any
+
+from tsfront.text._deps import require
 
 # The prompt tail passed as context: at least this many tokens, grown up to the maximum
 # until it decodes without a replacement character (a tail that starts inside a character).
@@ -45,6 +56,106 @@ class Detokenizer:
 
     Not thread-safe; one per stream. ``copy.copy(detok)`` forks its state.
     """
+
+    __slots__ = ()
+
+    def step(self, token_ids: Sequence[int]) -> str:
+        """The new text for these tokens (``""`` while a character is incomplete)."""
+        raise NotImplementedError
+
+    def flush(self) -> str:
+        """At the end of the stream: the held-back text (an incomplete character as U+FFFD,
+        exactly as a full decode shows it)."""
+        raise NotImplementedError
+
+
+def byte_level_table(tokenizer: Any) -> tuple[list[bytes], frozenset[int]] | None:
+    """The bytes of every token id and the set of special ids, when the tokenizer's decoder is
+    exactly ``ByteLevel``; ``None`` otherwise.
+
+    The rule is the decoder's own: a token whose characters are all in the GPT-2 byte alphabet
+    stands for those bytes; any other token (an added token such as ``"café✓"``) for its UTF-8.
+    Ids with no token decode to nothing, as in ``Tokenizer.decode``.
+    """
+    decoders = require("tokenizers.decoders")
+    if type(tokenizer.decoder) is not decoders.ByteLevel:
+        return None
+    alphabet = _byte_alphabet()
+    n = tokenizer.get_vocab_size(with_added_tokens=True)
+    added = tokenizer.get_added_tokens_decoder()
+    n = max(n, max(added, default=-1) + 1)
+    table: list[bytes] = []
+    id_to_token = tokenizer.id_to_token
+    for i in range(n):
+        token = id_to_token(i)
+        if token is None:
+            table.append(b"")
+            continue
+        try:
+            table.append(bytes([alphabet[c] for c in token]))
+        except KeyError:
+            table.append(token.encode("utf-8"))
+    special = frozenset(i for i, t in added.items() if t.special)
+    return table, special
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's map from the printable stand-in characters back to bytes."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return {c: b for b, c in chars.items()}
+
+
+class ByteLevelDetokenizer(Detokenizer):
+    """Byte-level BPE streams: a table lookup and a C UTF-8 decoder per token."""
+
+    __slots__ = ("_n", "_table", "_utf8")
+
+    def __init__(
+        self,
+        table: list[bytes],
+        prompt_ids: Sequence[int] | None = None,
+    ) -> None:
+        self._table = table
+        self._n = len(table)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        if prompt_ids:
+            # A prompt that ends inside a character: its bytes start the first output text.
+            self._utf8.decode(self._bytes(prompt_ids[-_CONTEXT_MIN:]))
+
+    def _bytes(self, token_ids: Sequence[int]) -> bytes:
+        table, n = self._table, self._n
+        return b"".join([table[t] for t in token_ids if 0 <= t < n])
+
+    def step(self, token_ids: Sequence[int]) -> str:
+        """The new text for these tokens (``""`` while a character is incomplete)."""
+        if len(token_ids) == 1:
+            t = token_ids[0]
+            return self._utf8.decode(self._table[t]) if 0 <= t < self._n else ""
+        return self._utf8.decode(self._bytes(token_ids))
+
+    def flush(self) -> str:
+        """At the end of the stream: the held-back bytes, as U+FFFD (as a full decode)."""
+        text = self._utf8.decode(b"", True)
+        self._utf8.reset()
+        return text
+
+    def __copy__(self) -> ByteLevelDetokenizer:
+        other = ByteLevelDetokenizer.__new__(ByteLevelDetokenizer)
+        other._table = self._table
+        other._n = self._n
+        other._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        other._utf8.setstate(self._utf8.getstate())
+        return other
+
+
+class StreamDetokenizer(Detokenizer):
+    """Any tokenizer: ``DecodeStream`` when given, else the prefix/read-offset algorithm."""
 
     __slots__ = ("_emitted", "_ids", "_list_step", "_prefix", "_skip", "_stream", "_tokenizer")
 
@@ -154,8 +265,8 @@ class Detokenizer:
             self._emitted = len(self._ids)
         return text
 
-    def __copy__(self) -> Detokenizer:
-        other = Detokenizer.__new__(Detokenizer)
+    def __copy__(self) -> StreamDetokenizer:
+        other = StreamDetokenizer.__new__(StreamDetokenizer)
         other._tokenizer = self._tokenizer
         other._skip = self._skip
         other._stream = None if self._stream is None else copy.copy(self._stream)

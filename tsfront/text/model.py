@@ -23,7 +23,12 @@ from typing import Any
 
 from tsfront.text import chat
 from tsfront.text._deps import require
-from tsfront.text.detok import Detokenizer
+from tsfront.text.detok import (
+    ByteLevelDetokenizer,
+    Detokenizer,
+    StreamDetokenizer,
+    byte_level_table,
+)
 from tsfront.text.errors import ChatTemplateError, TextError, TokenizerNotFound
 
 # A model_max_length at or above this is transformers' "no limit" placeholder (1e30).
@@ -138,6 +143,17 @@ class TextModel:
         decoders = require("tokenizers.decoders")
         self._decode_stream: type | None = getattr(decoders, "DecodeStream", None)
         self._token_text: dict[int, str] = {}
+        # Built on the first byte-level detokenizer: keyed by skip_special_tokens.
+        self._byte_tables: dict[bool, list[bytes]] | None = None
+        self._byte_level = type(tokenizer.decoder) is decoders.ByteLevel
+        self.detokenizer_algorithm: str = (
+            "bytes"
+            if self._byte_level
+            else "decode_stream"
+            if self._decode_stream is not None
+            else "offsets"
+        )
+        """Which algorithm :meth:`detokenizer` uses for this model (see tsfront.text.detok)."""
 
     @staticmethod
     def _context_length(config: dict[str, Any], tokenizer_config: dict[str, Any]) -> int | None:
@@ -203,11 +219,48 @@ class TextModel:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def detokenizer(
-        self, prompt_ids: Sequence[int] | None = None, skip_special_tokens: bool = True
+        self,
+        prompt_ids: Sequence[int] | None = None,
+        skip_special_tokens: bool = True,
+        *,
+        algorithm: str | None = None,
     ) -> Detokenizer:
         """A new incremental :class:`Detokenizer` for one output stream, decoding after the
-        tail of ``prompt_ids``."""
-        return Detokenizer(self.tokenizer, self._decode_stream, prompt_ids, skip_special_tokens)
+        tail of ``prompt_ids``.
+
+        ``algorithm`` (``"bytes"``, ``"decode_stream"`` or ``"offsets"``) overrides
+        :attr:`detokenizer_algorithm`, for measurements and tests.
+        """
+        algorithm = algorithm or self.detokenizer_algorithm
+        if algorithm == "bytes":
+            return ByteLevelDetokenizer(self._byte_table(skip_special_tokens), prompt_ids)
+        if algorithm == "decode_stream":
+            if self._decode_stream is None:
+                raise TextError(
+                    "this tokenizers package has no DecodeStream: pip install 'tokenizers>=0.21'"
+                )
+            return StreamDetokenizer(
+                self.tokenizer, self._decode_stream, prompt_ids, skip_special_tokens
+            )
+        if algorithm == "offsets":
+            return StreamDetokenizer(self.tokenizer, None, prompt_ids, skip_special_tokens)
+        raise TextError(f"algorithm={algorithm!r}: use 'bytes', 'decode_stream' or 'offsets'")
+
+    def _byte_table(self, skip_special_tokens: bool) -> list[bytes]:
+        if not self._byte_level:
+            raise TextError(
+                f"model {self.name!r} has a {type(self.tokenizer.decoder).__name__} decoder, "
+                "not ByteLevel: use algorithm='decode_stream'"
+            )
+        if self._byte_tables is None:
+            built = byte_level_table(self.tokenizer)
+            assert built is not None
+            table, special = built
+            skipped = list(table)
+            for i in special:
+                skipped[i] = b""
+            self._byte_tables = {False: table, True: skipped}
+        return self._byte_tables[skip_special_tokens]
 
     def token_text(self, token_id: int) -> str:
         """The text of one token on its own, for logprobs display (cached)."""

@@ -53,7 +53,9 @@ class StopMatcher:
         self._longest = max((len(s) for s in stops), default=0)
         # Every proper prefix of every stop string: a held-back suffix is one of these.
         self._prefixes = frozenset(s[:k] for s in stops for k in range(1, len(s)))
-        self._first = frozenset(s[0] for s in stops if len(s) > 1)
+        # First characters of the stop strings: a delta without any of them (and nothing held)
+        # cannot complete or start a stop string.
+        self._first = tuple(dict.fromkeys(s[0] for s in stops))
         self._held = ""
         self.matched: str | None = None
 
@@ -75,10 +77,18 @@ class StopMatcher:
         """
         if self.matched is not None:
             return "", True
-        if not self._stops:
-            return text, False
         held = self._held
-        buf = held + text if held else text
+        if not held:
+            # Fast path (most deltas): no character of the delta can start a stop string, so
+            # nothing matches and nothing need be held.
+            for c in self._first:
+                if c in text:
+                    break
+            else:
+                return text, False
+            buf = text
+        else:
+            buf = held + text
         # A match must end inside the new text (the held text alone matched nothing), so each
         # search starts where a stop string ending in the new text could start.
         best_end = -1
