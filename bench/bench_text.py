@@ -28,12 +28,11 @@ TOKENS = 2000
 STOPS = ["\n\nUser:", "<|stop|>"]
 # (tokenizer, algorithm): every algorithm that applies to each tokenizer.
 CASES = [
-    ("bytelevel", "bytes"),
-    ("bytelevel", "decode_stream"),
-    ("bytelevel", "offsets"),
-    ("metaspace", "decode_stream"),
-    ("metaspace", "offsets"),
+    (kind, algorithm)
+    for kind in ("bytelevel", "metaspace", "unigram")
+    for algorithm in ("table", "decode_stream", "offsets")
 ]
+KINDS = ("bytelevel", "metaspace", "unigram")
 
 
 def stream_chunks(model: TextModel) -> list[list[int]]:
@@ -77,7 +76,7 @@ def load(kind: str, base: Path) -> TextModel:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TextModel]:
     base = tmp_path_factory.mktemp("bench-text")
-    return {kind: load(kind, base) for kind in ("bytelevel", "metaspace")}
+    return {kind: load(kind, base) for kind in KINDS}
 
 
 @pytest.mark.parametrize(("kind", "algorithm"), CASES)
@@ -120,7 +119,7 @@ def best_us_per_token(run: Callable, rounds: int) -> float:
 def main(rounds: int = 30) -> None:
     """Print every case side by side, interleaved round by round so load affects all alike."""
     with tempfile.TemporaryDirectory() as tmp:
-        models = {kind: load(kind, Path(tmp)) for kind in ("bytelevel", "metaspace")}
+        models = {kind: load(kind, Path(tmp)) for kind in KINDS}
         rows = []
         for kind, algorithm in CASES:
             model = models[kind]
@@ -152,7 +151,7 @@ def main(rounds: int = 30) -> None:
             stop_best = min(stop_best, best_us_per_token(stop_only, 1))
     print(f"{TOKENS} tokens streamed one per step, best of {rounds} rounds, µs per token")
     print(f"{'tokenizer':<10} {'algorithm':<14} {'detok':>7} {'detok+stop':>11} {'vs DS':>7}")
-    for kind in ("bytelevel", "metaspace"):
+    for kind in KINDS:
         ref = results[(kind, "decode_stream")][1]
         for (k, algorithm), (a, b) in results.items():
             if k == kind:

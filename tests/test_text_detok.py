@@ -15,20 +15,31 @@ import random
 import pytest
 from text_fixtures import REPLACEMENT, mixed_text, model_dir
 
-from tsfront.text import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer, TextModel
+from tsfront.text import Detokenizer, StreamDetokenizer, TableDetokenizer, TextError, TextModel
 
-SPECIAL = {"bytelevel": "<|eot_id|>", "metaspace": "<|im_end|>"}
+SPECIAL = {
+    "bytelevel": "<|eot_id|>",
+    "metaspace": "<|im_end|>",
+    "unigram": "<|im_end|>",
+    "wordlevel": "<|im_end|>",
+}
+KINDS = list(SPECIAL)
+# Tokenizers whose test text splits characters across tokens (the others have no byte tokens).
+SPLITTING = ("bytelevel", "metaspace")
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TextModel]:
     base = tmp_path_factory.mktemp("text-models")
-    return {k: TextModel.load(model_dir(base, k)) for k in ("bytelevel", "metaspace", "wordlevel")}
+    return {k: TextModel.load(model_dir(base, k)) for k in KINDS}
 
 
 def stream_ids(model: TextModel, kind: str, seed: int, min_tokens: int) -> list[int]:
-    """Token ids of mixed-script text, a special token between some of its pieces."""
+    """Token ids of mixed-script text, a special token between some of its pieces (for the
+    word-level model, whose vocabulary is w<id>: random ids, special ones included)."""
     rng = random.Random(seed)
+    if kind == "wordlevel":
+        return [rng.randrange(model.tokenizer.get_vocab_size()) for _ in range(min_tokens)]
     special = model.tokenizer.token_to_id(SPECIAL[kind])
     ids: list[int] = []
     piece = 0
@@ -72,58 +83,88 @@ def check_every_prefix(
     assert detok.flush() == ""
 
 
-# (tokenizer, algorithm): the byte table is the default for byte-level BPE, DecodeStream for
-# the SentencePiece-style one; DecodeStream is also measured against the table on byte-level.
-DEFAULTS = [("bytelevel", "bytes"), ("bytelevel", "decode_stream"), ("metaspace", "decode_stream")]
-ALL = [*DEFAULTS, ("bytelevel", "offsets"), ("metaspace", "offsets")]
+ALGORITHMS = ["table", "decode_stream", "offsets"]
+# The decoders are not equally fast: a few thousand tokens in about half a second each.
+PREFIX_TOKENS = {"bytelevel": 3000, "metaspace": 2000, "unigram": 1200, "wordlevel": 1200}
 
 
-def test_each_model_gets_its_measured_algorithm(models: dict[str, TextModel]) -> None:
-    assert models["bytelevel"].detokenizer_algorithm == "bytes"
-    assert isinstance(models["bytelevel"].detokenizer(), ByteLevelDetokenizer)
-    assert models["metaspace"].detokenizer_algorithm == "decode_stream"
-    assert isinstance(models["metaspace"].detokenizer(), StreamDetokenizer)
+def test_each_model_gets_the_table_algorithm(models: dict[str, TextModel]) -> None:
+    for kind in KINDS:
+        assert models[kind].detokenizer_algorithm == "table"
+        assert isinstance(models[kind].detokenizer(), TableDetokenizer)
+        assert isinstance(models[kind].detokenizer(algorithm="offsets"), StreamDetokenizer)
+
+
+def test_an_unsupported_decoder_gets_decode_stream(models: dict[str, TextModel]) -> None:
+    from tokenizers import Tokenizer, decoders
+
+    tok = Tokenizer.from_str(models["bytelevel"].tokenizer.to_str())
+    tok.decoder = decoders.WordPiece()
+    model = TextModel(tok, name="wordpiece")
+    assert model.detokenizer_algorithm == "decode_stream"
+    assert isinstance(model.detokenizer(), StreamDetokenizer)
+    with pytest.raises(TextError, match="decode_stream"):
+        model.detokenizer(algorithm="table")
 
 
 @pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
-@pytest.mark.parametrize(("kind", "algorithm"), DEFAULTS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_prefix_streams_the_full_decode(
-    models: dict[str, TextModel], kind: str, algorithm: str, skip: bool
+    models: dict[str, TextModel], kind: str, skip: bool
 ) -> None:
     model = models[kind]
-    # The decoders are not equally fast: a few thousand tokens in about a second each.
-    ids = stream_ids(model, kind, seed=1, min_tokens=3000 if kind == "bytelevel" else 2000)
-    # The text must really split characters across tokens, or the test proves little.
-    assert any(model.decode(ids[:k], skip).endswith(REPLACEMENT) for k in range(1, 300))
-    detok = model.detokenizer(skip_special_tokens=skip, algorithm=algorithm)
+    ids = stream_ids(model, kind, seed=1, min_tokens=PREFIX_TOKENS[kind])
+    if kind in SPLITTING:
+        # The text must really split characters across tokens, or the test proves little.
+        assert any(model.decode(ids[:k], skip).endswith(REPLACEMENT) for k in range(1, 300))
+    detok = model.detokenizer(skip_special_tokens=skip)
     check_every_prefix(model, detok, [], ids, skip, kind == "metaspace")
 
 
-@pytest.mark.parametrize(("kind", "algorithm"), ALL)
+@pytest.mark.parametrize("skip", [True, False], ids=["skip-special", "keep-special"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_prefix_on_decode_stream_streams_the_full_decode(
+    models: dict[str, TextModel], kind: str, skip: bool
+) -> None:
+    """DecodeStream, used for decoders the table does not support, on the same tokenizers."""
+    model = models[kind]
+    ids = stream_ids(model, kind, seed=8, min_tokens=600)
+    detok = model.detokenizer(skip_special_tokens=skip, algorithm="decode_stream")
+    check_every_prefix(model, detok, [], ids, skip, kind == "metaspace")
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_prefix_after_a_prompt_streams_the_full_decode_of_prompt_and_output(
     models: dict[str, TextModel], kind: str, algorithm: str
 ) -> None:
-    """Also the fallback used without DecodeStream (or when it refuses a window)."""
+    """After a prompt the first output token is not the start of the text (SentencePiece
+    keeps its space); also the fallback used without DecodeStream."""
     model = models[kind]
     prompt = model.encode(model.apply_chat_template([{"role": "user", "content": "Hi ü"}]), False)
-    ids = stream_ids(model, kind, seed=2, min_tokens=800)
+    ids = stream_ids(model, kind, seed=2, min_tokens=600)
     detok = model.detokenizer(prompt, skip_special_tokens=True, algorithm=algorithm)
     check_every_prefix(model, detok, prompt, ids, True, kind == "metaspace")
 
 
-@pytest.mark.parametrize("algorithm", ["bytes", "decode_stream", "offsets"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("kind", ["bytelevel", "unigram", "wordlevel"])
 def test_random_token_ids_stream_the_full_decode_even_when_not_utf8(
-    models: dict[str, TextModel], algorithm: str
+    models: dict[str, TextModel], kind: str, algorithm: str
 ) -> None:
     """A model may emit byte tokens that never form a character: U+FFFD where the full
-    decode has it, and nothing lost or repeated."""
-    model = models["bytelevel"]
+    decode has it, and nothing lost or repeated. (Not for byte fallback: there the full
+    decode turns a whole run of byte tokens into U+FFFD once any byte of it is invalid,
+    characters already streamed included; no streaming decoder can take text back.)"""
+    model = models[kind]
     rng = random.Random(6)
     ids = [rng.randrange(model.tokenizer.get_vocab_size()) for _ in range(1500)]
-    detok = model.detokenizer(skip_special_tokens=False, algorithm=algorithm)
-    out = "".join(detok.step([t]) for t in ids) + detok.flush()
-    assert out == model.decode(ids, skip_special_tokens=False)
-    assert REPLACEMENT in out
+    for skip in (True, False):
+        detok = model.detokenizer(skip_special_tokens=skip, algorithm=algorithm)
+        out = "".join(detok.step([t]) for t in ids) + detok.flush()
+        assert out == model.decode(ids, skip_special_tokens=skip)
+        if kind == "bytelevel":
+            assert REPLACEMENT in out
 
 
 def test_random_token_ids_on_the_byte_table_match_every_prefix(
@@ -134,7 +175,7 @@ def test_random_token_ids_on_the_byte_table_match_every_prefix(
     model = models["bytelevel"]
     rng = random.Random(7)
     ids = [rng.randrange(model.tokenizer.get_vocab_size()) for _ in range(800)]
-    detok = model.detokenizer(skip_special_tokens=False, algorithm="bytes")
+    detok = model.detokenizer(skip_special_tokens=False, algorithm="table")
     out = ""
     for k, t in enumerate(ids):
         out += detok.step([t])
@@ -142,7 +183,8 @@ def test_random_token_ids_on_the_byte_table_match_every_prefix(
         assert out + copy.copy(detok).flush() == full
 
 
-@pytest.mark.parametrize(("kind", "algorithm"), ALL)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_chunks_of_several_tokens_stream_the_full_decode(
     models: dict[str, TextModel], kind: str, algorithm: str
 ) -> None:
@@ -222,3 +264,52 @@ def test_an_empty_step_is_no_text(models: dict[str, TextModel]) -> None:
     detok = models["bytelevel"].detokenizer()
     assert detok.step([]) == ""
     assert detok.flush() == ""
+
+
+def test_byte_table_follows_the_decoder_rule_for_added_tokens(
+    models: dict[str, TextModel],
+) -> None:
+    """An added token with a character outside the byte alphabet stands for its UTF-8; one
+    made only of alphabet characters for the bytes they map to (so "<spé>" holds byte 0xE9,
+    which is no UTF-8 on its own), exactly as ``Tokenizer.decode``."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_str(models["bytelevel"].tokenizer.to_str())
+    tok.add_tokens([AddedToken("café✓", special=False), AddedToken("<tool>", special=False)])
+    tok.add_special_tokens([AddedToken("<spé>", special=True)])
+    model = TextModel(tok, name="added")
+    ids = model.encode("hi ", False)
+    stream = [
+        *ids,
+        tok.token_to_id("café✓"),
+        *ids,
+        tok.token_to_id("<spé>"),
+        tok.token_to_id("<tool>"),
+        *ids,
+    ]
+    for skip in (True, False):
+        for algorithm in ("table", "decode_stream"):
+            detok = model.detokenizer(skip_special_tokens=skip, algorithm=algorithm)
+            out = "".join(detok.step([t]) for t in stream) + detok.flush()
+            assert out == model.decode(stream, skip), (skip, algorithm)
+    assert model.token_bytes(tok.token_to_id("<spé>")) == b"<sp\xe9>"
+    assert model.token_bytes(tok.token_to_id("café✓")) == "café✓".encode()
+
+
+def test_token_bytes_of_split_characters_rebuild_the_text(models: dict[str, TextModel]) -> None:
+    for kind in ("bytelevel", "metaspace"):
+        model = models[kind]
+        text = "日本語 🦜 naïve"
+        ids = model.encode(text, False)
+        joined = b"".join(model.token_bytes(t) for t in ids).decode()
+        # SentencePiece's first token carries the space its normalizer prepended.
+        assert joined.removeprefix(" " if kind == "metaspace" else "") == text
+
+
+def test_token_text_shows_a_token_as_it_reads_in_a_stream(models: dict[str, TextModel]) -> None:
+    model = models["metaspace"]
+    piece = next(t for t in sorted(model.tokenizer.get_vocab()) if t.startswith("▁q"))
+    assert model.token_text(model.tokenizer.token_to_id(piece)) == " " + piece[1:]
+    assert model.token_text(model.tokenizer.token_to_id("<0xE6>")) == REPLACEMENT
+    assert model.token_bytes(model.tokenizer.token_to_id("<0xE6>")) == b"\xe6"
+    assert models["wordlevel"].token_text(7) == " w7"

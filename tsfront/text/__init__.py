@@ -17,7 +17,7 @@ Per output chunk a worker does::
     tail = stop.feed(detok.flush())[0] + stop.flush()   # at the end of the stream
 """
 
-from tsfront.text.detok import ByteLevelDetokenizer, Detokenizer, StreamDetokenizer
+from tsfront.text.detok import Detokenizer, StreamDetokenizer, TableDetokenizer
 from tsfront.text.errors import (
     ChatTemplateError,
     TextDependencyMissing,
@@ -28,11 +28,11 @@ from tsfront.text.model import TextModel
 from tsfront.text.stop import StopMatcher
 
 __all__ = [
-    "ByteLevelDetokenizer",
     "ChatTemplateError",
     "Detokenizer",
     "StopMatcher",
     "StreamDetokenizer",
+    "TableDetokenizer",
     "TextDependencyMissing",
     "TextError",
     "TextModel",

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import codecs
 import copy
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
-
-from tsfront.text._deps import require
 
 # The prompt tail passed as context: at least this many tokens, grown up to the maximum
 # until it decodes without a replacement character (a tail that starts inside a character).
@@ -69,34 +69,140 @@ class Detokenizer:
         raise NotImplementedError
 
 
-def byte_level_table(tokenizer: Any) -> tuple[list[bytes], frozenset[int]] | None:
-    """The bytes of every token id and the set of special ids, when the tokenizer's decoder is
-    exactly ``ByteLevel``; ``None`` otherwise.
+# Byte-fallback decoders show each byte of an invalid sequence as its own U+FFFD.
+_BYTE_FALLBACK_ERRORS = "tsfront.bytefallback"
 
-    The rule is the decoder's own: a token whose characters are all in the GPT-2 byte alphabet
-    stands for those bytes; any other token (an added token such as ``"café✓"``) for its UTF-8.
-    Ids with no token decode to nothing, as in ``Tokenizer.decode``.
+
+def _per_byte_replacement(error: UnicodeError) -> tuple[str, int]:
+    assert isinstance(error, UnicodeDecodeError)
+    return _REPLACEMENT * (error.end - error.start), error.end
+
+
+codecs.register_error(_BYTE_FALLBACK_ERRORS, _per_byte_replacement)
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """What each token id stands for, for a decoder whose output is a concatenation.
+
+    Attributes:
+        pieces: the bytes of each id inside a text (a skipped special token: ``b""``).
+        first: for a ``Metaspace`` decoder, the bytes of an id when it is the text's first
+            token (the decoder drops its ``▁`` there); else ``None``.
+        special: the ids that ``skip_special_tokens`` drops.
+        skip: whether this table drops them.
+        strip_space: drop one leading space of the whole text (a ``Strip`` decoder, or the
+            space a decoder-less tokenizer puts between tokens).
+        errors: the UTF-8 error handler that reproduces the decoder's U+FFFD.
     """
-    decoders = require("tokenizers.decoders")
-    if type(tokenizer.decoder) is not decoders.ByteLevel:
-        return None
-    alphabet = _byte_alphabet()
-    n = tokenizer.get_vocab_size(with_added_tokens=True)
+
+    pieces: list[bytes]
+    first: list[bytes] | None
+    special: frozenset[int]
+    skip: bool
+    strip_space: bool
+    errors: str
+
+    def at_start(self, prompt_ids: Sequence[int] | None) -> bool:
+        """Whether output after ``prompt_ids`` is the start of the decoded text."""
+        if not prompt_ids:
+            return True
+        n = len(self.pieces)
+        if self.first is not None:
+            special = self.special if self.skip else frozenset()
+            return not any(0 <= t < n and t not in special for t in prompt_ids)
+        return not any(0 <= t < n and self.pieces[t] for t in prompt_ids)
+
+
+def token_table(tokenizer: Any, skip_special_tokens: bool) -> TokenTable | None:
+    """The :class:`TokenTable` of ``tokenizer``, when its decoder is one whose output is the
+    concatenation of per-token text (``None`` for any other: DecodeStream decodes those).
+
+    Supported, each by the decoder's own rule: ``ByteLevel`` (GPT-2 byte alphabet; a token with
+    any other character stands for its UTF-8); ``Metaspace`` (``▁`` → space, dropped in the
+    first token); ``Sequence[Replace(▁, " "), ByteFallback, Fuse]`` optionally followed by
+    ``Strip(" ", 1, 0)`` (Llama-2, Mistral, Gemma: ``<0xNN>`` is a byte); no decoder at all
+    (tokens joined by spaces). Ids with no token decode to nothing, as in ``Tokenizer.decode``.
+    """
+    decoder = tokenizer.decoder
+    spec: Any = None if decoder is None else json.loads(decoder.__getstate__())
     added = tokenizer.get_added_tokens_decoder()
-    n = max(n, max(added, default=-1) + 1)
-    table: list[bytes] = []
-    id_to_token = tokenizer.id_to_token
-    for i in range(n):
-        token = id_to_token(i)
-        if token is None:
-            table.append(b"")
-            continue
-        try:
-            table.append(bytes([alphabet[c] for c in token]))
-        except KeyError:
-            table.append(token.encode("utf-8"))
     special = frozenset(i for i, t in added.items() if t.special)
-    return table, special
+    n = max(tokenizer.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
+    tokens = [tokenizer.id_to_token(i) for i in range(n)]
+    first: list[bytes] | None = None
+    strip = False
+    errors = "replace"
+    if spec is None:
+        pieces = [b"" if t is None else b" " + t.encode() for t in tokens]
+        strip = True
+    elif spec.get("type") == "ByteLevel":
+        alphabet = _byte_alphabet()
+        pieces = [_byte_level_bytes(t, alphabet) for t in tokens]
+    elif spec.get("type") == "Metaspace":
+        repl = spec.get("replacement", "▁")
+        scheme = spec.get("prepend_scheme")
+        if scheme is None:
+            scheme = "always" if spec.get("add_prefix_space", True) else "never"
+        pieces = [b"" if t is None else t.replace(repl, " ").encode() for t in tokens]
+        if scheme != "never":
+            first = [b"" if t is None else t.replace(repl, "").encode() for t in tokens]
+    else:
+        shape = _sentencepiece_shape(spec)
+        if shape is None:
+            return None
+        (pattern, content), strip = shape
+        pieces = [_fallback_bytes(t, pattern, content) for t in tokens]
+        errors = _BYTE_FALLBACK_ERRORS
+    if skip_special_tokens:
+        for i in special:
+            pieces[i] = b""
+    return TokenTable(pieces, first, special, skip_special_tokens, strip, errors)
+
+
+def _sentencepiece_shape(spec: dict[str, Any]) -> tuple[tuple[str, str], bool] | None:
+    """``((pattern, content), strip)`` for ``Sequence[Replace, ByteFallback, Fuse, Strip?]``."""
+    if spec.get("type") != "Sequence":
+        return None
+    parts = spec.get("decoders") or []
+    kinds = [p.get("type") for p in parts]
+    if kinds not in (
+        ["Replace", "ByteFallback", "Fuse"],
+        ["Replace", "ByteFallback", "Fuse", "Strip"],
+    ):
+        return None
+    replace = parts[0]
+    pattern = (replace.get("pattern") or {}).get("String")
+    if not isinstance(pattern, str) or not isinstance(replace.get("content"), str):
+        return None
+    strip = len(parts) == 4
+    if strip and (parts[3].get("content"), parts[3].get("start"), parts[3].get("stop")) != (
+        " ",
+        1,
+        0,
+    ):
+        return None
+    return (pattern, replace["content"]), strip
+
+
+def _fallback_bytes(token: str | None, pattern: str, content: str) -> bytes:
+    if token is None:
+        return b""
+    if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+        try:
+            return bytes([int(token[3:5], 16)])
+        except ValueError:
+            pass
+    return token.replace(pattern, content).encode()
+
+
+def _byte_level_bytes(token: str | None, alphabet: dict[str, int]) -> bytes:
+    if token is None:
+        return b""
+    try:
+        return bytes([alphabet[c] for c in token])
+    except KeyError:
+        return token.encode()
 
 
 def _byte_alphabet() -> dict[str, int]:
@@ -111,46 +217,72 @@ def _byte_alphabet() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
-class ByteLevelDetokenizer(Detokenizer):
-    """Byte-level BPE streams: a table lookup and a C UTF-8 decoder per token."""
+class TableDetokenizer(Detokenizer):
+    """A stream decoded by table lookups and a C incremental UTF-8 decoder: no ``tokenizers``
+    call per token. For the decoders :func:`token_table` supports."""
 
-    __slots__ = ("_n", "_table", "_utf8")
+    __slots__ = ("_at_start", "_decode", "_n", "_pieces", "_table", "_utf8")
 
-    def __init__(
-        self,
-        table: list[bytes],
-        prompt_ids: Sequence[int] | None = None,
-    ) -> None:
+    def __init__(self, table: TokenTable, prompt_ids: Sequence[int] | None = None) -> None:
         self._table = table
-        self._n = len(table)
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        if prompt_ids:
+        self._pieces = table.pieces
+        self._n = len(table.pieces)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(table.errors)
+        self._decode = self._utf8.decode
+        self._at_start = (table.first is not None or table.strip_space) and table.at_start(
+            prompt_ids
+        )
+        if prompt_ids and not self._at_start:
             # A prompt that ends inside a character: its bytes start the first output text.
-            self._utf8.decode(self._bytes(prompt_ids[-_CONTEXT_MIN:]))
+            self._decode(self._bytes(prompt_ids[-_CONTEXT_MIN:]))
 
     def _bytes(self, token_ids: Sequence[int]) -> bytes:
-        table, n = self._table, self._n
-        return b"".join([table[t] for t in token_ids if 0 <= t < n])
+        pieces, n = self._pieces, self._n
+        return b"".join([pieces[t] for t in token_ids if 0 <= t < n])
 
     def step(self, token_ids: Sequence[int]) -> str:
         """The new text for these tokens (``""`` while a character is incomplete)."""
+        if self._at_start:
+            return self._step_start(token_ids)
         if len(token_ids) == 1:
             t = token_ids[0]
-            return self._utf8.decode(self._table[t]) if 0 <= t < self._n else ""
-        return self._utf8.decode(self._bytes(token_ids))
+            return self._decode(self._pieces[t]) if 0 <= t < self._n else ""
+        return self._decode(self._bytes(token_ids))
+
+    def _step_start(self, token_ids: Sequence[int]) -> str:
+        """Tokens at the start of the text, where the first-token rules apply."""
+        table = self._table
+        for i, t in enumerate(token_ids):
+            if not 0 <= t < self._n:
+                continue
+            if table.first is not None:
+                if table.skip and t in table.special:
+                    continue
+                self._at_start = False
+                return self._decode(table.first[t]) + self.step(token_ids[i + 1 :])
+            text = self._decode(self._pieces[t])
+            if text:
+                self._at_start = False
+                if text[0] == " ":
+                    text = text[1:]
+                return text + self.step(token_ids[i + 1 :])
+        return ""
 
     def flush(self) -> str:
         """At the end of the stream: the held-back bytes, as U+FFFD (as a full decode)."""
-        text = self._utf8.decode(b"", True)
+        text = self._decode(b"", True)
         self._utf8.reset()
         return text
 
-    def __copy__(self) -> ByteLevelDetokenizer:
-        other = ByteLevelDetokenizer.__new__(ByteLevelDetokenizer)
+    def __copy__(self) -> TableDetokenizer:
+        other = TableDetokenizer.__new__(TableDetokenizer)
         other._table = self._table
+        other._pieces = self._pieces
         other._n = self._n
-        other._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        other._at_start = self._at_start
+        other._utf8 = codecs.getincrementaldecoder("utf-8")(self._table.errors)
         other._utf8.setstate(self._utf8.getstate())
+        other._decode = other._utf8.decode
         return other
 
 

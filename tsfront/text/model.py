@@ -24,10 +24,11 @@ from typing import Any
 from tsfront.text import chat
 from tsfront.text._deps import require
 from tsfront.text.detok import (
-    ByteLevelDetokenizer,
     Detokenizer,
     StreamDetokenizer,
-    byte_level_table,
+    TableDetokenizer,
+    TokenTable,
+    token_table,
 )
 from tsfront.text.errors import ChatTemplateError, TextError, TokenizerNotFound
 
@@ -143,12 +144,17 @@ class TextModel:
         decoders = require("tokenizers.decoders")
         self._decode_stream: type | None = getattr(decoders, "DecodeStream", None)
         self._token_text: dict[int, str] = {}
-        # Built on the first byte-level detokenizer: keyed by skip_special_tokens.
-        self._byte_tables: dict[bool, list[bytes]] | None = None
+        self._anchor_ids: list[int] | None = None
         self._byte_level = type(tokenizer.decoder) is decoders.ByteLevel
+        # Keyed by skip_special_tokens; built at load (a 150k vocabulary takes ~0.1 s).
+        table = token_table(tokenizer, True)
+        self._tables: dict[bool, TokenTable] = {}
+        if table is not None:
+            self._tables[True] = table
+            self._tables[False] = token_table(tokenizer, False)  # type: ignore[assignment]
         self.detokenizer_algorithm: str = (
-            "bytes"
-            if self._byte_level
+            "table"
+            if self._tables
             else "decode_stream"
             if self._decode_stream is not None
             else "offsets"
@@ -228,12 +234,17 @@ class TextModel:
         """A new incremental :class:`Detokenizer` for one output stream, decoding after the
         tail of ``prompt_ids``.
 
-        ``algorithm`` (``"bytes"``, ``"decode_stream"`` or ``"offsets"``) overrides
+        ``algorithm`` (``"table"``, ``"decode_stream"`` or ``"offsets"``) overrides
         :attr:`detokenizer_algorithm`, for measurements and tests.
         """
         algorithm = algorithm or self.detokenizer_algorithm
-        if algorithm == "bytes":
-            return ByteLevelDetokenizer(self._byte_table(skip_special_tokens), prompt_ids)
+        if algorithm == "table":
+            if not self._tables:
+                raise TextError(
+                    f"model {self.name!r} has a decoder the table algorithm does not support "
+                    f"({self.tokenizer.decoder}): use algorithm='decode_stream'"
+                )
+            return TableDetokenizer(self._tables[skip_special_tokens], prompt_ids)
         if algorithm == "decode_stream":
             if self._decode_stream is None:
                 raise TextError(
@@ -244,32 +255,46 @@ class TextModel:
             )
         if algorithm == "offsets":
             return StreamDetokenizer(self.tokenizer, None, prompt_ids, skip_special_tokens)
-        raise TextError(f"algorithm={algorithm!r}: use 'bytes', 'decode_stream' or 'offsets'")
-
-    def _byte_table(self, skip_special_tokens: bool) -> list[bytes]:
-        if not self._byte_level:
-            raise TextError(
-                f"model {self.name!r} has a {type(self.tokenizer.decoder).__name__} decoder, "
-                "not ByteLevel: use algorithm='decode_stream'"
-            )
-        if self._byte_tables is None:
-            built = byte_level_table(self.tokenizer)
-            assert built is not None
-            table, special = built
-            skipped = list(table)
-            for i in special:
-                skipped[i] = b""
-            self._byte_tables = {False: table, True: skipped}
-        return self._byte_tables[skip_special_tokens]
+        raise TextError(f"algorithm={algorithm!r}: use 'table', 'decode_stream' or 'offsets'")
 
     def token_text(self, token_id: int) -> str:
-        """The text of one token on its own, for logprobs display (cached)."""
+        """The text of one token as it shows inside a stream, for logprobs display (cached).
+
+        Decoded after an ordinary token, so a SentencePiece ``▁the`` shows as ``" the"`` (on
+        its own the decoder would strip the space, as it does at the start of a text).
+        """
         text = self._token_text.get(token_id)
         if text is None:
-            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            decode = self.tokenizer.decode
+            if self._byte_level:
+                text = decode([token_id], skip_special_tokens=False)
+            else:
+                anchor = self._anchor()
+                base = decode(anchor, skip_special_tokens=False)
+                full = decode([*anchor, token_id], skip_special_tokens=False)
+                text = full[len(base) :] if full.startswith(base) else decode([token_id])
             if len(self._token_text) < _TOKEN_TEXT_CACHE:
                 self._token_text[token_id] = text
         return text
+
+    def _anchor(self) -> list[int]:
+        if self._anchor_ids is None:
+            self._anchor_ids = self.tokenizer.encode("a", add_special_tokens=False).ids
+        return self._anchor_ids
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (OpenAI's logprobs ``bytes``): exact for byte-level
+        BPE and for ``<0xNN>`` byte-fallback tokens, else the UTF-8 of :meth:`token_text`."""
+        if self._byte_level:
+            pieces = self._tables[False].pieces
+            return pieces[token_id] if 0 <= token_id < len(pieces) else b""
+        token = self.tokenizer.id_to_token(token_id)
+        if token is not None and len(token) == 6 and token.startswith("<0x") and token[5] == ">":
+            try:
+                return bytes([int(token[3:5], 16)])
+            except ValueError:
+                pass
+        return self.token_text(token_id).encode("utf-8")
 
     def apply_chat_template(
         self,

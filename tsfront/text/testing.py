@@ -7,6 +7,8 @@ template), ``generation_config.json`` and ``config.json`` for one of three token
   Llama-3's special tokens and a Llama-3-like chat template;
 - ``"metaspace"``: a SentencePiece-style BPE (Llama-2 style: ``▁`` for spaces, ``<0xNN>`` byte
   fallback for characters outside its vocabulary) with a ChatML template;
+- ``"unigram"``: a Unigram model with a ``Metaspace`` decoder (T5 and newer SentencePiece
+  conversions), characters outside its vocabulary become ``<unk>``;
 - ``"wordlevel"``: token ``i`` is the word ``w<i>`` for every id below ``vocab_size``, so the
   text of an engine's token ids is easy to read and to check. Ids 0, 1, 2 are ``<unk>``,
   ``<s>``, ``</s>`` (the simulator's default eos is 2 and it generates ids 3 ..
@@ -137,6 +139,24 @@ def _metaspace(vocab_size: int) -> Any:
     return tok
 
 
+def _unigram(vocab_size: int) -> Any:
+    """A Unigram model with a Metaspace pre-tokenizer and decoder (T5 / newer SentencePiece
+    conversions): ``▁`` for spaces, dropped in the first token; no byte fallback."""
+    tk = require("tokenizers")
+    tok = tk.Tokenizer(tk.models.Unigram())
+    tok.pre_tokenizer = tk.pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = tk.decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    trainer = tk.trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=CHATML_SPECIALS, unk_token="<unk>",
+        show_progress=False,
+    )  # fmt: skip
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.post_processor = tk.processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    return tok
+
+
 def _wordlevel(vocab_size: int) -> Any:
     tk = require("tokenizers")
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
@@ -175,6 +195,12 @@ def make_test_model(
         template = CHATML_TEMPLATE
         gen_eos = tok.token_to_id("<|im_end|>")
         tok_eos = "<|im_end|>"
+    elif kind == "unigram":
+        tok = _unigram(vocab_size or 600)
+        bos = "<s>"
+        template = CHATML_TEMPLATE
+        gen_eos = [tok.token_to_id("</s>"), tok.token_to_id("<|im_end|>")]
+        tok_eos = "<|im_end|>"
     elif kind == "wordlevel":
         tok = _wordlevel(vocab_size or 32000)
         bos = "<s>"
@@ -182,14 +208,14 @@ def make_test_model(
         gen_eos = [tok.token_to_id("</s>"), tok.token_to_id("<|im_end|>")]
         tok_eos = "</s>"
     else:
-        raise ValueError(f"kind={kind!r}: use 'bytelevel', 'metaspace' or 'wordlevel'")
+        raise ValueError(f"kind={kind!r}: use 'bytelevel', 'metaspace', 'unigram' or 'wordlevel'")
     tok.save(str(folder / "tokenizer.json"))
     config_eos = gen_eos[0] if isinstance(gen_eos, list) else gen_eos
     files: dict[str, dict[str, Any]] = {
         "tokenizer_config.json": {
             "bos_token": bos,
             "eos_token": tok_eos,
-            "unk_token": "<unk>" if kind != "bytelevel" else None,
+            "unk_token": None if kind == "bytelevel" else "<unk>",
             "model_max_length": max_position_embeddings,
             "chat_template": template,
             "tokenizer_class": "PreTrainedTokenizerFast",
