@@ -114,9 +114,10 @@ class TokenTable:
         return not any(0 <= t < n and self.pieces[t] for t in prompt_ids)
 
 
-def token_table(tokenizer: Any, skip_special_tokens: bool) -> TokenTable | None:
-    """The :class:`TokenTable` of ``tokenizer``, when its decoder is one whose output is the
-    concatenation of per-token text (``None`` for any other: DecodeStream decodes those).
+def token_tables(tokenizer: Any) -> dict[bool, TokenTable] | None:
+    """The :class:`TokenTable` of ``tokenizer`` keyed by ``skip_special_tokens``, when its
+    decoder is one whose output is the concatenation of per-token text (``None`` for any
+    other: DecodeStream decodes those).
 
     Supported, each by the decoder's own rule: ``ByteLevel`` (GPT-2 byte alphabet; a token with
     any other character stands for its UTF-8); ``Metaspace`` (``▁`` → space, dropped in the
@@ -126,20 +127,27 @@ def token_table(tokenizer: Any, skip_special_tokens: bool) -> TokenTable | None:
     """
     decoder = tokenizer.decoder
     spec: Any = None if decoder is None else json.loads(decoder.__getstate__())
+    kind = "join" if spec is None else spec.get("type")
+    shape = None
+    if kind not in ("join", "ByteLevel", "Metaspace"):
+        shape = _sentencepiece_shape(spec)
+        if shape is None:
+            return None
     added = tokenizer.get_added_tokens_decoder()
     special = frozenset(i for i, t in added.items() if t.special)
     n = max(tokenizer.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
-    tokens = [tokenizer.id_to_token(i) for i in range(n)]
+    # id_to_token is what Tokenizer.decode uses (get_vocab can disagree with it).
+    id_to_token = tokenizer.id_to_token
+    tokens: list[str | None] = [id_to_token(i) for i in range(n)]
     first: list[bytes] | None = None
     strip = False
     errors = "replace"
-    if spec is None:
+    if kind == "join":
         pieces = [b"" if t is None else b" " + t.encode() for t in tokens]
         strip = True
-    elif spec.get("type") == "ByteLevel":
-        alphabet = _byte_alphabet()
-        pieces = [_byte_level_bytes(t, alphabet) for t in tokens]
-    elif spec.get("type") == "Metaspace":
+    elif kind == "ByteLevel":
+        pieces = _byte_level_pieces(tokens)
+    elif kind == "Metaspace":
         repl = spec.get("replacement", "▁")
         scheme = spec.get("prepend_scheme")
         if scheme is None:
@@ -148,16 +156,17 @@ def token_table(tokenizer: Any, skip_special_tokens: bool) -> TokenTable | None:
         if scheme != "never":
             first = [b"" if t is None else t.replace(repl, "").encode() for t in tokens]
     else:
-        shape = _sentencepiece_shape(spec)
-        if shape is None:
-            return None
+        assert shape is not None
         (pattern, content), strip = shape
         pieces = [_fallback_bytes(t, pattern, content) for t in tokens]
         errors = _BYTE_FALLBACK_ERRORS
-    if skip_special_tokens:
-        for i in special:
-            pieces[i] = b""
-    return TokenTable(pieces, first, special, skip_special_tokens, strip, errors)
+    skipped = list(pieces)
+    for i in special:
+        skipped[i] = b""
+    return {
+        False: TokenTable(pieces, first, special, False, strip, errors),
+        True: TokenTable(skipped, first, special, True, strip, errors),
+    }
 
 
 def _sentencepiece_shape(spec: dict[str, Any]) -> tuple[tuple[str, str], bool] | None:
@@ -196,13 +205,25 @@ def _fallback_bytes(token: str | None, pattern: str, content: str) -> bytes:
     return token.replace(pattern, content).encode()
 
 
-def _byte_level_bytes(token: str | None, alphabet: dict[str, int]) -> bytes:
-    if token is None:
-        return b""
-    try:
-        return bytes([alphabet[c] for c in token])
-    except KeyError:
-        return token.encode()
+def _byte_level_pieces(tokens: list[str | None]) -> list[bytes]:
+    """ByteLevel's rule for each token, in C string operations: translate the byte alphabet
+    to Latin-1 and encode; a character outside the alphabet (mapped out of Latin-1) fails the
+    encode, and that token stands for its UTF-8."""
+    alphabet = _byte_alphabet()
+    table = {ord(c): b for c, b in alphabet.items()}
+    for c in range(256):
+        if chr(c) not in alphabet:
+            table[c] = 0x10000  # not in the alphabet: must fail the Latin-1 encode
+    pieces: list[bytes] = []
+    for t in tokens:
+        if t is None:
+            pieces.append(b"")
+            continue
+        try:
+            pieces.append(t.translate(table).encode("latin-1"))
+        except UnicodeEncodeError:
+            pieces.append(t.encode())
+    return pieces
 
 
 def _byte_alphabet() -> dict[str, int]:

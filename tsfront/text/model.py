@@ -28,7 +28,7 @@ from tsfront.text.detok import (
     StreamDetokenizer,
     TableDetokenizer,
     TokenTable,
-    token_table,
+    token_tables,
 )
 from tsfront.text.errors import ChatTemplateError, TextError, TokenizerNotFound
 
@@ -146,12 +146,8 @@ class TextModel:
         self._token_text: dict[int, str] = {}
         self._anchor_ids: list[int] | None = None
         self._byte_level = type(tokenizer.decoder) is decoders.ByteLevel
-        # Keyed by skip_special_tokens; built at load (a 150k vocabulary takes ~0.1 s).
-        table = token_table(tokenizer, True)
-        self._tables: dict[bool, TokenTable] = {}
-        if table is not None:
-            self._tables[True] = table
-            self._tables[False] = token_table(tokenizer, False)  # type: ignore[assignment]
+        # Keyed by skip_special_tokens; built at load (see docs/TEXT.md for the time it takes).
+        self._tables: dict[bool, TokenTable] = token_tables(tokenizer) or {}
         self.detokenizer_algorithm: str = (
             "table"
             if self._tables
