@@ -333,11 +333,17 @@ class StreamDetokenizer(Detokenizer):
         self._list_step = True
         # None: the prefix/read-offset algorithm in Python (no DecodeStream in this version
         # of tokenizers, or DecodeStream refused this stream's window).
-        self._stream = (
-            None
-            if decode_stream is None
-            else decode_stream(ids=context or None, skip_special_tokens=skip_special_tokens)
-        )
+        self._stream = None
+        if decode_stream is not None:
+            try:
+                self._stream = decode_stream(
+                    ids=context or None, skip_special_tokens=skip_special_tokens
+                )
+            except TypeError:
+                # tokenizers before 0.22 has no prefill: step through the context instead.
+                self._stream = decode_stream(skip_special_tokens=skip_special_tokens)
+                for t in context:
+                    self._stream.step(tokenizer, t)
 
     def step(self, token_ids: Sequence[int]) -> str:
         """The new text for these tokens (``""`` while a character is incomplete)."""
