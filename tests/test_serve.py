@@ -212,7 +212,7 @@ def test_logprobs_of_the_sampled_tokens(served: Served) -> None:
         model="tiny-words", prompt="w5", max_tokens=5, logprobs=0
     )
     lp = out.choices[0].logprobs
-    assert lp.tokens == [f"w{FIRST + p}" for p in range(5)]
+    assert lp.tokens == [f" w{FIRST + p}" for p in range(5)]  # as it shows in the stream
     assert lp.token_logprobs == [default_logprob(FIRST + p) for p in range(5)]
     chat = served.client.chat.completions.create(
         model="tiny-words",
@@ -221,7 +221,8 @@ def test_logprobs_of_the_sampled_tokens(served: Served) -> None:
         logprobs=True,
     )
     content = chat.choices[0].logprobs.content
-    assert [c.token for c in content] == ["w100", "w101", "w102"]
+    assert [c.token for c in content] == [" w100", " w101", " w102"]
+    assert [bytes(c.bytes) for c in content] == [b" w100", b" w101", b" w102"]
     assert [c.logprob for c in content] == [default_logprob(FIRST + p) for p in range(3)]
 
 
@@ -237,7 +238,7 @@ def test_logprobs_streamed(served: Served) -> None:
     for event in stream:
         if event.choices and event.choices[0].logprobs:
             got.extend((c.token, c.logprob) for c in event.choices[0].logprobs.content)
-    assert got == [(f"w{FIRST + p}", default_logprob(FIRST + p)) for p in range(4)]
+    assert got == [(f" w{FIRST + p}", default_logprob(FIRST + p)) for p in range(4)]
 
 
 # ---------------------------------------------------------------------- chat

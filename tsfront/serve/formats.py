@@ -212,17 +212,16 @@ class ChatFormat(Format):
         if pairs is None:
             return None
         token_text = self.text.token_text
-        content = []
-        for token, value in pairs:
-            text = token_text(token)
-            content.append(
-                {
-                    "token": text,
-                    "logprob": value,
-                    "bytes": list(text.encode("utf-8", "surrogatepass")),
-                    "top_logprobs": [],
-                }
-            )
+        token_bytes = self.text.token_bytes
+        content = [
+            {
+                "token": token_text(token),
+                "logprob": value,
+                "bytes": list(token_bytes(token)),
+                "top_logprobs": [],
+            }
+            for token, value in pairs
+        ]
         return {"content": content}
 
     def last(self, ch, text: str, chunk) -> bytes:
