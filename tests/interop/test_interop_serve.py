@@ -38,9 +38,7 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(
-    interop_python: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Served]:
+def served(interop_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     from tsfront.text.testing import make_test_model
 
     tmp = tmp_path_factory.mktemp("serve")
