@@ -489,6 +489,8 @@ def params_from(args: argparse.Namespace) -> ServeParams:
 def run_cli(args: argparse.Namespace) -> int:
     """``tsfront bench serve``: run and print (JSON with ``--json``, else a table)."""
     p = params_from(args)
+    # SIGTERM unwinds like Ctrl-C, so every server and engine group started is stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     report = run_serve(p, verbose=not args.json)
     report["params"] = asdict(p)
     if getattr(args, "out", None):

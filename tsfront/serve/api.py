@@ -492,6 +492,8 @@ class OpenAIService:
             for ch in choices:
                 ch.stream.abort()
             raise
+        if len(choices) == 1:
+            return SSEReply(self._one(plan, fmt, choices[0], first, whole=True))
         return SSEReply(self._events(plan, fmt, choices, first))
 
     async def _submit(self, plan: _Plan) -> list[_Choice]:
@@ -590,12 +592,8 @@ class OpenAIService:
         self, plan: _Plan, fmt: Format, choices: list[_Choice], first: OutputChunk | None
     ) -> AsyncIterator[bytes]:
         try:
-            if len(choices) == 1:
-                async for event in self._one(plan, fmt, choices[0], first):
-                    yield event
-            else:
-                async for event in self._many(plan, fmt, choices, first):
-                    yield event
+            async for event in self._many(plan, fmt, choices, first):
+                yield event
             if plan.include_usage:
                 yield fmt.usage_event(choices)
             yield _DONE
@@ -604,9 +602,16 @@ class OpenAIService:
                 ch.stream.abort()
 
     async def _one(
-        self, plan: _Plan, fmt: Format, ch: _Choice, chunk: OutputChunk | None
+        self,
+        plan: _Plan,
+        fmt: Format,
+        ch: _Choice,
+        chunk: OutputChunk | None,
+        *,
+        whole: bool = False,
     ) -> AsyncIterator[bytes]:
-        # The hot path: one event per chunk, built from pre-encoded fragments.
+        # The hot path: one event per chunk, built from pre-encoded fragments. With ``whole``
+        # it is the response's entire event stream (one choice: no wrapper generator per token).
         stream = ch.stream
         lp = plan.logprobs
         index = ch.index
@@ -622,11 +627,11 @@ class OpenAIService:
                     try:
                         chunk = await stream.__anext__()
                     except StopAsyncIteration:
-                        return
+                        break
                 text = ch.text(chunk)
                 if ch.finish is not None:
                     yield fmt.last(ch, text, chunk if lp else None)
-                    return
+                    break
                 if lp:
                     yield fmt.with_logprobs(index, text, chunk)
                 elif text:
@@ -634,6 +639,13 @@ class OpenAIService:
                 chunk = None
         except StreamError as exc:
             yield fmt.error_event(exc)
+        finally:
+            if whole:
+                stream.abort()
+        if whole:
+            if plan.include_usage:
+                yield fmt.usage_event([ch])
+            yield _DONE
 
     async def _many(
         self, plan: _Plan, fmt: Format, choices: list[_Choice], first: OutputChunk | None
