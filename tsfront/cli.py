@@ -306,7 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="serve the OpenAI API (completions, chat) from W worker processes",
-        description=serve_cli.__doc__.split("\n\n")[0],
+        description="Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, "
+        "/health) from W worker processes on one port, for an engine group that dials "
+        "--handshake. Prints 'handshake: ADDR', then 'listening: http://HOST:PORT' once every "
+        "engine registered and every worker listens; SIGINT/SIGTERM stop it.",
     )
     serve_cli.add_arguments(serve)
     serve.set_defaults(run="tsfront.serve.cli:run")

@@ -186,6 +186,8 @@ class _Choice:
                 # Stop decoding now instead of running on to max_tokens.
                 self.stream.abort()
                 self.finish = "stop"
+                self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
+                self.cached = chunk.cached_tokens
                 return text
             if reason is not None:
                 text += stop.flush()
