@@ -392,13 +392,26 @@ def test_routes_models_health_and_unknown(served: Served) -> None:
 # ---------------------------------------------------------------------- no engine, shutdown
 
 
-def test_no_live_engine_is_503_with_retry_after_and_stop_is_clean(model_dir: str) -> None:
+def test_engine_death_ends_streams_then_503_with_retry_after_and_clean_stop(model_dir: str) -> None:
     s = start_served(model_dir, workers=1)
     try:
         pids = s.server.group_pids()
         assert len(pids) >= 3  # master, I/O process, worker
         shm_before = set(os.listdir("/dev/shm"))
-        s.group.stop()  # both ranks send ENGINE_CORE_DEAD
+        with httpx.stream(
+            "POST",
+            f"{s.url}/v1/completions",
+            json={"prompt": "w5", "max_tokens": 3000, "stream": True},
+            timeout=DEADLINE,
+        ) as response:
+            lines = (line for line in response.iter_lines() if line.startswith("data: "))
+            assert json.loads(next(lines)[6:])["choices"][0]["text"].startswith(" w100")
+            s.group.stop()  # both ranks send ENGINE_CORE_DEAD mid-stream
+            rest = [line[6:] for line in lines]
+        # The stream ends with an error event naming the dead engine, then [DONE].
+        assert rest[-1] == "[DONE]"
+        error = json.loads(rest[-2])["error"]
+        assert "died" in error["message"] and error["type"] == "server_error"
         s.wait(
             "/health to report no live engine",
             lambda: httpx.get(f"{s.url}/health", timeout=5).status_code == 503,
