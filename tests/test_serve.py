@@ -5,7 +5,7 @@ own) against two in-process `SimGroup` ranks whose ``token_fn`` makes output tok
 every request ``FIRST + p``; the model folder is the text layer's word-level test tokenizer,
 where token ``i`` reads ``w<i>``, so every text is known in advance: `expected_text`. The
 sim's logs and counters show what reached the engines (aborts included). Every wait has a
-deadline. About 10 s in all, most of it the two servers' start.
+deadline. About 20 s in all, most of it the three servers' start.
 """
 
 from __future__ import annotations
@@ -426,3 +426,35 @@ def test_engine_death_ends_streams_then_503_with_retry_after_and_clean_stop(mode
     finally:
         s.server.stop()
         s.group.stop()
+
+
+def test_attach_to_a_running_io_process(model_dir: str) -> None:
+    """``--attach``: the server starts no I/O process; the engines belong to ``tsfront io``."""
+    import subprocess
+    import sys
+
+    io = subprocess.Popen(
+        [sys.executable, "-m", "tsfront", "io", "--handshake", "tcp://127.0.0.1:0",
+         "--num-engines", "2", "--no-monitor", "--json"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    group = server = None
+    try:
+        info = json.loads(io.stdout.readline())
+        group = SimGroup(info["handshake_address"], 2, token_fn=token_fn).start()
+        server = ServeProcess(
+            ["--model", model_dir, "--attach", info["address"], "--workers", "1", "--port", "0"]
+        )
+        url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        out = client.completions.create(model="tiny-words", prompt="w5", max_tokens=4)
+        assert out.choices[0].text == expected_text(4)
+        assert server.stop() == 0
+        assert io.poll() is None  # the I/O process (and its engines) outlive the server
+    finally:
+        if server is not None:
+            server.stop()
+        io.terminate()
+        io.wait(10)
+        if group is not None:
+            group.stop()
