@@ -307,6 +307,12 @@ class TableDetokenizer(Detokenizer):
         return other
 
 
+def _decoder_failure(error: BaseException) -> bool:
+    """An error of DecodeStream itself: any Exception, or a Rust panic (pyo3's
+    PanicException derives from BaseException), never KeyboardInterrupt and the like."""
+    return isinstance(error, Exception) or type(error).__name__ == "PanicException"
+
+
 class StreamDetokenizer(Detokenizer):
     """Any tokenizer: ``DecodeStream`` when given, else the prefix/read-offset algorithm."""
 
@@ -365,9 +371,12 @@ class StreamDetokenizer(Detokenizer):
             # tokenizers before 0.22 take one id per step; the stream has not moved.
             self._list_step = False
             return self._step_each(token_ids)
-        except Exception:
+        except BaseException as e:
             # DecodeStream refuses a window whose text does not extend its previous text
-            # ("invalid prefix"); this stream goes on with the offsets algorithm.
+            # ("invalid prefix"), and some versions panic on state they got wrong; this
+            # stream goes on with the offsets algorithm, which keeps its own state.
+            if not _decoder_failure(e):
+                raise
             self._stream = None
             return self._step_offsets()
         if out is None:
@@ -382,7 +391,9 @@ class StreamDetokenizer(Detokenizer):
         for k, t in enumerate(token_ids):
             try:
                 out = self._stream.step(self._tokenizer, t)
-            except Exception:
+            except BaseException as e:
+                if not _decoder_failure(e):
+                    raise
                 self._stream = None
                 parts.append(self._step_offsets())
                 return "".join(parts)
@@ -428,7 +439,12 @@ class StreamDetokenizer(Detokenizer):
         other = StreamDetokenizer.__new__(StreamDetokenizer)
         other._tokenizer = self._tokenizer
         other._skip = self._skip
-        other._stream = None if self._stream is None else copy.copy(self._stream)
+        other._stream = None
+        if self._stream is not None:
+            try:
+                other._stream = copy.copy(self._stream)
+            except TypeError:
+                pass  # DecodeStream up to 0.22.0 cannot be copied: the copy uses offsets
         other._ids = list(self._ids)
         other._prefix = self._prefix
         other._emitted = self._emitted

@@ -244,7 +244,7 @@ class TextModel:
         if algorithm == "decode_stream":
             if self._decode_stream is None:
                 raise TextError(
-                    "this tokenizers package has no DecodeStream: pip install 'tokenizers>=0.21'"
+                    "this tokenizers package has no DecodeStream: pip install 'tokenizers>=0.21.4'"
                 )
             return StreamDetokenizer(
                 self.tokenizer, self._decode_stream, prompt_ids, skip_special_tokens
