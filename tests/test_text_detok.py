@@ -313,3 +313,24 @@ def test_token_text_shows_a_token_as_it_reads_in_a_stream(models: dict[str, Text
     assert model.token_text(model.tokenizer.token_to_id("<0xE6>")) == REPLACEMENT
     assert model.token_bytes(model.tokenizer.token_to_id("<0xE6>")) == b"\xe6"
     assert models["wordlevel"].token_text(7) == " w7"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_a_prompt_of_ids_that_ends_inside_a_character(
+    models: dict[str, TextModel], kind: str, algorithm: str
+) -> None:
+    """Completed by the output, the character is output text; not completed, the output
+    starts with the U+FFFD the full decode shows for the prompt's broken character."""
+    model = models[kind]
+    # One character split: byte fallback shows a broken run of byte tokens as U+FFFD
+    # throughout, so a whole character before the cut would be no reference.
+    ids = model.encode("ok 🦜", False)
+    cut = next(k for k in range(len(ids), 0, -1) if model.decode(ids[:k]).endswith(REPLACEMENT))
+    prompt = ids[:cut]
+    head = model.decode(prompt).rstrip(REPLACEMENT)
+    for rest in (ids[cut:], model.encode(" fine", False)):
+        detok = model.detokenizer(prompt, algorithm=algorithm)
+        out = "".join(detok.step([t]) for t in rest) + detok.flush()
+        assert out == model.decode(prompt + rest)[len(head) :]
+    assert out.endswith(" fine") and out.startswith(REPLACEMENT)

@@ -37,18 +37,29 @@ _CONTEXT_MAX = 24
 _REPLACEMENT = "\ufffd"
 
 
-def prompt_context(tokenizer: Any, prompt_ids: Sequence[int] | None, skip: bool) -> list[int]:
-    """The tail of the prompt that the first output token is decoded after."""
+def prompt_context(
+    tokenizer: Any, prompt_ids: Sequence[int] | None, skip: bool
+) -> tuple[list[int], list[int]]:
+    """The tail of the prompt that the first output token is decoded after, split into
+    ``(context, pending)``: ``pending`` are the last prompt ids when the prompt (given as ids)
+    ends inside a character; they are decoded with the output, which shows the character if
+    the output completes it and U+FFFD (as the full decode does) if not."""
     if not prompt_ids:
-        return []
+        return [], []
     ids = list(prompt_ids[-_CONTEXT_MAX:])
-    if len(ids) <= _CONTEXT_MIN:
-        return ids
-    for n in range(_CONTEXT_MIN, len(ids) + 1):
-        tail = ids[-n:]
+    end = len(ids)
+    while end > 0 and len(ids) - end < _CONTEXT_MIN:
+        if not tokenizer.decode(ids[:end], skip_special_tokens=skip).endswith(_REPLACEMENT):
+            break
+        end -= 1
+    head, pending = ids[:end], ids[end:]
+    if len(head) <= _CONTEXT_MIN:
+        return head, pending
+    for n in range(_CONTEXT_MIN, len(head) + 1):
+        tail = head[-n:]
         if _REPLACEMENT not in tokenizer.decode(tail, skip_special_tokens=skip):
-            return tail
-    return ids[-_CONTEXT_MIN:]
+            return tail, pending
+    return head[-_CONTEXT_MIN:], pending
 
 
 class Detokenizer:
@@ -316,7 +327,16 @@ def _decoder_failure(error: BaseException) -> bool:
 class StreamDetokenizer(Detokenizer):
     """Any tokenizer: ``DecodeStream`` when given, else the prefix/read-offset algorithm."""
 
-    __slots__ = ("_emitted", "_ids", "_list_step", "_prefix", "_skip", "_stream", "_tokenizer")
+    __slots__ = (
+        "_emitted",
+        "_ids",
+        "_list_step",
+        "_prefix",
+        "_shown",
+        "_skip",
+        "_stream",
+        "_tokenizer",
+    )
 
     def __init__(
         self,
@@ -327,7 +347,7 @@ class StreamDetokenizer(Detokenizer):
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        context = prompt_context(tokenizer, prompt_ids, skip_special_tokens)
+        context, pending = prompt_context(tokenizer, prompt_ids, skip_special_tokens)
         # Every id fed (context first) and how many of them the emitted text covers; the rest
         # are held (an incomplete character) and decoded by flush(). The held ids are decoded
         # after ids[_prefix:_emitted], the ids of the last emission: a window that starts on a
@@ -350,6 +370,23 @@ class StreamDetokenizer(Detokenizer):
                 self._stream = decode_stream(skip_special_tokens=skip_special_tokens)
                 for t in context:
                     self._stream.step(tokenizer, t)
+        # Text of the pending prompt ids before their broken character (the " " of a token
+        # " \xf0\x9f"): part of the prompt, so not output when the output completes it.
+        self._shown = ""
+        if pending:
+            self._ids = [*context, *pending]
+            base = tokenizer.decode(context, skip_special_tokens=skip_special_tokens)
+            full = tokenizer.decode(self._ids, skip_special_tokens=skip_special_tokens)
+            if full.startswith(base):
+                self._shown = full[len(base) :].rstrip(_REPLACEMENT)
+            if self._stream is not None:
+                try:
+                    for t in pending:
+                        self._stream.step(tokenizer, t)  # an incomplete character: no text
+                except BaseException as e:
+                    if not _decoder_failure(e):
+                        raise
+                    self._stream = None
 
     def step(self, token_ids: Sequence[int]) -> str:
         """The new text for these tokens (``""`` while a character is incomplete)."""
@@ -383,7 +420,12 @@ class StreamDetokenizer(Detokenizer):
             return ""
         self._prefix = self._emitted
         self._emitted = len(ids)
-        return out
+        return self._unshown(out) if self._shown else out
+
+    def _unshown(self, text: str) -> str:
+        """``text`` less the prompt text it repeats at its start (see ``_shown``)."""
+        shown, self._shown = self._shown, ""
+        return text[len(shown) :] if text.startswith(shown) else text
 
     def _step_each(self, token_ids: Sequence[int]) -> str:
         parts = []
@@ -401,7 +443,8 @@ class StreamDetokenizer(Detokenizer):
                 parts.append(out)
                 self._prefix = self._emitted
                 self._emitted = base + k + 1
-        return "".join(parts)
+        text = "".join(parts)
+        return self._unshown(text) if self._shown and text else text
 
     def _step_offsets(self) -> str:
         text = self._pending_text()
@@ -409,7 +452,7 @@ class StreamDetokenizer(Detokenizer):
             return ""
         self._prefix = self._emitted
         self._emitted = len(self._ids)
-        return text
+        return self._unshown(text) if self._shown else text
 
     def _pending_text(self) -> str:
         """Text of the ids fed after the last emitted one, decoded after a few before it."""
@@ -433,7 +476,7 @@ class StreamDetokenizer(Detokenizer):
         if text:
             self._prefix = self._emitted
             self._emitted = len(self._ids)
-        return text
+        return self._unshown(text) if self._shown else text
 
     def __copy__(self) -> StreamDetokenizer:
         other = StreamDetokenizer.__new__(StreamDetokenizer)
@@ -447,6 +490,7 @@ class StreamDetokenizer(Detokenizer):
                 pass  # DecodeStream up to 0.22.0 cannot be copied: the copy uses offsets
         other._ids = list(self._ids)
         other._prefix = self._prefix
+        other._shown = self._shown
         other._emitted = self._emitted
         other._list_step = self._list_step
         return other
