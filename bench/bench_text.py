@@ -116,7 +116,7 @@ def best_us_per_token(run: Callable, rounds: int) -> float:
     return best / TOKENS * 1e6
 
 
-def main(rounds: int = 30) -> None:
+def main(rounds: int = 50) -> None:
     """Print every case side by side, interleaved round by round so load affects all alike."""
     with tempfile.TemporaryDirectory() as tmp:
         models = {kind: load(kind, Path(tmp)) for kind in KINDS}
