@@ -13,7 +13,6 @@ Run the side-by-side table (every algorithm in one run, best of rounds, ratios):
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tsfront.text import StopMatcher, TextModel
-from tsfront.text.testing import make_test_model
+from tsfront.text.testing import make_test_model, mixed_text
 
 TOKENS = 2000
 STOPS = ["\n\nUser:", "<|stop|>"]
@@ -37,9 +36,6 @@ KINDS = ("bytelevel", "metaspace", "unigram")
 
 def stream_chunks(model: TextModel) -> list[list[int]]:
     """TOKENS one-token chunks of mixed-script text."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from text_fixtures import mixed_text
-
     ids: list[int] = []
     seed = 0
     while len(ids) < TOKENS:
