@@ -86,7 +86,8 @@ def test_detokenize_and_stop_match_per_token(
     detok = model.detokenizer(None, True, algorithm=algorithm)
     text = "".join(detok.step(c) for c in chunks) + detok.flush()
     assert text == model.decode([c[0] for c in chunks])
-    benchmark.extra_info["us_per_token"] = benchmark.stats.stats.min / TOKENS * 1e6
+    if benchmark.stats is not None:  # None under --benchmark-disable
+        benchmark.extra_info["us_per_token"] = benchmark.stats.stats.min / TOKENS * 1e6
 
 
 def test_stop_matching_alone_per_token(benchmark, models: dict[str, TextModel]) -> None:
@@ -100,7 +101,8 @@ def test_stop_matching_alone_per_token(benchmark, models: dict[str, TextModel]) 
             feed(d)
 
     benchmark(run)
-    benchmark.extra_info["us_per_token"] = benchmark.stats.stats.min / TOKENS * 1e6
+    if benchmark.stats is not None:  # None under --benchmark-disable
+        benchmark.extra_info["us_per_token"] = benchmark.stats.stats.min / TOKENS * 1e6
 
 
 def best_us_per_token(run: Callable, rounds: int) -> float:
