@@ -257,6 +257,11 @@ def test_wordlevel_model_spells_engine_token_ids(models: dict[str, TextModel]) -
     detok = model.detokenizer(model.encode("w7 w8"))
     assert [detok.step([t]) for t in (3, 31999, 2)] == [" w3", " w31999", ""]
     assert model.decode([5, 6]) == "w5 w6"
+    # Every id the simulator generates by default reads as its word.
+    from tsfront.sim.scheduler import default_token
+
+    ids = [default_token(f"rid-{r}", i) for r in range(4) for i in range(64)]
+    assert model.decode(ids) == " ".join(f"w{i}" for i in ids)
     assert model.eos_token_ids == (2, model.tokenizer.token_to_id("<|im_end|>"))
 
 
