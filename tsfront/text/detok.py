@@ -9,14 +9,14 @@ bytes are held until the character is complete, never shown as U+FFFD.
 Three algorithms, chosen per model by :meth:`TextModel.detokenizer` (docs/TEXT.md has the
 measurements behind the choice):
 
-- :class:`ByteLevelDetokenizer`, for a tokenizer whose decoder is exactly ``ByteLevel``
-  (GPT-2, Llama-3, Qwen): each token id maps to fixed bytes (a table built once per model,
-  with the decoder's own rule), and a C incremental UTF-8 decoder turns the bytes into text.
-  No ``tokenizers`` call per token.
+- :class:`TableDetokenizer`, for a decoder whose output is the concatenation of per-token
+  text (``ByteLevel`` as in GPT-2, Llama-3, Qwen; ``Metaspace``; Llama-2's byte-fallback
+  chain; none): each token id maps to fixed bytes (a table built once per model, with the
+  decoder's own rule, :func:`token_tables`), and CPython's incremental UTF-8 decoder (C) turns
+  the bytes into text. No ``tokenizers`` call per token.
 - :class:`StreamDetokenizer` with ``tokenizers.decoders.DecodeStream`` (Rust), for any other
-  decoder (SentencePiece ``▁``, byte fallback, WordPiece ...): it decodes a short window of ids
-  with and without the new ones and emits the difference once the text no longer ends in an
-  incomplete character.
+  decoder (WordPiece, ...): it decodes a short window of ids with and without the new ones and
+  emits the difference once the text no longer ends in an incomplete character.
 - :class:`StreamDetokenizer` without DecodeStream (tokenizers before 0.21, or a window that
   DecodeStream refuses): the same prefix/read-offset algorithm in Python, as vLLM's.
 """
