@@ -339,3 +339,20 @@ def test_a_prompt_of_ids_that_ends_inside_a_character(
         out = "".join(detok.step([t]) for t in rest) + detok.flush()
         assert out == model.decode(prompt + rest)[len(head) :]
     assert out.endswith(" fine") and out.startswith(REPLACEMENT)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_ids_outside_the_vocabulary_give_no_text(
+    models: dict[str, TextModel], kind: str, algorithm: str
+) -> None:
+    """An engine that sends an id the tokenizer does not know (or a negative one) costs that
+    token's text, never the stream: as Tokenizer.decode, which skips unknown ids."""
+    model = models[kind]
+    ids = stream_ids(model, kind, seed=9, min_tokens=200)
+    bad = [-1, model.tokenizer.get_vocab_size() + 10, 2**40]
+    mixed = [t for i, t in enumerate(ids) for t in ((t, bad[i % 3]) if i % 7 == 0 else (t,))]
+    detok = model.detokenizer([-5, *ids[:3], 2**33], algorithm=algorithm)
+    out = "".join(detok.step([t]) for t in mixed[:100]) + detok.step(mixed[100:]) + detok.flush()
+    base = model.decode(ids[:3])
+    assert out == model.decode(ids[:3] + ids)[len(base) :]

@@ -125,6 +125,12 @@ class TokenTable:
         return not any(0 <= t < n and self.pieces[t] for t in prompt_ids)
 
 
+def vocabulary_limit(tokenizer: Any) -> int:
+    """One past the largest id with a token (model vocabulary and added tokens)."""
+    added = tokenizer.get_added_tokens_decoder()
+    return max(tokenizer.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
+
+
 def token_tables(tokenizer: Any) -> dict[bool, TokenTable] | None:
     """The :class:`TokenTable` of ``tokenizer`` keyed by ``skip_special_tokens``, when its
     decoder is one whose output is the concatenation of per-token text (``None`` for any
@@ -146,7 +152,7 @@ def token_tables(tokenizer: Any) -> dict[bool, TokenTable] | None:
             return None
     added = tokenizer.get_added_tokens_decoder()
     special = frozenset(i for i, t in added.items() if t.special)
-    n = max(tokenizer.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
+    n = vocabulary_limit(tokenizer)
     # id_to_token is what Tokenizer.decode uses (get_vocab can disagree with it).
     id_to_token = tokenizer.id_to_token
     tokens: list[str | None] = [id_to_token(i) for i in range(n)]
@@ -330,6 +336,7 @@ class StreamDetokenizer(Detokenizer):
     __slots__ = (
         "_emitted",
         "_ids",
+        "_limit",
         "_list_step",
         "_prefix",
         "_shown",
@@ -344,9 +351,16 @@ class StreamDetokenizer(Detokenizer):
         decode_stream: type | None,
         prompt_ids: Sequence[int] | None = None,
         skip_special_tokens: bool = True,
+        id_limit: int | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
+        # Ids at or above this (or negative) have no token: no text, as Tokenizer.decode skips
+        # an unknown id (and refuses a negative one).
+        self._limit = id_limit if id_limit is not None else vocabulary_limit(tokenizer)
+        limit = self._limit
+        if prompt_ids:
+            prompt_ids = [t for t in prompt_ids[-_CONTEXT_MAX:] if 0 <= t < limit]
         context, pending = prompt_context(tokenizer, prompt_ids, skip_special_tokens)
         # Every id fed (context first) and how many of them the emitted text covers; the rest
         # are held (an incomplete character) and decoded by flush(). The held ids are decoded
@@ -390,6 +404,12 @@ class StreamDetokenizer(Detokenizer):
 
     def step(self, token_ids: Sequence[int]) -> str:
         """The new text for these tokens (``""`` while a character is incomplete)."""
+        limit = self._limit
+        if len(token_ids) == 1:
+            if not 0 <= token_ids[0] < limit:
+                return ""
+        elif not all(0 <= t < limit for t in token_ids):
+            token_ids = [t for t in token_ids if 0 <= t < limit]
         if not token_ids:
             return ""
         ids = self._ids
@@ -489,6 +509,7 @@ class StreamDetokenizer(Detokenizer):
             except TypeError:
                 pass  # DecodeStream up to 0.22.0 cannot be copied: the copy uses offsets
         other._ids = list(self._ids)
+        other._limit = self._limit
         other._prefix = self._prefix
         other._shown = self._shown
         other._emitted = self._emitted
