@@ -257,6 +257,11 @@ def test_wordlevel_model_spells_engine_token_ids(models: dict[str, TextModel]) -
     detok = model.detokenizer(model.encode("w7 w8"))
     assert [detok.step([t]) for t in (3, 31999, 2)] == [" w3", " w31999", ""]
     assert model.decode([5, 6]) == "w5 w6"
+    # Every id the simulator generates by default reads as its word.
+    from tsfront.sim.scheduler import default_token
+
+    ids = [default_token(f"rid-{r}", i) for r in range(4) for i in range(64)]
+    assert model.decode(ids) == " ".join(f"w{i}" for i in ids)
     assert model.eos_token_ids == (2, model.tokenizer.token_to_id("<|im_end|>"))
 
 
@@ -313,3 +318,41 @@ def test_token_text_shows_a_token_as_it_reads_in_a_stream(models: dict[str, Text
     assert model.token_text(model.tokenizer.token_to_id("<0xE6>")) == REPLACEMENT
     assert model.token_bytes(model.tokenizer.token_to_id("<0xE6>")) == b"\xe6"
     assert models["wordlevel"].token_text(7) == " w7"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace"])
+def test_a_prompt_of_ids_that_ends_inside_a_character(
+    models: dict[str, TextModel], kind: str, algorithm: str
+) -> None:
+    """Completed by the output, the character is output text; not completed, the output
+    starts with the U+FFFD the full decode shows for the prompt's broken character."""
+    model = models[kind]
+    # One character split: byte fallback shows a broken run of byte tokens as U+FFFD
+    # throughout, so a whole character before the cut would be no reference.
+    ids = model.encode("ok 🦜", False)
+    cut = next(k for k in range(len(ids), 0, -1) if model.decode(ids[:k]).endswith(REPLACEMENT))
+    prompt = ids[:cut]
+    head = model.decode(prompt).rstrip(REPLACEMENT)
+    for rest in (ids[cut:], model.encode(" fine", False)):
+        detok = model.detokenizer(prompt, algorithm=algorithm)
+        out = "".join(detok.step([t]) for t in rest) + detok.flush()
+        assert out == model.decode(prompt + rest)[len(head) :]
+    assert out.endswith(" fine") and out.startswith(REPLACEMENT)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_ids_outside_the_vocabulary_give_no_text(
+    models: dict[str, TextModel], kind: str, algorithm: str
+) -> None:
+    """An engine that sends an id the tokenizer does not know (or a negative one) costs that
+    token's text, never the stream: as Tokenizer.decode, which skips unknown ids."""
+    model = models[kind]
+    ids = stream_ids(model, kind, seed=9, min_tokens=200)
+    bad = [-1, model.tokenizer.get_vocab_size() + 10, 2**40]
+    mixed = [t for i, t in enumerate(ids) for t in ((t, bad[i % 3]) if i % 7 == 0 else (t,))]
+    detok = model.detokenizer([-5, *ids[:3], 2**33], algorithm=algorithm)
+    out = "".join(detok.step([t]) for t in mixed[:100]) + detok.step(mixed[100:]) + detok.flush()
+    base = model.decode(ids[:3])
+    assert out == model.decode(ids[:3] + ids)[len(base) :]

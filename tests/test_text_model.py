@@ -292,3 +292,20 @@ except TextDependencyMissing as e:
         check=True,
     )
     assert "pip install 'tsfront[text]'" in out.stdout
+
+
+def test_generation_blocks_and_loop_controls_render(base: Path) -> None:
+    """transformers' templates may mark assistant text with {% generation %} and use
+    {% break %} / {% continue %}."""
+    model = TextModel.load(model_dir(base, "bytelevel"))
+    template = (
+        "{% for m in messages %}{% if m['role'] == 'skip' %}{% continue %}{% endif %}"
+        "{% if m['role'] == 'assistant' %}{% generation %}[{{ m['content'] }}]{% endgeneration %}"
+        "{% else %}{{ m['content'] }}{% endif %}{% endfor %}"
+    )
+    msgs = [
+        {"role": "user", "content": "q"},
+        {"role": "skip", "content": "x"},
+        {"role": "assistant", "content": "a"},
+    ]
+    assert model.apply_chat_template(msgs, chat_template=template) == "q[a]"

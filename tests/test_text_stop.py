@@ -174,3 +174,34 @@ def test_feed_scans_only_new_text() -> None:
         matcher.feed("p?\n\nUser")
         assert len(matcher.pending) <= 6
     assert matcher.matched is None
+
+
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace", "unigram"])
+def test_detokenized_stream_stops_where_the_full_text_does(
+    tmp_path_factory: pytest.TempPathFactory, kind: str
+) -> None:
+    """Detokenizer and matcher together, as a worker runs them: stop strings of several
+    scripts, split across tokens (and across the bytes of a character), end the stream at the
+    same place as in the full decode, and the matching chunk is the one that completes them."""
+    from text_fixtures import mixed_text, model_dir
+
+    from tsfront.text import TextModel
+
+    model = TextModel.load(model_dir(tmp_path_factory.getbasetemp() / "stop-models", kind))
+    ids = model.encode(mixed_text(11, 400), add_special_tokens=False)
+    full = model.decode(ids)
+    for stop in ([full[300:303]], [full[500:502], "\n\n"], ["🦜-never", full[-40:-37]]):
+        want, matched_stop = reference(full, stop, include=False)
+        assert matched_stop is not None
+        detok, matcher = model.detokenizer(), StopMatcher(stop)
+        shown, matched, used = "", False, 0
+        for t in ids:
+            used += 1
+            text, matched = matcher.feed(detok.step([t]))
+            shown += text
+            if matched:
+                break
+        assert matched and shown == want
+        # The chunk that matched is the first whose decoded text holds the stop string.
+        assert matched_stop in model.decode(ids[:used])
+        assert matched_stop not in model.decode(ids[: used - 1]).rstrip("\ufffd")

@@ -3,10 +3,11 @@
 A template comes from the model folder (``tokenizer_config.json``'s ``chat_template``, a string
 or a list of named templates, or a ``chat_template.jinja`` file) and is rendered by ``jinja2``
 in an immutable sandbox, with the environment ``transformers`` builds: ``trim_blocks``,
-``lstrip_blocks``, the ``loopcontrols`` extension, a ``tojson`` filter that keeps non-ASCII
-text, and the globals ``raise_exception`` and ``strftime_now``. The variables are
-``messages``, ``tools``, ``add_generation_prompt``, the special tokens (``bos_token``,
-``eos_token``, ...) and any extra keyword arguments. A template is compiled once.
+``lstrip_blocks``, the ``loopcontrols`` extension, ``{% generation %}`` blocks (rendered as
+their body), a ``tojson`` filter that keeps non-ASCII text, and the globals
+``raise_exception`` and ``strftime_now``. The variables are ``messages``, ``tools``,
+``add_generation_prompt``, the special tokens (``bos_token``, ``eos_token``, ...) and any extra
+keyword arguments. A template is compiled once.
 """
 
 from __future__ import annotations
@@ -39,13 +40,32 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _generation_extension() -> type:
+    """``{% generation %}...{% endgeneration %}``: transformers marks assistant text with it
+    (for training masks); rendering, it is just its body."""
+    ext = require("jinja2.ext")
+    nodes = require("jinja2.nodes")
+
+    class Generation(ext.Extension):
+        tags = frozenset({"generation"})
+
+        def parse(self, parser: Any) -> Any:
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body, lineno=lineno)
+
+    return Generation
+
+
 @lru_cache(maxsize=32)
 def compile_template(source: str) -> Any:
     """Compile ``source`` in the sandboxed environment (cached by source text)."""
     jinja2 = require("jinja2")
     sandbox = require("jinja2.sandbox")
     env = sandbox.ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=["jinja2.ext.loopcontrols", _generation_extension()],
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception

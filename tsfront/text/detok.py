@@ -9,14 +9,14 @@ bytes are held until the character is complete, never shown as U+FFFD.
 Three algorithms, chosen per model by :meth:`TextModel.detokenizer` (docs/TEXT.md has the
 measurements behind the choice):
 
-- :class:`ByteLevelDetokenizer`, for a tokenizer whose decoder is exactly ``ByteLevel``
-  (GPT-2, Llama-3, Qwen): each token id maps to fixed bytes (a table built once per model,
-  with the decoder's own rule), and a C incremental UTF-8 decoder turns the bytes into text.
-  No ``tokenizers`` call per token.
+- :class:`TableDetokenizer`, for a decoder whose output is the concatenation of per-token
+  text (``ByteLevel`` as in GPT-2, Llama-3, Qwen; ``Metaspace``; Llama-2's byte-fallback
+  chain; none): each token id maps to fixed bytes (a table built once per model, with the
+  decoder's own rule, :func:`token_tables`), and CPython's incremental UTF-8 decoder (C) turns
+  the bytes into text. No ``tokenizers`` call per token.
 - :class:`StreamDetokenizer` with ``tokenizers.decoders.DecodeStream`` (Rust), for any other
-  decoder (SentencePiece ``▁``, byte fallback, WordPiece ...): it decodes a short window of ids
-  with and without the new ones and emits the difference once the text no longer ends in an
-  incomplete character.
+  decoder (WordPiece, ...): it decodes a short window of ids with and without the new ones and
+  emits the difference once the text no longer ends in an incomplete character.
 - :class:`StreamDetokenizer` without DecodeStream (tokenizers before 0.21, or a window that
   DecodeStream refuses): the same prefix/read-offset algorithm in Python, as vLLM's.
 """
@@ -37,18 +37,29 @@ _CONTEXT_MAX = 24
 _REPLACEMENT = "\ufffd"
 
 
-def prompt_context(tokenizer: Any, prompt_ids: Sequence[int] | None, skip: bool) -> list[int]:
-    """The tail of the prompt that the first output token is decoded after."""
+def prompt_context(
+    tokenizer: Any, prompt_ids: Sequence[int] | None, skip: bool
+) -> tuple[list[int], list[int]]:
+    """The tail of the prompt that the first output token is decoded after, split into
+    ``(context, pending)``: ``pending`` are the last prompt ids when the prompt (given as ids)
+    ends inside a character; they are decoded with the output, which shows the character if
+    the output completes it and U+FFFD (as the full decode does) if not."""
     if not prompt_ids:
-        return []
+        return [], []
     ids = list(prompt_ids[-_CONTEXT_MAX:])
-    if len(ids) <= _CONTEXT_MIN:
-        return ids
-    for n in range(_CONTEXT_MIN, len(ids) + 1):
-        tail = ids[-n:]
+    end = len(ids)
+    while end > 0 and len(ids) - end < _CONTEXT_MIN:
+        if not tokenizer.decode(ids[:end], skip_special_tokens=skip).endswith(_REPLACEMENT):
+            break
+        end -= 1
+    head, pending = ids[:end], ids[end:]
+    if len(head) <= _CONTEXT_MIN:
+        return head, pending
+    for n in range(_CONTEXT_MIN, len(head) + 1):
+        tail = head[-n:]
         if _REPLACEMENT not in tokenizer.decode(tail, skip_special_tokens=skip):
-            return tail
-    return ids[-_CONTEXT_MIN:]
+            return tail, pending
+    return head[-_CONTEXT_MIN:], pending
 
 
 class Detokenizer:
@@ -114,6 +125,12 @@ class TokenTable:
         return not any(0 <= t < n and self.pieces[t] for t in prompt_ids)
 
 
+def vocabulary_limit(tokenizer: Any) -> int:
+    """One past the largest id with a token (model vocabulary and added tokens)."""
+    added = tokenizer.get_added_tokens_decoder()
+    return max(tokenizer.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
+
+
 def token_tables(tokenizer: Any) -> dict[bool, TokenTable] | None:
     """The :class:`TokenTable` of ``tokenizer`` keyed by ``skip_special_tokens``, when its
     decoder is one whose output is the concatenation of per-token text (``None`` for any
@@ -135,7 +152,7 @@ def token_tables(tokenizer: Any) -> dict[bool, TokenTable] | None:
             return None
     added = tokenizer.get_added_tokens_decoder()
     special = frozenset(i for i, t in added.items() if t.special)
-    n = max(tokenizer.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
+    n = vocabulary_limit(tokenizer)
     # id_to_token is what Tokenizer.decode uses (get_vocab can disagree with it).
     id_to_token = tokenizer.id_to_token
     tokens: list[str | None] = [id_to_token(i) for i in range(n)]
@@ -307,10 +324,26 @@ class TableDetokenizer(Detokenizer):
         return other
 
 
+def _decoder_failure(error: BaseException) -> bool:
+    """An error of DecodeStream itself: any Exception, or a Rust panic (pyo3's
+    PanicException derives from BaseException), never KeyboardInterrupt and the like."""
+    return isinstance(error, Exception) or type(error).__name__ == "PanicException"
+
+
 class StreamDetokenizer(Detokenizer):
     """Any tokenizer: ``DecodeStream`` when given, else the prefix/read-offset algorithm."""
 
-    __slots__ = ("_emitted", "_ids", "_list_step", "_prefix", "_skip", "_stream", "_tokenizer")
+    __slots__ = (
+        "_emitted",
+        "_ids",
+        "_limit",
+        "_list_step",
+        "_prefix",
+        "_shown",
+        "_skip",
+        "_stream",
+        "_tokenizer",
+    )
 
     def __init__(
         self,
@@ -318,10 +351,17 @@ class StreamDetokenizer(Detokenizer):
         decode_stream: type | None,
         prompt_ids: Sequence[int] | None = None,
         skip_special_tokens: bool = True,
+        id_limit: int | None = None,
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        context = prompt_context(tokenizer, prompt_ids, skip_special_tokens)
+        # Ids at or above this (or negative) have no token: no text, as Tokenizer.decode skips
+        # an unknown id (and refuses a negative one).
+        self._limit = id_limit if id_limit is not None else vocabulary_limit(tokenizer)
+        limit = self._limit
+        if prompt_ids:
+            prompt_ids = [t for t in prompt_ids[-_CONTEXT_MAX:] if 0 <= t < limit]
+        context, pending = prompt_context(tokenizer, prompt_ids, skip_special_tokens)
         # Every id fed (context first) and how many of them the emitted text covers; the rest
         # are held (an incomplete character) and decoded by flush(). The held ids are decoded
         # after ids[_prefix:_emitted], the ids of the last emission: a window that starts on a
@@ -344,9 +384,32 @@ class StreamDetokenizer(Detokenizer):
                 self._stream = decode_stream(skip_special_tokens=skip_special_tokens)
                 for t in context:
                     self._stream.step(tokenizer, t)
+        # Text of the pending prompt ids before their broken character (the " " of a token
+        # " \xf0\x9f"): part of the prompt, so not output when the output completes it.
+        self._shown = ""
+        if pending:
+            self._ids = [*context, *pending]
+            base = tokenizer.decode(context, skip_special_tokens=skip_special_tokens)
+            full = tokenizer.decode(self._ids, skip_special_tokens=skip_special_tokens)
+            if full.startswith(base):
+                self._shown = full[len(base) :].rstrip(_REPLACEMENT)
+            if self._stream is not None:
+                try:
+                    for t in pending:
+                        self._stream.step(tokenizer, t)  # an incomplete character: no text
+                except BaseException as e:
+                    if not _decoder_failure(e):
+                        raise
+                    self._stream = None
 
     def step(self, token_ids: Sequence[int]) -> str:
         """The new text for these tokens (``""`` while a character is incomplete)."""
+        limit = self._limit
+        if len(token_ids) == 1:
+            if not 0 <= token_ids[0] < limit:
+                return ""
+        elif not all(0 <= t < limit for t in token_ids):
+            token_ids = [t for t in token_ids if 0 <= t < limit]
         if not token_ids:
             return ""
         ids = self._ids
@@ -365,16 +428,24 @@ class StreamDetokenizer(Detokenizer):
             # tokenizers before 0.22 take one id per step; the stream has not moved.
             self._list_step = False
             return self._step_each(token_ids)
-        except Exception:
+        except BaseException as e:
             # DecodeStream refuses a window whose text does not extend its previous text
-            # ("invalid prefix"); this stream goes on with the offsets algorithm.
+            # ("invalid prefix"), and some versions panic on state they got wrong; this
+            # stream goes on with the offsets algorithm, which keeps its own state.
+            if not _decoder_failure(e):
+                raise
             self._stream = None
             return self._step_offsets()
         if out is None:
             return ""
         self._prefix = self._emitted
         self._emitted = len(ids)
-        return out
+        return self._unshown(out) if self._shown else out
+
+    def _unshown(self, text: str) -> str:
+        """``text`` less the prompt text it repeats at its start (see ``_shown``)."""
+        shown, self._shown = self._shown, ""
+        return text[len(shown) :] if text.startswith(shown) else text
 
     def _step_each(self, token_ids: Sequence[int]) -> str:
         parts = []
@@ -382,7 +453,9 @@ class StreamDetokenizer(Detokenizer):
         for k, t in enumerate(token_ids):
             try:
                 out = self._stream.step(self._tokenizer, t)
-            except Exception:
+            except BaseException as e:
+                if not _decoder_failure(e):
+                    raise
                 self._stream = None
                 parts.append(self._step_offsets())
                 return "".join(parts)
@@ -390,7 +463,8 @@ class StreamDetokenizer(Detokenizer):
                 parts.append(out)
                 self._prefix = self._emitted
                 self._emitted = base + k + 1
-        return "".join(parts)
+        text = "".join(parts)
+        return self._unshown(text) if self._shown and text else text
 
     def _step_offsets(self) -> str:
         text = self._pending_text()
@@ -398,7 +472,7 @@ class StreamDetokenizer(Detokenizer):
             return ""
         self._prefix = self._emitted
         self._emitted = len(self._ids)
-        return text
+        return self._unshown(text) if self._shown else text
 
     def _pending_text(self) -> str:
         """Text of the ids fed after the last emitted one, decoded after a few before it."""
@@ -422,15 +496,22 @@ class StreamDetokenizer(Detokenizer):
         if text:
             self._prefix = self._emitted
             self._emitted = len(self._ids)
-        return text
+        return self._unshown(text) if self._shown else text
 
     def __copy__(self) -> StreamDetokenizer:
         other = StreamDetokenizer.__new__(StreamDetokenizer)
         other._tokenizer = self._tokenizer
         other._skip = self._skip
-        other._stream = None if self._stream is None else copy.copy(self._stream)
+        other._stream = None
+        if self._stream is not None:
+            try:
+                other._stream = copy.copy(self._stream)
+            except TypeError:
+                pass  # DecodeStream up to 0.22.0 cannot be copied: the copy uses offsets
         other._ids = list(self._ids)
+        other._limit = self._limit
         other._prefix = self._prefix
+        other._shown = self._shown
         other._emitted = self._emitted
         other._list_step = self._list_step
         return other

@@ -29,6 +29,7 @@ from tsfront.text.detok import (
     TableDetokenizer,
     TokenTable,
     token_tables,
+    vocabulary_limit,
 )
 from tsfront.text.errors import ChatTemplateError, TextError, TokenizerNotFound
 
@@ -148,6 +149,7 @@ class TextModel:
         self._byte_level = type(tokenizer.decoder) is decoders.ByteLevel
         # Keyed by skip_special_tokens; built at load (see docs/TEXT.md for the time it takes).
         self._tables: dict[bool, TokenTable] = token_tables(tokenizer) or {}
+        self._id_limit = vocabulary_limit(tokenizer)
         self.detokenizer_algorithm: str = (
             "table"
             if self._tables
@@ -244,13 +246,19 @@ class TextModel:
         if algorithm == "decode_stream":
             if self._decode_stream is None:
                 raise TextError(
-                    "this tokenizers package has no DecodeStream: pip install 'tokenizers>=0.21'"
+                    "this tokenizers package has no DecodeStream: pip install 'tokenizers>=0.21.4'"
                 )
             return StreamDetokenizer(
-                self.tokenizer, self._decode_stream, prompt_ids, skip_special_tokens
+                self.tokenizer,
+                self._decode_stream,
+                prompt_ids,
+                skip_special_tokens,
+                self._id_limit,
             )
         if algorithm == "offsets":
-            return StreamDetokenizer(self.tokenizer, None, prompt_ids, skip_special_tokens)
+            return StreamDetokenizer(
+                self.tokenizer, None, prompt_ids, skip_special_tokens, self._id_limit
+            )
         raise TextError(f"algorithm={algorithm!r}: use 'table', 'decode_stream' or 'offsets'")
 
     def token_text(self, token_id: int) -> str:

@@ -11,9 +11,13 @@ as the engine would have produced it; among several ending at the same offset, t
 (it started earliest). This answer depends only on the whole text, never on how it was split
 into deltas.
 
-Cost per :meth:`StopMatcher.feed`: the held-back text is shorter than the longest stop string,
-so each feed scans at most ``len(text) + longest - 1`` characters once per stop string, in C
-(``str.find``); nothing already emitted is scanned again.
+Cost per :meth:`StopMatcher.feed`: the held-back text is shorter than the longest stop string
+(``L``), so the search for a match scans at most ``len(text) + L - 1`` characters once per stop
+string, in C (``str.find``); nothing already emitted is scanned again. Finding what to hold back
+looks only at the last ``min(L - 1, len(held + text))`` characters, and returns at once when
+none of them can start a stop string (the common case); otherwise it tries the suffixes of
+that window longest first (a set lookup each), so its worst case grows with the square of that
+window, never with the length of the output.
 """
 
 from __future__ import annotations
