@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
             if io is not None and not io.alive():
                 raise Error("the I/O process exited; stopping")
             dead = [p for p in procs if p.exitcode is not None]
-            if dead:
+            if dead and not stop.is_set():  # (a terminal's Ctrl-C also reaches the workers)
                 raise Error(f"{dead[0].name} exited with status {dead[0].exitcode}; stopping")
         _note("stopping")
         return 0
