@@ -14,6 +14,7 @@ request's `RequestStream`.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 from tsfront import region as shm
@@ -70,8 +71,17 @@ class EngineClient:
 
     # ------------------------------------------------------------------ requests
 
-    async def generate(self, request: TokenizedGenerateReqInput) -> RequestStream:
+    async def generate(
+        self, request: TokenizedGenerateReqInput, *, deadline: float | None = None
+    ) -> RequestStream:
         """Submit a tokenized request; return its output stream.
+
+        ``deadline``: seconds from now the request may take to finish (``None``: the
+        config's ``request_deadline``, itself off by default; ``math.inf``: none). When it
+        passes, whether the request is still queued, waiting for its first token or
+        mid-stream, it is aborted on its engine (a request still queued in the I/O process
+        is never sent), its slot freed, and the stream ends with `DeadlineExceeded` after the
+        tokens that came before it.
 
         Refused before anything is sent, each with a typed error: what `validate_request`
         refuses (stop strings included), a rid already in flight in this worker
@@ -92,6 +102,19 @@ class EngineClient:
                 "build one with tsfront.wire.TokenizedGenerateReqInput(rid=..., input_ids=..., "
                 "sampling_params=SamplingParams())",
             )
+        if deadline is None:
+            deadline = att.config.request_deadline
+        elif (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0
+        ):
+            raise InvalidRequest(
+                "deadline",
+                deadline,
+                "must be a positive number of seconds",
+                "pass e.g. deadline=30.0, or math.inf for none",
+            )
+        if deadline is not None and math.isinf(deadline):
+            deadline = None
         pin = request.data_parallel_rank
         limit = self._context_limit(pin)
         validate_request(request, max_model_len=limit)
@@ -117,6 +140,7 @@ class EngineClient:
             encode_add(request),
             -1 if pin is None else pin,
             bool(request.return_logprob),
+            deadline,
         )
 
     def _context_limit(self, pin: int | None) -> int | None:

@@ -91,6 +91,10 @@ class ClientConfig:
             sockets (HELLO/READY and registrations are a few hundred bytes); larger frames
             cut that connection. Output sockets have no limit: a big batch is legitimate.
         load_ttl: seconds a load tail stays fresh for routing.
+        request_deadline: default deadline of every request, in seconds from `generate`
+            (``None``, the default: no deadline). A request still unfinished when it passes
+            is aborted on its engine and its stream ends with `DeadlineExceeded`;
+            ``generate(..., deadline=...)`` overrides it per request.
     """
 
     handshake_address: str = "tcp://127.0.0.1:30500"
@@ -110,6 +114,7 @@ class ClientConfig:
     heartbeat_timeout: float = 2.0
     max_message_size: int = 1 << 20
     load_ttl: float = 2.0
+    request_deadline: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("handshake_address", "input_address", "output_address"):
@@ -144,6 +149,15 @@ class ClientConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a positive number")
+        if self.request_deadline is not None and not (
+            isinstance(self.request_deadline, (int, float))
+            and not isinstance(self.request_deadline, bool)
+            and self.request_deadline > 0
+        ):
+            raise ConfigError(
+                f"request_deadline={self.request_deadline!r}: must be None (no deadline) or a "
+                "positive number of seconds"
+            )
         counts = (
             "max_workers",
             "slots_per_worker",

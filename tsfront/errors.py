@@ -113,5 +113,28 @@ class SendTimeout(StreamError):
     """The engine did not take the request within ``send_timeout``."""
 
 
+class DeadlineExceeded(StreamError):
+    """The request's deadline (``generate(..., deadline=...)`` or
+    ``ClientConfig.request_deadline``) passed before it finished.
+
+    The request was aborted on its engine (or, still queued in the I/O process, never sent)
+    and its slot freed; the tokens that arrived before the deadline were delivered first.
+
+    Attributes:
+        deadline: the request's deadline in seconds, as it was given.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rid: str | None = None,
+        engine_index: int | None = None,
+        deadline: float | None = None,
+    ):
+        self.deadline = deadline
+        super().__init__(message, rid=rid, engine_index=engine_index)
+
+
 class StreamRejected(StreamError):
     """The I/O process refused the request after submission (e.g. a rid in flight elsewhere)."""

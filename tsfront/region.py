@@ -30,6 +30,7 @@ FIN_DUPLICATE = 18
 FIN_NO_ENGINE = 19
 FIN_IO_STOPPING = 20
 FIN_RID_ABORTED = 21
+FIN_DEADLINE = 22
 
 # Counters the I/O process publishes at header offset 64 (u64 each), in this order.
 METRICS = (

@@ -13,7 +13,14 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from tsfront import region
-from tsfront.errors import EngineDied, IOProcessDied, SendTimeout, StreamError, StreamRejected
+from tsfront.errors import (
+    DeadlineExceeded,
+    EngineDied,
+    IOProcessDied,
+    SendTimeout,
+    StreamError,
+    StreamRejected,
+)
 from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
 
 if TYPE_CHECKING:
@@ -98,8 +105,25 @@ class OutputChunk:
         )
 
 
-def _stream_error(code: int, rid: str, engine: int) -> StreamError:
+def _deadline_error(
+    rid: str, engine: int | None, deadline: float | None, where: str = ""
+) -> DeadlineExceeded:
+    shown = f"{deadline:g} s" if deadline is not None else "its deadline"
+    where = where or (f"on engine {engine}" if engine is not None else "before its first token")
+    return DeadlineExceeded(
+        f"request {rid!r}: not finished within {shown}; aborted {where}. Raise the deadline "
+        "or shed load",
+        rid=rid,
+        engine_index=engine,
+        deadline=deadline,
+    )
+
+
+def _stream_error(code: int, rid: str, engine: int, deadline: float | None = None) -> StreamError:
     idx = engine if engine >= 0 else None
+    if code == region.FIN_DEADLINE:
+        # The I/O process dropped it unsent from an engine's backlog.
+        return _deadline_error(rid, None, deadline, "unsent, while it waited in the I/O process")
     if code == region.FIN_ENGINE_DEAD:
         return EngineDied(
             f"request {rid!r}: engine {engine} died while serving it; retry on another rank",
@@ -149,6 +173,7 @@ class RequestStream:
     __slots__ = (
         "__weakref__",
         "_attachment",
+        "_deadline",
         "_done",
         "_error",
         "_pending",
@@ -172,6 +197,7 @@ class RequestStream:
         self._waiter: asyncio.Future | None = None
         self._done = False  # no more input from the slot
         self._error: StreamError | None = None
+        self._deadline: float | None = None  # seconds, as given (set by the attachment)
 
     # -- fed by the attachment ------------------------------------------------------------
 
@@ -179,7 +205,7 @@ class RequestStream:
         _local, tokens, lp_val, lp_idx, finish, prompt, completion, cached, engine = update
         local_end = finish >= region.FIN_ENGINE_DEAD
         if local_end and not tokens:
-            self._fail(_stream_error(finish, self.rid, engine))
+            self._fail(_stream_error(finish, self.rid, engine, self._deadline))
             return
         self.engine_index = engine
         # A local end (engine death, the I/O process stopping) can arrive in the same update
@@ -204,7 +230,7 @@ class RequestStream:
         else:
             self._pending.append(chunk)
         if local_end:
-            self._fail(_stream_error(finish, self.rid, engine))
+            self._fail(_stream_error(finish, self.rid, engine, self._deadline))
             return
         self._wake()
 
@@ -214,6 +240,17 @@ class RequestStream:
         self._done = True
         self._error = error
         self._attachment._release(self)
+        self._wake()
+
+    def _expire(self) -> None:
+        # The deadline passed: what arrived stays readable, then DeadlineExceeded; the
+        # request is aborted on its engine (or dropped unsent by the I/O process) and the
+        # slot freed, as by `abort`.
+        if self._done:
+            return
+        self._done = True
+        self._error = _deadline_error(self.rid, self.engine_index, self._deadline)
+        self._attachment._abort(self)
         self._wake()
 
     def _wake(self) -> None:

@@ -11,6 +11,7 @@ stream, and parks again. Nothing here blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import os
 import socket
 import time
@@ -73,6 +74,12 @@ class Attachment:
         self.reader = None
         self.ctx: zmq.Context | None = None
         self.dealer: zmq.Socket | None = None
+        # Deadlines of the streams that have one: a heap of (monotonic time, ticket, stream
+        # reference) and one loop timer for the earliest, never one timer per stream or token.
+        # Entries of streams that ended stay until their time comes (popped unread).
+        self._deadlines: list[tuple[float, int, weakref.ref]] = []
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = 0.0
 
     # ------------------------------------------------------------------ attach
 
@@ -223,8 +230,18 @@ class Attachment:
 
     # ------------------------------------------------------------------ submissions
 
-    def submit(self, rid: str, payload: bytes, pin: int, with_logprobs: bool) -> RequestStream:
-        """Send a request's final ADD payload to the I/O process; the stream that reads it."""
+    def submit(
+        self,
+        rid: str,
+        payload: bytes,
+        pin: int,
+        with_logprobs: bool,
+        deadline: float | None = None,
+    ) -> RequestStream:
+        """Send a request's final ADD payload to the I/O process; the stream that reads it.
+
+        ``deadline``: seconds from now after which the request is aborted and its stream ends
+        with `DeadlineExceeded` (None: never)."""
         if self.closed:
             raise ClientClosed(str(self.failure) if self.failure else "the client is closed")
         if not self.free:
@@ -240,7 +257,8 @@ class Attachment:
             # reused ticket never meets its namesake on the same slot.
             self._next_ticket = self._ticket_base + 1
         self.reader.expect(slot, ticket)
-        header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs) + rid.encode()
+        expires = time.monotonic() + deadline if deadline is not None else 0.0
+        header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs, expires) + rid.encode()
         try:
             self.dealer.send_multipart([SUBMIT_ADD, header, payload], zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -254,7 +272,41 @@ class Attachment:
         stream = RequestStream(self, rid, slot, ticket)
         self.streams[slot] = stream
         self.by_rid[rid] = stream
+        if deadline is not None:
+            self._add_deadline(expires, stream, deadline)
         return stream
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _add_deadline(self, expires: float, stream: RequestStream, seconds: float) -> None:
+        stream._deadline = seconds
+        heapq.heappush(self._deadlines, (expires, stream._ticket, weakref.ref(stream)))
+        if self._deadline_timer is None or expires < self._deadline_at:
+            self._arm_deadline_timer(expires)
+
+    def _arm_deadline_timer(self, expires: float) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = expires
+        # The loop's clock may not be time.monotonic (uvloop's is its own): convert.
+        delay = max(0.0, expires - time.monotonic())
+        self._deadline_timer = self.loop.call_at(self.loop.time() + delay, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._deadline_timer = None
+        heap = self._deadlines
+        now = time.monotonic()
+        while heap and heap[0][0] <= now:
+            _, ticket, ref = heapq.heappop(heap)
+            stream = ref()
+            if (
+                stream is not None
+                and stream._ticket == ticket
+                and self.streams.get(stream._slot) is stream
+            ):
+                stream._expire()
+        if heap and not self.closed:
+            self._arm_deadline_timer(heap[0][0])
 
     def _release(self, stream: RequestStream) -> None:
         # The stream saw its end in the slot: the slot is ours to reuse.
@@ -315,6 +367,10 @@ class Attachment:
         if self.closed:
             return
         self.closed = True
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._deadlines.clear()
         for stream in list(self.streams.values()):
             self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
             stream._fail(

@@ -30,7 +30,8 @@ class PendingSend:
     slot: int
     ticket: int  # the request's, so a reused slot is never mistaken for it
     payload: zmq.Frame
-    deadline: float
+    deadline: float  # send_timeout's
+    expires: float = 0.0  # the request's own deadline (0: none); never sent after it
 
 
 @dataclass

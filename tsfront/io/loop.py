@@ -44,6 +44,7 @@ from tsfront.region import (
     ENGINE_DEAD,
     ENGINE_HANDSHAKING,
     ENGINE_LIVE,
+    FIN_DEADLINE,
     FIN_DUPLICATE,
     FIN_ENGINE_DEAD,
     FIN_IO_STOPPING,
@@ -65,8 +66,10 @@ from tsfront.wire import (
 
 log = logging.getLogger("tsfront.io")
 
-# Submission header: local slot, ticket, pinned rank (-1: none), logprobs flag; the rid follows.
-SUBMIT_HEADER = struct.Struct("<IQiB")
+# Submission header: local slot, ticket, pinned rank (-1: none), logprobs flag, the request's
+# deadline (CLOCK_MONOTONIC seconds, which every process of the machine shares; 0: none); the
+# rid follows.
+SUBMIT_HEADER = struct.Struct("<IQiBd")
 ABORT_ENTRY = struct.Struct("<IQ")
 SUBMIT_ADD = b"A"
 SUBMIT_ABORT = b"X"
@@ -407,7 +410,7 @@ class IOLoop:
         if len(header) < SUBMIT_HEADER.size:
             self.warn("bad-submit", "dropped a submission with a short header")
             return
-        local, ticket, pin, with_lp = SUBMIT_HEADER.unpack_from(header)
+        local, ticket, pin, with_lp, expires = SUBMIT_HEADER.unpack_from(header)
         if local >= self.spw or ticket == 0:
             self.warn("bad-submit", "dropped a submission for slot %d", local)
             return
@@ -444,29 +447,42 @@ class IOLoop:
         engine.in_flight += 1
         engine.requests_total += 1
         self.dirty.add(engine.row)
+        if expires and time.monotonic() >= expires:
+            # Its deadline passed on the way here: it is never sent (the worker's own timer
+            # ends its stream; this end reaches a worker whose timer is late).
+            self._expire(engine, slot)
+            return
         if engine.backlog:
-            self._queue(engine, slot, payload)
+            self._queue(engine, slot, payload, expires)
             return
         try:
             self.input.send_multipart([engine.identity, ADD, payload], zmq.NOBLOCK, copy=False)
             record.sent = True
         except zmq.Again:
-            self._queue(engine, slot, payload)
+            self._queue(engine, slot, payload, expires)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 self._lost(engine, "input connection unreachable")
             else:
                 raise
 
-    def _queue(self, engine: Engine, slot: int, payload: zmq.Frame) -> None:
+    def _queue(self, engine: Engine, slot: int, payload: zmq.Frame, expires: float = 0.0) -> None:
         engine.backlog.append(
             PendingSend(
                 slot,
                 self.records[slot].ticket,
                 payload,
                 time.monotonic() + self.config.send_timeout,
+                expires,
             )
         )
+
+    def _expire(self, engine: Engine, slot: int) -> None:
+        # A request whose deadline passed before its ADD left: never sent, so no ABORT.
+        self.records.pop(slot, None)
+        engine.in_flight -= 1
+        self.dirty.add(engine.row)
+        self.writer.finish(slot, FIN_DEADLINE, engine.index)
 
     def _retry_backlog(self, engine: Engine, now: float) -> None:
         while engine.backlog:
@@ -475,6 +491,10 @@ class IOLoop:
             if record is None or record.ticket != pending.ticket:
                 # Aborted while queued (its slot may already carry a newer request).
                 engine.backlog.popleft()
+                continue
+            if pending.expires and now >= pending.expires:
+                engine.backlog.popleft()
+                self._expire(engine, pending.slot)
                 continue
             if now >= pending.deadline:
                 engine.backlog.popleft()
