@@ -211,6 +211,9 @@ class _Writer:
         self.finishes.append((slot, code))
         return True
 
+    def unbind(self, slot: int) -> bool:
+        return True
+
 
 def _loop() -> IOLoop:
     return IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "deadline-test")
@@ -258,12 +261,12 @@ def test_an_add_that_arrives_past_its_deadline_is_never_sent():
             serial = 1
 
         ticket = (1 << 40) + 1
-        header = SUBMIT_HEADER.pack(0, ticket, 0, 0, time.monotonic() - 0.001) + b"gone"
+        header = SUBMIT_HEADER.pack(0, ticket, 0, 0, time.monotonic() - 0.001, 0) + b"gone"
         loop._add(_Worker(), header, zmq.Frame(b"ADD"))
         assert taking.sent == [] and writer.finishes == [(0, FIN_DEADLINE)]
         assert not loop.records and engine.in_flight == 0
         # Without a deadline (0) the same ADD goes.
-        header = SUBMIT_HEADER.pack(1, ticket + 1, 0, 0, 0.0) + b"kept"
+        header = SUBMIT_HEADER.pack(1, ticket + 1, 0, 0, 0.0, 0) + b"kept"
         loop._add(_Worker(), header, zmq.Frame(b"ADD"))
         assert len(taking.sent) == 1 and 1 in loop.records
         assert FIN_SEND_TIMEOUT not in [code for _, code in writer.finishes]

@@ -6,7 +6,7 @@ requests and read their streams straight from shared memory.
 """
 
 from tsfront.client import ClientListener, EngineClient
-from tsfront.config import ClientConfig, LoadBalance, Routing
+from tsfront.config import ClientConfig, EngineGroup, LoadBalance, Routing
 from tsfront.errors import (
     Busy,
     ClientClosed,
@@ -20,6 +20,7 @@ from tsfront.errors import (
     HandshakeTimeout,
     InvalidRequest,
     IOProcessDied,
+    PrefillFailed,
     PromptTooLong,
     RidRecentlyAborted,
     SendTimeout,
@@ -44,6 +45,7 @@ __all__ = [
     "DuplicateRequest",
     "EngineClient",
     "EngineDied",
+    "EngineGroup",
     "EngineInfo",
     "EngineLoad",
     "EngineUnavailable",
@@ -55,6 +57,7 @@ __all__ = [
     "InvalidRequest",
     "LoadBalance",
     "OutputChunk",
+    "PrefillFailed",
     "PromptTooLong",
     "RequestStream",
     "RidRecentlyAborted",

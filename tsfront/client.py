@@ -30,7 +30,7 @@ from tsfront.info import EngineInfo, EngineLoad, load_from_row
 from tsfront.io.process import IOProcess
 from tsfront.stream import RequestStream
 from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
-from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
+from tsfront.wire.request import ENGINE_ABORT_MEMORY_S, bootstrap_offset
 from tsfront.worker import Attachment
 
 
@@ -135,18 +135,25 @@ class EngineClient:
                     f"reuses an aborted rid for {ENGINE_ABORT_MEMORY_S:.0f} s",
                     "use a fresh rid",
                 )
+        payload = encode_add(request)
+        bootstrap_at = 0
+        if att.config.routing.is_disaggregated:
+            bootstrap_at = _bootstrap_offset(request, payload)
         return att.submit(
             request.rid,
-            encode_add(request),
+            payload,
             -1 if pin is None else pin,
             bool(request.return_logprob),
             deadline,
+            bootstrap_at,
         )
 
     def _context_limit(self, pin: int | None) -> int | None:
         att = self._att
         table = att.region.engines
-        n = len(att.engines)
+        # The group requests are placed on (its decode group under disaggregated serving),
+        # rows 0..num_engines-1; prefill engines follow it.
+        n = att.config.num_engines
         if pin is not None:
             if isinstance(pin, bool) or not isinstance(pin, int) or not 0 <= pin < n:
                 raise EngineUnavailable(
@@ -161,7 +168,7 @@ class EngineClient:
             return att.engines[pin].context_limit
         limits = [
             e.context_limit
-            for i, e in enumerate(att.engines)
+            for i, e in enumerate(att.engines[:n])
             if table[i][shm.E_STATE] == shm.ENGINE_LIVE
         ]
         if not limits:
@@ -274,3 +281,18 @@ class ClientListener:
         if self._io is not None:
             io, self._io = self._io, None
             await asyncio.get_running_loop().run_in_executor(None, io.stop)
+
+
+def _bootstrap_offset(request: TokenizedGenerateReqInput, payload: bytes) -> int:
+    # Under disaggregated serving tsfront owns the bootstrap fields: one per request, from
+    # the prefill engine the I/O process picks.
+    for name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
+        if getattr(request, name) is not None:
+            raise InvalidRequest(
+                name,
+                getattr(request, name),
+                "is set by tsfront under disaggregated serving (from the prefill engine it "
+                "picks and a fresh room per request)",
+                "leave bootstrap_host, bootstrap_port and bootstrap_room unset",
+            )
+    return bootstrap_offset(request, payload)

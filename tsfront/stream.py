@@ -17,6 +17,7 @@ from tsfront.errors import (
     DeadlineExceeded,
     EngineDied,
     IOProcessDied,
+    PrefillFailed,
     SendTimeout,
     StreamError,
     StreamRejected,
@@ -119,23 +120,53 @@ def _deadline_error(
     )
 
 
-def _stream_error(code: int, rid: str, engine: int, deadline: float | None = None) -> StreamError:
+def _stream_error(
+    code: int, rid: str, engine: int, deadline: float | None = None, pd: bool = False
+) -> StreamError:
     idx = engine if engine >= 0 else None
+    if code == region.FIN_PREFILL_DEAD:
+        return EngineDied(
+            f"request {rid!r}: prefill engine {engine} died while it held the request (or no "
+            "prefill engine was live); retry",
+            rid=rid,
+            engine_index=idx,
+            side="prefill",
+        )
+    if code == region.FIN_PREFILL_SEND_TIMEOUT:
+        return SendTimeout(
+            f"request {rid!r}: prefill engine {engine} did not take it within send_timeout; "
+            "the engine is overloaded or stuck",
+            rid=rid,
+            engine_index=idx,
+            side="prefill",
+        )
+    if code == region.FIN_PREFILL_ABORTED:
+        return PrefillFailed(
+            f"request {rid!r}: prefill engine {engine} aborted it (refused, or the KV transfer "
+            "to the decode engine failed); retry",
+            rid=rid,
+            engine_index=idx,
+            side="prefill",
+        )
+    side = "decode" if pd else None
+    name = "decode engine" if pd else "engine"
     if code == region.FIN_DEADLINE:
         # The I/O process dropped it unsent from an engine's backlog.
         return _deadline_error(rid, None, deadline, "unsent, while it waited in the I/O process")
     if code == region.FIN_ENGINE_DEAD:
         return EngineDied(
-            f"request {rid!r}: engine {engine} died while serving it; retry on another rank",
+            f"request {rid!r}: {name} {engine} died while serving it; retry on another rank",
             rid=rid,
             engine_index=idx,
+            side=side,
         )
     if code == region.FIN_SEND_TIMEOUT:
         return SendTimeout(
-            f"request {rid!r}: engine {engine} did not take it within send_timeout; the engine "
+            f"request {rid!r}: {name} {engine} did not take it within send_timeout; the engine "
             "is overloaded or stuck",
             rid=rid,
             engine_index=idx,
+            side=side,
         )
     if code == region.FIN_DUPLICATE:
         return StreamRejected(
@@ -205,7 +236,7 @@ class RequestStream:
         _local, tokens, lp_val, lp_idx, finish, prompt, completion, cached, engine = update
         local_end = finish >= region.FIN_ENGINE_DEAD
         if local_end and not tokens:
-            self._fail(_stream_error(finish, self.rid, engine, self._deadline))
+            self._fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
             return
         self.engine_index = engine
         # A local end (engine death, the I/O process stopping) can arrive in the same update
@@ -230,7 +261,7 @@ class RequestStream:
         else:
             self._pending.append(chunk)
         if local_end:
-            self._fail(_stream_error(finish, self.rid, engine, self._deadline))
+            self._fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
             return
         self._wake()
 
@@ -241,6 +272,10 @@ class RequestStream:
         self._error = error
         self._attachment._release(self)
         self._wake()
+
+    def _pd(self) -> bool:
+        config = getattr(self._attachment, "config", None)
+        return config is not None and config.routing.is_disaggregated
 
     def _expire(self) -> None:
         # The deadline passed: what arrived stays readable, then DeadlineExceeded; the

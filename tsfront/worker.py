@@ -185,7 +185,10 @@ class Attachment:
                         self._engines_ready.set_result(None)
                 elif op == "engine":
                     info = EngineInfo.from_message(message["engine"])
-                    self.engines = [info if e.index == info.index else e for e in self.engines]
+                    self.engines = [
+                        info if (e.index, e.role) == (info.index, info.role) else e
+                        for e in self.engines
+                    ]
                 elif op == "failed":
                     kind = HandshakeTimeout if message.get("kind") == "timeout" else HandshakeError
                     self._fail_waiters(kind(message.get("error", "the handshake failed")))
@@ -237,11 +240,13 @@ class Attachment:
         pin: int,
         with_logprobs: bool,
         deadline: float | None = None,
+        bootstrap_at: int = 0,
     ) -> RequestStream:
         """Send a request's final ADD payload to the I/O process; the stream that reads it.
 
         ``deadline``: seconds from now after which the request is aborted and its stream ends
-        with `DeadlineExceeded` (None: never)."""
+        with `DeadlineExceeded` (None: never). ``bootstrap_at``: under disaggregated serving,
+        the offset of the payload's nil bootstrap fields, which the I/O process fills in."""
         if self.closed:
             raise ClientClosed(str(self.failure) if self.failure else "the client is closed")
         if not self.free:
@@ -258,7 +263,8 @@ class Attachment:
             self._next_ticket = self._ticket_base + 1
         self.reader.expect(slot, ticket)
         expires = time.monotonic() + deadline if deadline is not None else 0.0
-        header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs, expires) + rid.encode()
+        header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs, expires, bootstrap_at)
+        header += rid.encode()
         try:
             self.dealer.send_multipart([SUBMIT_ADD, header, payload], zmq.NOBLOCK, copy=False)
         except zmq.Again:
