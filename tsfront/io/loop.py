@@ -204,7 +204,9 @@ class IOLoop:
         self.state = "handshaking"
         self.failure = ""
         self.deadline = time.monotonic() + config.handshake_timeout
-        self.pending_hello: set[bytes] = set()
+        # Rows (not identities: under disaggregated serving both groups may use index 0) of
+        # engines that said HELLO while live.
+        self.pending_hello: set[int] = set()
         self.dirty: set[int] = set()
         self.warn = _RateLimitedLog()
         self.counts = dict.fromkeys(IO_METRICS, 0)
@@ -666,7 +668,7 @@ class IOLoop:
             if engine.state in (ENGINE_LIVE,):
                 # Either a duplicate of a live engine, or a restart we have not noticed
                 # yet; answer once the old connection is known dead.
-                self.pending_hello.add(identity)
+                self.pending_hello.add(engine.row)
                 self.warn(
                     "dup-identity",
                     "engine %d said HELLO while live; INIT deferred until it is dead",
@@ -766,7 +768,7 @@ class IOLoop:
             kind == zmq.EVENT_ACCEPTED
             and engine.state == ENGINE_DEAD
             and engine.dead_reason.startswith("lost")
-            and engine.identity not in self.pending_hello
+            and engine.row not in self.pending_hello
         ):
             # Same process, reconnected after a transient loss: it keeps its registration.
             engine.state = ENGINE_LIVE
@@ -802,12 +804,16 @@ class IOLoop:
         engine.in_flight = 0
         engine.tail = (0, 0, 0, 0)
         self.dirty.add(engine.row)
-        if engine.identity in self.pending_hello:
-            self.pending_hello.discard(engine.identity)
+        if engine.row in self.pending_hello:
+            self.pending_hello.discard(engine.row)
             self._send_init(engine)
 
     def _fail_handshake(self) -> None:
-        missing = [e.index for e in self.engines if e.state != ENGINE_LIVE]
+        missing = [
+            e.index if e.role != PREFILL else f"prefill {e.index}"
+            for e in self.engines
+            if e.state != ENGINE_LIVE
+        ]
         self.state = "failed"
         self.failure = (
             f"engines {missing} did not register within handshake_timeout="
