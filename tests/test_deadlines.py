@@ -160,6 +160,20 @@ async def test_many_deadlines_share_one_timer_and_end_in_order():
             await in_thread(r.sim.wait_abort, f"d-{i}", DEADLINE)
 
 
+async def test_the_deadline_heap_stays_bounded_by_the_open_streams():
+    # Long deadlines, short requests: the ended streams' entries are compacted away long
+    # before their time comes.
+    async with rig(1) as r:
+        att = r.client._att
+        for i in range(300):
+            stream = await r.client.generate(request(f"short-{i}", 1), deadline=3600.0)
+            await collect(stream)
+        assert len(att._deadlines) <= 64 + 1, len(att._deadlines)
+        open_stream = await r.client.generate(request("open", FOREVER), deadline=0.2)
+        with pytest.raises(DeadlineExceeded):
+            await collect(open_stream)
+
+
 async def test_a_request_that_finishes_in_time_is_untouched():
     async with rig(1) as r:
         stream = await r.client.generate(request("quick", 5), deadline=DEADLINE)

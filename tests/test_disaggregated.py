@@ -33,6 +33,7 @@ from core_fixtures import (
 from tsfront import (
     ClientConfig,
     ConfigError,
+    DeadlineExceeded,
     EngineClient,
     EngineDied,
     EngineGroup,
@@ -294,3 +295,85 @@ def test_disaggregated_config_round_trips_and_adopts_the_decode_group():
         EngineGroup("tcp://127.0.0.1:0", bootstrap_port=70000)
     with pytest.raises(ConfigError, match="EngineGroup"):
         Routing.disaggregated(prefill="tcp://x:1", decode=_group(1, 0))  # type: ignore[arg-type]
+
+
+async def test_a_deadline_aborts_both_sides():
+    async with pd_rig(1, 1, prefill_options={"silent_after_steps": 0}) as r:
+        stream = await r.client.generate(request("pd-late", FOREVER), deadline=0.3)
+        with pytest.raises(DeadlineExceeded):
+            await collect(stream)
+        await in_thread(r.prefill.wait_abort, "pd-late", DEADLINE)
+        await in_thread(r.decode.wait_abort, "pd-late", DEADLINE)
+
+
+async def test_a_restarted_prefill_rank_handshakes_on_its_own_groups_socket_and_serves():
+    async with pd_rig(1, 1) as r:
+        p_index = r.prefill.engine_indices[0]
+        await in_thread(lambda: r.prefill.engine(p_index).stop(sentinel=True))
+        deadline = time.monotonic() + DEADLINE
+        while r.client.load()[1].alive:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        # Same identity as the decode rank (both groups start at 0): the new process must be
+        # answered on the prefill handshake, and the decode rank left alone.
+        again = SimGroup(
+            r.io.prefill["handshake_address"], 1, PREFILL_BASE, disaggregation_mode="prefill"
+        ).start()
+        try:
+            while not r.client.load()[1].alive:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.005)
+            stream = await r.client.generate(request("after", 3))
+            tokens, _ = await collect(stream)
+            assert tokens == expected_tokens("after", 3)
+            await in_thread(again.wait_request, "after", DEADLINE)
+            assert r.client.load()[0].alive
+        finally:
+            await asyncio.to_thread(again.stop)
+
+
+def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_decode():
+    import zmq
+
+    from tsfront.io.engines import PendingSend
+    from tsfront.io.loop import IOLoop, Record
+    from tsfront.region import ENGINE_LIVE, FIN_PREFILL_SEND_TIMEOUT
+
+    cfg = ClientConfig(
+        routing=Routing.disaggregated(prefill=_group(1, 0), decode=_group(1, 0)),
+    )
+    loop = IOLoop(cfg, "pd-backlog-test")
+    try:
+        decode, prefill = loop.engines
+        assert (decode.role, prefill.role) == ("decode", "prefill")
+
+        class _Writer:
+            finishes: list = []
+
+            def finish(self, slot, code, index):
+                self.finishes.append((slot, code, index))
+                return True
+
+            def unbind(self, slot):
+                return True
+
+        class _Full:
+            def send_multipart(self, *a, **k):
+                raise zmq.Again()
+
+        loop.writer = writer = _Writer()
+        prefill.input = _Full()
+        prefill.state = decode.state = ENGINE_LIVE
+        record = loop.records[7] = Record(b"r", decode, 3, sent=True)
+        record.prefill, record.room = prefill, 5
+        loop.pd.pending[(prefill.row, b"r")] = 7
+        decode.in_flight = prefill.in_flight = 1
+        prefill.backlog.append(PendingSend(7, 3, zmq.Frame(b"ADD"), 10.0, 0.0, True))
+        loop._retry_backlog(prefill, now=11.0)
+        assert writer.finishes == [(7, FIN_PREFILL_SEND_TIMEOUT, prefill.index)]
+        assert not loop.records and not loop.pd.pending
+        assert decode.aborts == ["r"] and prefill.aborts == []  # only decode had it
+        assert decode.in_flight == prefill.in_flight == 0
+    finally:
+        loop.region.close()
+        loop.ctx.term()

@@ -48,6 +48,8 @@ ATTACH_TIMEOUT = 30.0
 # Past this many, the oldest are forgotten; the I/O process's per-engine memory still
 # catches a reuse of those.
 ABORTED_RIDS_REMEMBERED = 1 << 16
+# Deadline heap size from which entries of ended streams are compacted away.
+DEADLINES_COMPACT_AT = 64
 
 
 class Attachment:
@@ -286,7 +288,13 @@ class Attachment:
 
     def _add_deadline(self, expires: float, stream: RequestStream, seconds: float) -> None:
         stream._deadline = seconds
-        heapq.heappush(self._deadlines, (expires, stream._ticket, weakref.ref(stream)))
+        heap = self._deadlines
+        if len(heap) >= DEADLINES_COMPACT_AT and len(heap) > 2 * len(self.streams):
+            # Most entries belong to streams that ended: drop them now rather than when their
+            # time comes, so the heap stays within twice the open streams (amortised O(1)).
+            heap[:] = [e for e in heap if (s := e[2]()) is not None and not s._done]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (expires, stream._ticket, weakref.ref(stream)))
         if self._deadline_timer is None or expires < self._deadline_at:
             self._arm_deadline_timer(expires)
 
