@@ -41,6 +41,7 @@ from tsfront import (
     IOProcess,
     PrefillFailed,
     Routing,
+    StreamRejected,
     WireDecodeError,
 )
 from tsfront.io.disagg import fill_bootstrap
@@ -377,3 +378,20 @@ def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_deco
     finally:
         loop.region.close()
         loop.ctx.term()
+
+
+async def test_a_rid_the_prefill_engine_was_told_to_abort_is_refused_on_another_decode_rank():
+    async with pd_rig(1, 2, prefill_options={"silent_after_steps": 0}) as r:
+        stream = await r.client.generate(request("reused", FOREVER, pin=0))
+        await next_chunk(stream)
+        stream.abort()
+        await in_thread(r.prefill.wait_abort, "reused", DEADLINE)
+        other = await EngineClient.attach(r.io.address, timeout=DEADLINE)
+        try:
+            # Decode rank 1 never saw the rid, but the prefill engine would drop it silently.
+            again = await other.generate(request("reused", 3, pin=1))
+            with pytest.raises(StreamRejected, match="aborted"):
+                await collect(again)
+            assert r.client.metrics()["reused_rids"] == 1
+        finally:
+            await other.close()

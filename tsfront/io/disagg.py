@@ -36,6 +36,7 @@ from tsfront.region import (
     FIN_PREFILL_ABORTED,
     FIN_PREFILL_DEAD,
     FIN_PREFILL_SEND_TIMEOUT,
+    FIN_RID_ABORTED,
     FIN_SEND_TIMEOUT,
 )
 from tsfront.wire import ENGINE_DEAD, decode_output
@@ -130,6 +131,11 @@ class Disaggregated:
             loop._fail(slot, FIN_PREFILL_DEAD, -1)
             return None
         engine, room = prefill
+        if engine.aborted and engine.aborted.age(record.rid, time.monotonic()) is not None:
+            # The prefill engine would drop it silently (an ABORT of this rid is fresh).
+            loop._count("reused_rids")
+            loop._fail(slot, FIN_RID_ABORTED, engine.index)
+            return None
         host = self.group.bootstrap_host or engine.peer_host or _host(self.group.handshake_address)
         try:
             filled = fill_bootstrap(payload.bytes, at, host, self.group.bootstrap_port, room)
