@@ -395,3 +395,47 @@ async def test_a_rid_the_prefill_engine_was_told_to_abort_is_refused_on_another_
             assert r.client.metrics()["reused_rids"] == 1
         finally:
             await other.close()
+
+
+async def test_tsfront_sim_ranks_in_pd_mode_serve_a_disaggregated_io_process():
+    import subprocess
+    import sys
+
+    cfg = ClientConfig(
+        routing=Routing.disaggregated(prefill=_group(1, 0), decode=_group(1, 0)),
+        handshake_timeout=DEADLINE,
+    )
+    io = await asyncio.to_thread(IOProcess.start, cfg)
+    procs = []
+    try:
+        for mode, address in (
+            ("prefill", io.prefill["handshake_address"]),
+            ("decode", io.handshake_address),
+        ):
+            procs.append(
+                subprocess.Popen(
+                    [
+                        *(sys.executable, "-m", "tsfront", "sim", "--handshake", address),
+                        *("--num-engines", "1", "--disaggregation-mode", mode),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        client = await EngineClient.attach(io.address, timeout=DEADLINE)
+        try:
+            tokens, chunks = await collect(await client.generate(request("cli-pd", 4)))
+            assert tokens == expected_tokens("cli-pd", 4)
+            assert chunks[-1].finish_reason == "length"
+        finally:
+            await client.close()
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        await asyncio.to_thread(io.stop)
