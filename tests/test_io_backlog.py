@@ -28,6 +28,9 @@ class _Finishes:
         self.calls.append((slot, code))
         return True
 
+    def unbind(self, slot: int) -> bool:
+        return True
+
 
 def test_a_reused_slot_does_not_inherit_the_aborted_requests_send_deadline():
     loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "backlog-test")
@@ -116,7 +119,7 @@ def test_a_departed_workers_queued_sends_never_reach_the_engine_nor_touch_the_ne
         # Worker A queues a request on slot 0 (the engine's queue is full), then departs.
         a, peer, a_ticket = _attach(loop)
         peers.append(peer)
-        loop._add(a, SUBMIT_HEADER.pack(0, a_ticket, 0, 0) + b"from-a", zmq.Frame(b"ADD a"))
+        loop._add(a, SUBMIT_HEADER.pack(0, a_ticket, 0, 0, 0.0, 0) + b"from-a", zmq.Frame(b"ADD a"))
         assert len(engine.backlog) == 1
         number = a.worker
         loop._detach(a)
@@ -126,9 +129,11 @@ def test_a_departed_workers_queued_sends_never_reach_the_engine_nor_touch_the_ne
         b, peer, b_ticket = _attach(loop)
         peers.append(peer)
         assert b.worker == number and b_ticket != a_ticket
-        loop._add(b, SUBMIT_HEADER.pack(0, a_ticket, 0, 0) + b"stale", zmq.Frame(b"ADD stale"))
+        loop._add(
+            b, SUBMIT_HEADER.pack(0, a_ticket, 0, 0, 0.0, 0) + b"stale", zmq.Frame(b"ADD stale")
+        )
         assert not loop.records  # a ticket outside B's range is refused
-        loop._add(b, SUBMIT_HEADER.pack(0, b_ticket, 0, 0) + b"from-b", zmq.Frame(b"ADD b"))
+        loop._add(b, SUBMIT_HEADER.pack(0, b_ticket, 0, 0, 0.0, 0) + b"from-b", zmq.Frame(b"ADD b"))
         loop.input.full = False
         loop._retry_backlog(engine, now=0.0)
         assert loop.input.sent == [b"ADD b"]

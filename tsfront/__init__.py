@@ -6,11 +6,12 @@ requests and read their streams straight from shared memory.
 """
 
 from tsfront.client import ClientListener, EngineClient
-from tsfront.config import ClientConfig, LoadBalance, Routing
+from tsfront.config import ClientConfig, EngineGroup, LoadBalance, Routing
 from tsfront.errors import (
     Busy,
     ClientClosed,
     ConfigError,
+    DeadlineExceeded,
     DuplicateRequest,
     EngineDied,
     EngineUnavailable,
@@ -19,6 +20,7 @@ from tsfront.errors import (
     HandshakeTimeout,
     InvalidRequest,
     IOProcessDied,
+    PrefillFailed,
     PromptTooLong,
     RidRecentlyAborted,
     SendTimeout,
@@ -39,9 +41,11 @@ __all__ = [
     "ClientConfig",
     "ClientListener",
     "ConfigError",
+    "DeadlineExceeded",
     "DuplicateRequest",
     "EngineClient",
     "EngineDied",
+    "EngineGroup",
     "EngineInfo",
     "EngineLoad",
     "EngineUnavailable",
@@ -53,6 +57,7 @@ __all__ = [
     "InvalidRequest",
     "LoadBalance",
     "OutputChunk",
+    "PrefillFailed",
     "PromptTooLong",
     "RequestStream",
     "RidRecentlyAborted",

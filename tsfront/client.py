@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 from tsfront import region as shm
@@ -33,7 +34,7 @@ from tsfront.metrics.recorder import monotonic_ns
 from tsfront.metrics.snapshot import FrontendMetrics, read_metrics
 from tsfront.stream import RequestStream
 from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
-from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
+from tsfront.wire.request import ENGINE_ABORT_MEMORY_S, bootstrap_offset
 from tsfront.worker import Attachment
 
 log = logging.getLogger("tsfront.client")
@@ -76,8 +77,17 @@ class EngineClient:
 
     # ------------------------------------------------------------------ requests
 
-    async def generate(self, request: TokenizedGenerateReqInput) -> RequestStream:
+    async def generate(
+        self, request: TokenizedGenerateReqInput, *, deadline: float | None = None
+    ) -> RequestStream:
         """Submit a tokenized request; return its output stream.
+
+        ``deadline``: seconds from now the request may take to finish (``None``: the
+        config's ``request_deadline``, itself off by default; ``math.inf``: none). When it
+        passes, whether the request is still queued, waiting for its first token or
+        mid-stream, it is aborted on its engine (a request still queued in the I/O process
+        is never sent), its slot freed, and the stream ends with `DeadlineExceeded` after the
+        tokens that came before it.
 
         Refused before anything is sent, each with a typed error: what `validate_request`
         refuses (stop strings included), a rid already in flight in this worker
@@ -90,7 +100,7 @@ class EngineClient:
         """
         t0 = monotonic_ns()
         try:
-            stream = self._submit(request)
+            stream = self._submit(request, deadline)
         except Error as exc:
             log.info(
                 "refused request %r: %s: %s", getattr(request, "rid", None), type(exc).__name__, exc
@@ -102,7 +112,7 @@ class EngineClient:
             self._att.recorder.started(stream._slot, t0)
         return stream
 
-    def _submit(self, request: TokenizedGenerateReqInput) -> RequestStream:
+    def _submit(self, request: TokenizedGenerateReqInput, deadline: float | None) -> RequestStream:
         att = self._att
         if att.closed:
             raise ClientClosed(str(att.failure) if att.failure else "the client is closed")
@@ -114,6 +124,19 @@ class EngineClient:
                 "build one with tsfront.wire.TokenizedGenerateReqInput(rid=..., input_ids=..., "
                 "sampling_params=SamplingParams())",
             )
+        if deadline is None:
+            deadline = att.config.request_deadline
+        elif (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not deadline > 0
+        ):
+            raise InvalidRequest(
+                "deadline",
+                deadline,
+                "must be a positive number of seconds",
+                "pass e.g. deadline=30.0, or math.inf for none",
+            )
+        if deadline is not None and math.isinf(deadline):
+            deadline = None
         pin = request.data_parallel_rank
         limit = self._context_limit(pin)
         validate_request(request, max_model_len=limit)
@@ -134,17 +157,25 @@ class EngineClient:
                     f"reuses an aborted rid for {ENGINE_ABORT_MEMORY_S:.0f} s",
                     "use a fresh rid",
                 )
+        payload = encode_add(request)
+        bootstrap_at = 0
+        if att.config.routing.is_disaggregated:
+            bootstrap_at = _bootstrap_offset(request, payload)
         return att.submit(
             request.rid,
-            encode_add(request),
+            payload,
             -1 if pin is None else pin,
             bool(request.return_logprob),
+            deadline,
+            bootstrap_at,
         )
 
     def _context_limit(self, pin: int | None) -> int | None:
         att = self._att
         table = att.region.engines
-        n = len(att.engines)
+        # The group requests are placed on (its decode group under disaggregated serving),
+        # rows 0..num_engines-1; prefill engines follow it.
+        n = att.config.num_engines
         if pin is not None:
             if isinstance(pin, bool) or not isinstance(pin, int) or not 0 <= pin < n:
                 raise EngineUnavailable(
@@ -159,7 +190,7 @@ class EngineClient:
             return att.engines[pin].context_limit
         limits = [
             e.context_limit
-            for i, e in enumerate(att.engines)
+            for i, e in enumerate(att.engines[:n])
             if table[i][shm.E_STATE] == shm.ENGINE_LIVE
         ]
         if not limits:
@@ -275,3 +306,18 @@ class ClientListener:
         if self._io is not None:
             io, self._io = self._io, None
             await asyncio.get_running_loop().run_in_executor(None, io.stop)
+
+
+def _bootstrap_offset(request: TokenizedGenerateReqInput, payload: bytes) -> int:
+    # Under disaggregated serving tsfront owns the bootstrap fields: one per request, from
+    # the prefill engine the I/O process picks.
+    for name in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
+        if getattr(request, name) is not None:
+            raise InvalidRequest(
+                name,
+                getattr(request, name),
+                "is set by tsfront under disaggregated serving (from the prefill engine it "
+                "picks and a fresh room per request)",
+                "leave bootstrap_host, bootstrap_port and bootstrap_room unset",
+            )
+    return bootstrap_offset(request, payload)

@@ -33,14 +33,99 @@ class LoadBalance(enum.Enum):
 
 
 @dataclass(frozen=True)
+class EngineGroup:
+    """One engine group of disaggregated serving (its prefill ranks, or its decode ranks).
+
+    Each group has its own handshake, input and output addresses and identities
+    ``first_engine_index .. first_engine_index + num_engines - 1`` (as `ClientConfig`'s own
+    fields for an aggregated group), all bound by the one I/O process.
+
+    Attributes:
+        handshake_address, input_address, output_address, first_engine_index, num_engines:
+            as the `ClientConfig` fields of the same names, for this group.
+        load_balance: placement within the group (the decode group's; the prefill engine is
+            fixed by the request's ``bootstrap_room`` residue, as TokenSpeed requires).
+        bootstrap_host: the host a decode engine reaches the prefill engines' bootstrap
+            server at (prefill group only). ``None``: the address each prefill engine's
+            handshake connection came from.
+        bootstrap_port: the prefill engines' ``--disaggregation-bootstrap-port`` (prefill
+            group only). ``None``: sent as nil, so each engine uses its own (default 8998).
+    """
+
+    handshake_address: str
+    input_address: str = "tcp://127.0.0.1:0"
+    output_address: str = "tcp://127.0.0.1:0"
+    first_engine_index: int = 0
+    num_engines: int = 1
+    load_balance: LoadBalance = LoadBalance.LEAST_IN_FLIGHT
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.load_balance, LoadBalance):
+            raise ConfigError(
+                f"EngineGroup.load_balance={self.load_balance!r}: use a LoadBalance member"
+            )
+        if self.bootstrap_host is not None and (
+            not isinstance(self.bootstrap_host, str) or not self.bootstrap_host
+        ):
+            raise ConfigError(f"bootstrap_host={self.bootstrap_host!r}: a host name or None")
+        port = self.bootstrap_port
+        if port is not None and (isinstance(port, bool) or not isinstance(port, int)):
+            raise ConfigError(f"bootstrap_port={port!r}: a port number or None")
+        if port is not None and not 0 < port < 65536:
+            raise ConfigError(f"bootstrap_port={port!r}: must be in 1..65535")
+
+    def to_dict(self) -> dict:
+        """The group as plain data."""
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out["load_balance"] = self.load_balance.value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EngineGroup:
+        """Inverse of `to_dict`."""
+        data = dict(data)
+        data["load_balance"] = LoadBalance(data["load_balance"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
 class Routing:
     """How requests are assigned to engines (one engine per attention-DP rank).
 
-    A request whose ``data_parallel_rank`` is set always goes to that rank's engine
-    (``first_engine_index + rank``); the others are placed by ``load_balance``.
+    Aggregated (`aggregated`): a request whose ``data_parallel_rank`` is set always goes to
+    that rank's engine (``first_engine_index + rank``); the others are placed by
+    ``load_balance``. Disaggregated (`disaggregated`): each request goes to one prefill engine
+    and one decode engine (see `disaggregated`).
     """
 
     load_balance: LoadBalance = LoadBalance.LEAST_IN_FLIGHT
+    prefill: EngineGroup | None = None
+    decode: EngineGroup | None = None
+
+    @property
+    def is_disaggregated(self) -> bool:
+        """Whether requests go to a prefill and a decode engine."""
+        return self.prefill is not None
+
+    @classmethod
+    def disaggregated(cls, prefill: EngineGroup, decode: EngineGroup) -> Routing:
+        """Disaggregated prefill/decode serving over two engine groups.
+
+        Each request gets a unique 63-bit ``bootstrap_room``; its prefill engine is the one
+        TokenSpeed requires, ``prefill.first_engine_index + room % prefill.num_engines``; its
+        decode engine is placed by ``decode.load_balance`` (or ``data_parallel_rank``, a rank
+        of the decode group). The same ADD goes to both with the bootstrap fields filled in;
+        the stream comes from the decode engine. The decode group's fields become the
+        config's ``handshake_address`` ... ``num_engines``.
+        """
+        for name, group in (("prefill", prefill), ("decode", decode)):
+            if not isinstance(group, EngineGroup):
+                raise ConfigError(
+                    f"Routing.disaggregated: {name}={group!r}; pass an EngineGroup(...)"
+                )
+        return cls(decode.load_balance, prefill, decode)
 
     @classmethod
     def aggregated(cls, load_balance: LoadBalance = LoadBalance.LEAST_IN_FLIGHT) -> Routing:
@@ -92,6 +177,10 @@ class ClientConfig:
             sockets (HELLO/READY and registrations are a few hundred bytes); larger frames
             cut that connection. Output sockets have no limit: a big batch is legitimate.
         load_ttl: seconds a load tail stays fresh for routing.
+        request_deadline: default deadline of every request, in seconds from `generate`
+            (``None``, the default: no deadline). A request still unfinished when it passes
+            is aborted on its engine and its stream ends with `DeadlineExceeded`;
+            ``generate(..., deadline=...)`` overrides it per request.
     """
 
     handshake_address: str = "tcp://127.0.0.1:30500"
@@ -111,11 +200,16 @@ class ClientConfig:
     heartbeat_timeout: float = 2.0
     max_message_size: int = 1 << 20
     load_ttl: float = 2.0
+    request_deadline: float | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.routing, Routing) and self.routing.is_disaggregated:
+            _adopt_decode_group(self)
         check_endpoint(self.handshake_address, "handshake_address", tcp_only=True)
         check_endpoint(self.input_address, "input_address")
         check_endpoint(self.output_address, "output_address")
+        if isinstance(self.routing, Routing) and self.routing.is_disaggregated:
+            _check_prefill_group(self)
         if not 1 <= self.num_engines <= 4096:
             raise ConfigError(f"num_engines={self.num_engines}: must be between 1 and 4096")
         if not 0 <= self.first_engine_index <= 0xFFFF - self.num_engines + 1:
@@ -144,6 +238,15 @@ class ClientConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: must be a positive number")
+        if self.request_deadline is not None and not (
+            isinstance(self.request_deadline, (int, float))
+            and not isinstance(self.request_deadline, bool)
+            and self.request_deadline > 0
+        ):
+            raise ConfigError(
+                f"request_deadline={self.request_deadline!r}: must be None (no deadline) or a "
+                "positive number of seconds"
+            )
         counts = (
             "max_workers",
             "slots_per_worker",
@@ -163,11 +266,59 @@ class ClientConfig:
         """The config as plain data (sent to the I/O process)."""
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["routing"] = self.routing.load_balance.value
+        if self.routing.is_disaggregated:
+            out["routing"] = {
+                "prefill": self.routing.prefill.to_dict(),
+                "decode": self.routing.decode.to_dict(),
+            }
         return out
 
     @classmethod
     def from_dict(cls, data: dict) -> ClientConfig:
         """Inverse of `to_dict`."""
         data = dict(data)
-        data["routing"] = Routing(LoadBalance(data["routing"]))
+        routing = data["routing"]
+        if isinstance(routing, dict):
+            data["routing"] = Routing.disaggregated(
+                EngineGroup.from_dict(routing["prefill"]), EngineGroup.from_dict(routing["decode"])
+            )
+        else:
+            data["routing"] = Routing(LoadBalance(routing))
         return cls(**data)
+
+
+_GROUP_FIELDS = (
+    "handshake_address",
+    "input_address",
+    "output_address",
+    "first_engine_index",
+    "num_engines",
+)
+
+
+def _adopt_decode_group(config: ClientConfig) -> None:
+    # The decode group is the config's own group: the stream comes from it, pins name its
+    # ranks. (Frozen dataclass: set before anything reads the fields.)
+    for name in _GROUP_FIELDS:
+        object.__setattr__(config, name, getattr(config.routing.decode, name))
+
+
+def _check_prefill_group(config: ClientConfig) -> None:
+    p = config.routing.prefill
+    for name in ("handshake_address", "input_address", "output_address"):
+        value = getattr(p, name)
+        if not isinstance(value, str) or "://" not in value:
+            raise ConfigError(f"prefill {name}={value!r} is not a ZMQ endpoint")
+    if not p.handshake_address.startswith("tcp://"):
+        raise ConfigError(
+            f"prefill handshake_address={p.handshake_address!r}: use 'tcp://HOST:PORT'"
+        )
+    if not 1 <= p.num_engines <= 4096:
+        raise ConfigError(f"prefill num_engines={p.num_engines}: must be between 1 and 4096")
+    if not 0 <= p.first_engine_index <= 0xFFFF - p.num_engines + 1:
+        raise ConfigError(f"prefill first_engine_index={p.first_engine_index}: identities are u16")
+    if p.handshake_address == config.handshake_address and not p.handshake_address.endswith(":0"):
+        raise ConfigError(
+            f"the prefill and decode groups share handshake_address={p.handshake_address!r}; "
+            "each group needs its own"
+        )

@@ -93,11 +93,21 @@ class StreamError(Error):
     Attributes:
         rid: the request id.
         engine_index: the engine that held the request, or ``None`` if it never reached one.
+        side: under disaggregated serving, the side that failed: ``"prefill"`` or
+            ``"decode"`` (``engine_index`` is an index of that group); else ``None``.
     """
 
-    def __init__(self, message: str, *, rid: str | None = None, engine_index: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        rid: str | None = None,
+        engine_index: int | None = None,
+        side: str | None = None,
+    ):
         self.rid = rid
         self.engine_index = engine_index
+        self.side = side
         super().__init__(message)
 
 
@@ -111,6 +121,37 @@ class IOProcessDied(StreamError):
 
 class SendTimeout(StreamError):
     """The engine did not take the request within ``send_timeout``."""
+
+
+class PrefillFailed(StreamError):
+    """Under disaggregated serving, the prefill engine ended the request with ``abort``
+    (it refused the request, or the KV transfer to the decode engine failed or timed out).
+
+    The decode half was aborted too; ``side`` is ``"prefill"``. Retry the request.
+    """
+
+
+class DeadlineExceeded(StreamError):
+    """The request's deadline (``generate(..., deadline=...)`` or
+    ``ClientConfig.request_deadline``) passed before it finished.
+
+    The request was aborted on its engine (or, still queued in the I/O process, never sent)
+    and its slot freed; the tokens that arrived before the deadline were delivered first.
+
+    Attributes:
+        deadline: the request's deadline in seconds, as it was given.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rid: str | None = None,
+        engine_index: int | None = None,
+        deadline: float | None = None,
+    ):
+        self.deadline = deadline
+        super().__init__(message, rid=rid, engine_index=engine_index)
 
 
 class StreamRejected(StreamError):

@@ -15,11 +15,15 @@ class EngineInfo(EngineRegistration, kw_only=True, frozen=True):
 
     ``max_model_len`` is the model's context length as the engine reports it; the usable limit
     for a prompt plus its new tokens is `context_limit` (the cache can be smaller).
+
+    ``role`` is ``"aggregated"``, or under `Routing.disaggregated` ``"prefill"`` or
+    ``"decode"``; ``rank`` counts from 0 within the engine's group.
     """
 
     index: int
     rank: int
     output_address: str = ""
+    role: str = "aggregated"
 
     @property
     def context_limit(self) -> int | None:
@@ -37,6 +41,7 @@ class EngineInfo(EngineRegistration, kw_only=True, frozen=True):
             index=message["index"],
             rank=message["rank"],
             output_address=message.get("output_address", ""),
+            role=message.get("role", "aggregated"),
             **values,
         )
 
@@ -47,7 +52,8 @@ class EngineLoad:
 
     ``num_running``/``num_waiting``/``kv_*`` come from the load tail of the engine's last
     output frame (0.1.1 engines; zeros for older engines or before any output); ``age`` is how
-    long ago that was, or None if never. ``in_flight`` is tsfront's own exact count.
+    long ago that was, or None if never. ``in_flight`` is tsfront's own exact count. ``role``
+    is the engine's (see `EngineInfo`).
     """
 
     index: int
@@ -61,6 +67,7 @@ class EngineLoad:
     kv_total_pages: int
     age: float | None
     requests_total: int
+    role: str = "aggregated"
 
     @property
     def cache_usage(self) -> float | None:
@@ -91,4 +98,5 @@ def load_from_row(info: EngineInfo, row, load_ms: int) -> EngineLoad:
         kv_total_pages=int(row[r.E_KV_TOTAL]),
         age=age,
         requests_total=int(row[r.E_REQUESTS_LO]) | (int(row[r.E_REQUESTS_HI]) << 32),
+        role=info.role,
     )

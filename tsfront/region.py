@@ -33,6 +33,11 @@ FIN_DUPLICATE = 18
 FIN_NO_ENGINE = 19
 FIN_IO_STOPPING = 20
 FIN_RID_ABORTED = 21
+FIN_DEADLINE = 22
+# Disaggregated serving: failures of the prefill half (the decode half's are the codes above).
+FIN_PREFILL_DEAD = 23
+FIN_PREFILL_SEND_TIMEOUT = 24
+FIN_PREFILL_ABORTED = 25
 
 # Counters the I/O process publishes at header offset 64 (u64 each), in this order.
 METRICS = (

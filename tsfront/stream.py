@@ -14,7 +14,15 @@ import logging
 from typing import TYPE_CHECKING
 
 from tsfront import region
-from tsfront.errors import EngineDied, IOProcessDied, SendTimeout, StreamError, StreamRejected
+from tsfront.errors import (
+    DeadlineExceeded,
+    EngineDied,
+    IOProcessDied,
+    PrefillFailed,
+    SendTimeout,
+    StreamError,
+    StreamRejected,
+)
 from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
 
 log = logging.getLogger("tsfront.stream")
@@ -101,20 +109,67 @@ class OutputChunk:
         )
 
 
-def _stream_error(code: int, rid: str, engine: int) -> StreamError:
+def _deadline_error(
+    rid: str, engine: int | None, deadline: float | None, where: str = ""
+) -> DeadlineExceeded:
+    shown = f"{deadline:g} s" if deadline is not None else "its deadline"
+    where = where or (f"on engine {engine}" if engine is not None else "before its first token")
+    return DeadlineExceeded(
+        f"request {rid!r}: not finished within {shown}; aborted {where}. Raise the deadline "
+        "or shed load",
+        rid=rid,
+        engine_index=engine,
+        deadline=deadline,
+    )
+
+
+def _stream_error(
+    code: int, rid: str, engine: int, deadline: float | None = None, pd: bool = False
+) -> StreamError:
     idx = engine if engine >= 0 else None
-    if code == region.FIN_ENGINE_DEAD:
+    if code == region.FIN_PREFILL_DEAD:
         return EngineDied(
-            f"request {rid!r}: engine {engine} died while serving it; retry on another rank",
+            f"request {rid!r}: prefill engine {engine} died while it held the request (or no "
+            "prefill engine was live); retry",
             rid=rid,
             engine_index=idx,
+            side="prefill",
+        )
+    if code == region.FIN_PREFILL_SEND_TIMEOUT:
+        return SendTimeout(
+            f"request {rid!r}: prefill engine {engine} did not take it within send_timeout; "
+            "the engine is overloaded or stuck",
+            rid=rid,
+            engine_index=idx,
+            side="prefill",
+        )
+    if code == region.FIN_PREFILL_ABORTED:
+        return PrefillFailed(
+            f"request {rid!r}: prefill engine {engine} aborted it (refused, or the KV transfer "
+            "to the decode engine failed); retry",
+            rid=rid,
+            engine_index=idx,
+            side="prefill",
+        )
+    side = "decode" if pd else None
+    name = "decode engine" if pd else "engine"
+    if code == region.FIN_DEADLINE:
+        # The I/O process dropped it unsent from an engine's backlog.
+        return _deadline_error(rid, None, deadline, "unsent, while it waited in the I/O process")
+    if code == region.FIN_ENGINE_DEAD:
+        return EngineDied(
+            f"request {rid!r}: {name} {engine} died while serving it; retry on another rank",
+            rid=rid,
+            engine_index=idx,
+            side=side,
         )
     if code == region.FIN_SEND_TIMEOUT:
         return SendTimeout(
-            f"request {rid!r}: engine {engine} did not take it within send_timeout; the engine "
+            f"request {rid!r}: {name} {engine} did not take it within send_timeout; the engine "
             "is overloaded or stuck",
             rid=rid,
             engine_index=idx,
+            side=side,
         )
     if code == region.FIN_DUPLICATE:
         return StreamRejected(
@@ -152,6 +207,7 @@ class RequestStream:
     __slots__ = (
         "__weakref__",
         "_attachment",
+        "_deadline",
         "_done",
         "_error",
         "_pending",
@@ -175,6 +231,7 @@ class RequestStream:
         self._waiter: asyncio.Future | None = None
         self._done = False  # no more input from the slot
         self._error: StreamError | None = None
+        self._deadline: float | None = None  # seconds, as given (set by the attachment)
 
     # -- fed by the attachment ------------------------------------------------------------
 
@@ -182,7 +239,7 @@ class RequestStream:
         _local, tokens, lp_val, lp_idx, finish, prompt, completion, cached, engine = update
         local_end = finish >= region.FIN_ENGINE_DEAD
         if local_end and not tokens:
-            self._fail(_stream_error(finish, self.rid, engine))
+            self._fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
             return
         self.engine_index = engine
         # A local end (engine death, the I/O process stopping) can arrive in the same update
@@ -207,7 +264,7 @@ class RequestStream:
         else:
             self._pending.append(chunk)
         if local_end:
-            self._fail(_stream_error(finish, self.rid, engine))
+            self._fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
             return
         self._wake()
 
@@ -218,6 +275,24 @@ class RequestStream:
         self._error = error
         log.info("stream %r ended: %s: %s", self.rid, type(error).__name__, error)
         self._attachment._release(self)
+        self._wake()
+
+    def _pd(self) -> bool:
+        config = getattr(self._attachment, "config", None)
+        return config is not None and config.routing.is_disaggregated
+
+    def _expire(self) -> None:
+        # The deadline passed: what arrived stays readable, then DeadlineExceeded; the
+        # request is aborted on its engine (or dropped unsent by the I/O process) and the
+        # slot freed, as by `abort`.
+        if self._done:
+            return
+        self._done = True
+        self._error = _deadline_error(self.rid, self.engine_index, self._deadline)
+        recorder = self._attachment.recorder
+        if recorder is not None and self._attachment.streams.get(self._slot) is self:
+            recorder.cancelled(self._slot, "DeadlineExceeded")
+        self._attachment._abort(self)
         self._wake()
 
     def _wake(self) -> None:

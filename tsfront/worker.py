@@ -11,6 +11,7 @@ stream, and parks again. Nothing here blocks the event loop.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import socket
@@ -49,6 +50,8 @@ ATTACH_TIMEOUT = 30.0
 # Past this many, the oldest are forgotten; the I/O process's per-engine memory still
 # catches a reuse of those.
 ABORTED_RIDS_REMEMBERED = 1 << 16
+# Deadline heap size from which entries of ended streams are compacted away.
+DEADLINES_COMPACT_AT = 64
 
 # What a worker logs is also raised to its caller (HandshakeTimeout, IOProcessDied, ...), so it
 # logs at INFO: visible when asked for, never a second report of one failure.
@@ -80,6 +83,12 @@ class Attachment:
         self.ctx: zmq.Context | None = None
         self.dealer: zmq.Socket | None = None
         self.recorder: Recorder | None = None  # this worker's request metrics (shared memory)
+        # Deadlines of the streams that have one: a heap of (monotonic time, ticket, stream
+        # reference) and one loop timer for the earliest, never one timer per stream or token.
+        # Entries of streams that ended stay until their time comes (popped unread).
+        self._deadlines: list[tuple[float, int, weakref.ref]] = []
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = 0.0
 
     # ------------------------------------------------------------------ attach
 
@@ -189,7 +198,10 @@ class Attachment:
                 elif op == "engine":
                     info = EngineInfo.from_message(message["engine"])
                     log.info("engine %d (rank %d) registered again", info.index, info.rank)
-                    self.engines = [info if e.index == info.index else e for e in self.engines]
+                    self.engines = [
+                        info if (e.index, e.role) == (info.index, info.role) else e
+                        for e in self.engines
+                    ]
                 elif op == "failed":
                     kind = HandshakeTimeout if message.get("kind") == "timeout" else HandshakeError
                     log.info("the I/O process reports: %s", message.get("error"))
@@ -243,8 +255,20 @@ class Attachment:
 
     # ------------------------------------------------------------------ submissions
 
-    def submit(self, rid: str, payload: bytes, pin: int, with_logprobs: bool) -> RequestStream:
-        """Send a request's final ADD payload to the I/O process; the stream that reads it."""
+    def submit(
+        self,
+        rid: str,
+        payload: bytes,
+        pin: int,
+        with_logprobs: bool,
+        deadline: float | None = None,
+        bootstrap_at: int = 0,
+    ) -> RequestStream:
+        """Send a request's final ADD payload to the I/O process; the stream that reads it.
+
+        ``deadline``: seconds from now after which the request is aborted and its stream ends
+        with `DeadlineExceeded` (None: never). ``bootstrap_at``: under disaggregated serving,
+        the offset of the payload's nil bootstrap fields, which the I/O process fills in."""
         if self.closed:
             raise ClientClosed(str(self.failure) if self.failure else "the client is closed")
         if not self.free:
@@ -260,7 +284,9 @@ class Attachment:
             # reused ticket never meets its namesake on the same slot.
             self._next_ticket = self._ticket_base + 1
         self.reader.expect(slot, ticket)
-        header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs) + rid.encode()
+        expires = time.monotonic() + deadline if deadline is not None else 0.0
+        header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs, expires, bootstrap_at)
+        header += rid.encode()
         try:
             self.dealer.send_multipart([SUBMIT_ADD, header, payload], zmq.NOBLOCK, copy=False)
         except zmq.Again:
@@ -274,7 +300,47 @@ class Attachment:
         stream = RequestStream(self, rid, slot, ticket)
         self.streams[slot] = stream
         self.by_rid[rid] = stream
+        if deadline is not None:
+            self._add_deadline(expires, stream, deadline)
         return stream
+
+    # ------------------------------------------------------------------ deadlines
+
+    def _add_deadline(self, expires: float, stream: RequestStream, seconds: float) -> None:
+        stream._deadline = seconds
+        heap = self._deadlines
+        if len(heap) >= DEADLINES_COMPACT_AT and len(heap) > 2 * len(self.streams):
+            # Most entries belong to streams that ended: drop them now rather than when their
+            # time comes, so the heap stays within twice the open streams (amortised O(1)).
+            heap[:] = [e for e in heap if (s := e[2]()) is not None and not s._done]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (expires, stream._ticket, weakref.ref(stream)))
+        if self._deadline_timer is None or expires < self._deadline_at:
+            self._arm_deadline_timer(expires)
+
+    def _arm_deadline_timer(self, expires: float) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = expires
+        # The loop's clock may not be time.monotonic (uvloop's is its own): convert.
+        delay = max(0.0, expires - time.monotonic())
+        self._deadline_timer = self.loop.call_at(self.loop.time() + delay, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._deadline_timer = None
+        heap = self._deadlines
+        now = time.monotonic()
+        while heap and heap[0][0] <= now:
+            _, ticket, ref = heapq.heappop(heap)
+            stream = ref()
+            if (
+                stream is not None
+                and stream._ticket == ticket
+                and self.streams.get(stream._slot) is stream
+            ):
+                stream._expire()
+        if heap and not self.closed:
+            self._arm_deadline_timer(heap[0][0])
 
     def _release(self, stream: RequestStream) -> None:
         # The stream saw its end in the slot: the slot is ours to reuse.
@@ -344,6 +410,10 @@ class Attachment:
             getattr(self, "worker", None),
             len(self.streams),
         )
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._deadlines.clear()
         for stream in list(self.streams.values()):
             self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
             stream._fail(

@@ -30,7 +30,9 @@ class PendingSend:
     slot: int
     ticket: int  # the request's, so a reused slot is never mistaken for it
     payload: zmq.Frame
-    deadline: float
+    deadline: float  # send_timeout's
+    expires: float = 0.0  # the request's own deadline (0: none); never sent after it
+    prefill: bool = False  # the prefill half of a disaggregated request
 
 
 @dataclass
@@ -62,6 +64,14 @@ class Engine:
     # (each engine process), so a late disconnect of a predecessor's connection is told apart.
     connections: dict[int, int] = field(default_factory=dict)
     generation: int = 0
+    # "aggregated", or under disaggregated serving "prefill" / "decode". A prefill engine has
+    # its group's own handshake and input sockets (None: the loop's) and its bootstrap host
+    # defaults to the address its handshake connection came from.
+    role: str = "aggregated"
+    input: zmq.Socket | None = None
+    handshake: zmq.Socket | None = None
+    input_advertised: str = ""
+    peer_host: str = ""
 
     @property
     def identity(self) -> bytes:

@@ -27,6 +27,7 @@ from tsfront import _native, control
 from tsfront.config import ClientConfig
 from tsfront.errors import WireDecodeError
 from tsfront.io.addresses import advertised, bind_socket, output_address_for
+from tsfront.io.disagg import DECODE, PREFILL, Disaggregated
 from tsfront.io.engines import Engine, PendingSend
 from tsfront.io.routing import Router
 from tsfront.metrics.recorder import IOStats
@@ -45,6 +46,7 @@ from tsfront.region import (
     ENGINE_DEAD,
     ENGINE_HANDSHAKING,
     ENGINE_LIVE,
+    FIN_DEADLINE,
     FIN_DUPLICATE,
     FIN_ENGINE_DEAD,
     FIN_IO_STOPPING,
@@ -66,8 +68,11 @@ from tsfront.wire import (
 
 log = logging.getLogger("tsfront.io")
 
-# Submission header: local slot, ticket, pinned rank (-1: none), logprobs flag; the rid follows.
-SUBMIT_HEADER = struct.Struct("<IQiB")
+# Submission header: local slot, ticket, pinned rank (-1: none), logprobs flag, the request's
+# deadline (CLOCK_MONOTONIC seconds, which every process of the machine shares; 0: none); the
+# rid follows; under disaggregated serving, the byte offset of the payload's nil bootstrap
+# fields (0: none) comes before it.
+SUBMIT_HEADER = struct.Struct("<IQiBdI")
 ABORT_ENTRY = struct.Struct("<IQ")
 SUBMIT_ADD = b"A"
 SUBMIT_ABORT = b"X"
@@ -123,15 +128,20 @@ class _RateLimitedLog:
 
 class Record:
     """A request in flight: its rid, the engine holding it, its worker's ticket, and whether
-    its ADD left for the engine (one still in the backlog needs no ABORT: it is just dropped)."""
+    its ADD left for the engine (one still in the backlog needs no ABORT: it is just dropped).
+    Under disaggregated serving ``engine`` is the decode engine, and the prefill half is
+    ``prefill`` (its ADD sent: ``prefill_sent``) with the request's bootstrap ``room``."""
 
-    __slots__ = ("engine", "rid", "sent", "ticket")
+    __slots__ = ("engine", "prefill", "prefill_sent", "rid", "room", "sent", "ticket")
 
     def __init__(self, rid: bytes, engine: Engine, ticket: int, sent: bool = True) -> None:
         self.rid = rid
         self.engine = engine
         self.ticket = ticket
         self.sent = sent
+        self.prefill: Engine | None = None
+        self.prefill_sent = False
+        self.room = 0
 
 
 class WorkerConn:
@@ -155,11 +165,13 @@ class IOLoop:
         self.config = config
         self.token = token
         self.ctx = zmq.Context(1)
+        pd = config.routing.prefill
+        num_prefill = pd.num_engines if pd is not None else 0
         self.geometry = Geometry(
             num_workers=config.max_workers,
             slots_per_worker=config.slots_per_worker,
             ring_capacity=config.ring_capacity,
-            max_engines=config.num_engines,
+            max_engines=config.num_engines + num_prefill,
         )
         self.spw = config.slots_per_worker
         self.region = Region.create(self.geometry)
@@ -169,12 +181,22 @@ class IOLoop:
             config.max_workers,
             config.slots_per_worker,
             config.ring_capacity,
-            config.num_engines,
+            config.num_engines + num_prefill,
         )
-        self.engines = [
-            Engine(row=i, index=config.first_engine_index + i) for i in range(config.num_engines)
+        role = DECODE if pd is not None else "aggregated"
+        # The group requests are placed on (and pins name): rows 0..num_engines-1. Under
+        # disaggregated serving the prefill group's engines follow it in the engine table.
+        self.serving = [
+            Engine(row=i, index=config.first_engine_index + i, role=role)
+            for i in range(config.num_engines)
         ]
-        self.by_identity = {e.identity: e for e in self.engines}
+        prefill = [
+            Engine(row=config.num_engines + i, index=pd.first_engine_index + i, role=PREFILL)
+            for i in range(num_prefill)
+        ]
+        self.engines = self.serving + prefill
+        self.pd = Disaggregated(self, prefill) if pd is not None else None
+        self.by_identity = {e.identity: e for e in self.serving}
         self.router = Router(config.routing.load_balance, config.load_ttl)
         self.records: dict[int, Record] = {}
         self.workers: dict[int, WorkerConn] = {}  # by control fd
@@ -184,7 +206,9 @@ class IOLoop:
         self.state = "handshaking"
         self.failure = ""
         self.deadline = time.monotonic() + config.handshake_timeout
-        self.pending_hello: set[bytes] = set()
+        # Rows (not identities: under disaggregated serving both groups may use index 0) of
+        # engines that said HELLO while live.
+        self.pending_hello: set[int] = set()
         self.dirty: set[int] = set()
         self.warn = _RateLimitedLog()
         self.counts = dict.fromkeys(IO_METRICS, 0)
@@ -215,9 +239,11 @@ class IOLoop:
             pull.setsockopt(zmq.HEARTBEAT_IVL, int(c.heartbeat_interval * 1000))
             pull.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(c.heartbeat_timeout * 1000))
             pull.setsockopt(zmq.HEARTBEAT_TTL, int(c.heartbeat_timeout * 1000))
-            bound = bind_socket(pull, output_address_for(c.output_address, e.row))
+            group = c.routing.prefill if e.role == PREFILL else c
+            rank = e.index - group.first_engine_index
+            bound = bind_socket(pull, output_address_for(group.output_address, rank))
             e.pull = pull
-            e.output_address = advertised(bound, c.handshake_address)
+            e.output_address = advertised(bound, group.handshake_address)
             e.monitor = pull.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             self._sockets.append(e.monitor)
             outputs.append(e.output_address)
@@ -240,15 +266,20 @@ class IOLoop:
         self.poller.register(self.handshake, zmq.POLLIN)
         self.poller.register(self.input, zmq.POLLIN)
         self.poller.register(listener.fileno(), zmq.POLLIN)
+        prefill_addresses = self.pd.bind() if self.pd is not None else None
+        if self.pd is not None:
+            self.pd.register(self.poller)
         self.pull_engine = {e.pull: e for e in self.engines}
         self.monitor_engine = {e.monitor: e for e in self.engines}
         self.addresses = {
             "address": address,
             "handshake_address": handshake,
             "input_address": self.input_advertised,
-            "output_addresses": outputs,
+            "output_addresses": outputs[: c.num_engines],
             "pid": os.getpid(),
         }
+        if prefill_addresses is not None:
+            self.addresses["prefill"] = prefill_addresses
         for e in self.engines:
             self._publish_engine(e)
         return self.addresses
@@ -278,9 +309,11 @@ class IOLoop:
                 if sock is self.submit:
                     self._on_submit()
                 elif sock is self.handshake:
-                    self._on_handshake()
+                    self._on_handshake(self.handshake, self.by_identity)
                 elif sock is self.input:
-                    self._on_input()
+                    self._on_input(self.input, self.by_identity)
+                elif self.pd is not None and self.pd.on_socket(sock):
+                    pass
                 elif sock in monitors:
                     self._on_monitor(monitors[sock])
                 elif sock == listener_fd:
@@ -335,6 +368,9 @@ class IOLoop:
     # ------------------------------------------------------------------ engine output
 
     def _on_output(self, engine: Engine, limit: int = DRAIN) -> None:
+        if engine.role == PREFILL:
+            self.pd.on_output(engine, limit)  # never written to a slot
+            return
         recv = engine.pull.recv
         ingest = self.writer.ingest
         index = engine.index
@@ -425,7 +461,7 @@ class IOLoop:
         if len(header) < SUBMIT_HEADER.size:
             self.warn("bad-submit", "dropped a submission with a short header")
             return
-        local, ticket, pin, with_lp = SUBMIT_HEADER.unpack_from(header)
+        local, ticket, pin, with_lp, expires, bootstrap_at = SUBMIT_HEADER.unpack_from(header)
         if local >= self.spw or ticket == 0:
             self.warn("bad-submit", "dropped a submission for slot %d", local)
             return
@@ -442,11 +478,11 @@ class IOLoop:
             # old request now, which queues that ABORT, rather than crossing streams.
             self._forget(slot, abort=True)
         if pin >= 0:
-            engine = self.engines[pin] if pin < len(self.engines) else None
+            engine = self.serving[pin] if pin < len(self.serving) else None
             if engine is not None and engine.state != ENGINE_LIVE:
                 engine = None
         else:
-            engine = self.router.choose(self.engines)
+            engine = self.router.choose(self.serving)
         if not self.writer.bind(rid, slot, ticket, bool(with_lp), FIN_DUPLICATE):
             log.info(
                 "refused request %r: its rid is in flight already", rid.decode("utf-8", "replace")
@@ -470,29 +506,69 @@ class IOLoop:
         engine.in_flight += 1
         engine.requests_total += 1
         self.dirty.add(engine.row)
+        if expires and time.monotonic() >= expires:
+            # Its deadline passed on the way here: it is never sent (the worker's own timer
+            # ends its stream; this end reaches a worker whose timer is late).
+            self._fail(slot, FIN_DEADLINE, engine.index)
+            return
+        if self.pd is not None:
+            payload = self.pd.add(record, slot, payload, bootstrap_at, expires)
+            if payload is None:
+                return  # ended already
+        self._send_add(engine, slot, record, payload, expires)
+
+    def _send_add(
+        self,
+        engine: Engine,
+        slot: int,
+        record: Record,
+        payload: zmq.Frame | bytes,
+        expires: float,
+        prefill: bool = False,
+    ) -> None:
         if engine.backlog:
-            self._queue(engine, slot, payload)
+            self._queue(engine, slot, payload, expires, prefill)
             return
         try:
-            self.input.send_multipart([engine.identity, ADD, payload], zmq.NOBLOCK, copy=False)
-            record.sent = True
+            (engine.input or self.input).send_multipart(
+                [engine.identity, ADD, payload], zmq.NOBLOCK, copy=False
+            )
+            if prefill:
+                record.prefill_sent = True
+            else:
+                record.sent = True
         except zmq.Again:
-            self._queue(engine, slot, payload)
+            self._queue(engine, slot, payload, expires, prefill)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 self._lost(engine, "input connection unreachable")
             else:
                 raise
 
-    def _queue(self, engine: Engine, slot: int, payload: zmq.Frame) -> None:
+    def _queue(
+        self,
+        engine: Engine,
+        slot: int,
+        payload: zmq.Frame | bytes,
+        expires: float = 0.0,
+        prefill: bool = False,
+    ) -> None:
         engine.backlog.append(
             PendingSend(
                 slot,
                 self.records[slot].ticket,
                 payload,
                 time.monotonic() + self.config.send_timeout,
+                expires,
+                prefill,
             )
         )
+
+    def _fail(self, slot: int, code: int, engine_index: int) -> None:
+        # End a request here (a send that timed out, a deadline, a prefill failure): forget it
+        # (ABORTs go where its ADDs left) and publish the end in its slot.
+        self._forget(slot, abort=True)
+        self.writer.finish(slot, code, engine_index)
 
     def _retry_backlog(self, engine: Engine, now: float) -> None:
         while engine.backlog:
@@ -502,17 +578,22 @@ class IOLoop:
                 # Aborted while queued (its slot may already carry a newer request).
                 engine.backlog.popleft()
                 continue
+            if pending.expires and now >= pending.expires:
+                engine.backlog.popleft()
+                self._fail(pending.slot, FIN_DEADLINE, engine.index)
+                continue
             if now >= pending.deadline:
                 engine.backlog.popleft()
-                self.records.pop(pending.slot, None)
-                engine.in_flight -= 1
                 self.warn(
                     "send-timeout", "engine %d took no request within send_timeout", engine.index
                 )
-                self.writer.finish(pending.slot, FIN_SEND_TIMEOUT, engine.index)
+                code = FIN_SEND_TIMEOUT
+                if pending.prefill:
+                    code = self.pd.fail_code(code)
+                self._fail(pending.slot, code, engine.index)
                 continue
             try:
-                self.input.send_multipart(
+                (engine.input or self.input).send_multipart(
                     [engine.identity, ADD, pending.payload], zmq.NOBLOCK, copy=False
                 )
             except zmq.Again:
@@ -521,7 +602,10 @@ class IOLoop:
                 self._lost(engine, "input connection unreachable")
                 return
             engine.backlog.popleft()
-            record.sent = True
+            if pending.prefill:
+                record.prefill_sent = True
+            else:
+                record.sent = True
 
     def _abort(self, worker: WorkerConn, data: bytes) -> None:
         usable = len(data) - len(data) % ABORT_ENTRY.size
@@ -544,6 +628,8 @@ class IOLoop:
         self.dirty.add(engine.row)
         if abort and record.sent:
             self._queue_abort(engine, record.rid)
+        if record.prefill is not None:
+            self.pd.forget(record, abort=abort)
 
     def _queue_abort(self, engine: Engine, rid: bytes) -> None:
         # Sent at the end of the turn (one frame per engine); remembered from now on, so that
@@ -553,7 +639,7 @@ class IOLoop:
 
     def _send_aborts(self, engine: Engine) -> None:
         try:
-            self.input.send_multipart(
+            (engine.input or self.input).send_multipart(
                 [engine.identity, ABORT, encode_abort(engine.aborts)], zmq.NOBLOCK
             )
         except zmq.Again:
@@ -564,27 +650,34 @@ class IOLoop:
 
     # ------------------------------------------------------------------ handshake
 
-    def _on_handshake(self) -> None:
+    def _on_handshake(self, sock: zmq.Socket, by_identity: dict[bytes, Engine]) -> None:
         for _ in range(DRAIN):
             try:
-                frames = self.handshake.recv_multipart(zmq.NOBLOCK)
+                msgs = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
+            frames = [m.bytes for m in msgs]
             try:
-                self._on_handshake_frame(frames)
+                self._on_handshake_frame(frames, by_identity, msgs[-1])
             except Exception as exc:
                 self._handler_failed(f"handshake from {frames[0].hex()}: frame", exc)
 
-    def _on_handshake_frame(self, frames: list[bytes]) -> None:
+    def _on_handshake_frame(
+        self,
+        frames: list[bytes],
+        by_identity: dict[bytes, Engine] | None = None,
+        frame: zmq.Frame | None = None,
+    ) -> None:
         identity = frames[0]
-        engine = self.by_identity.get(identity)
+        group = list((by_identity if by_identity is not None else self.by_identity).values())
+        engine = (by_identity if by_identity is not None else self.by_identity).get(identity)
         if engine is None:
             self.warn(
                 "bad-identity",
                 "refused a handshake from identity %s: not in engines %d..%d",
                 identity.hex(),
-                self.engines[0].index,
-                self.engines[-1].index,
+                group[0].index,
+                group[-1].index,
             )
             return
         if len(frames) < 2:
@@ -595,10 +688,16 @@ class IOLoop:
             self.warn("bad-handshake", "engine %d: bad handshake frame: %s", engine.index, exc)
             return
         if message.status == "HELLO":
+            if frame is not None:
+                # Where the engine dialled from: a prefill engine's default bootstrap host.
+                try:
+                    engine.peer_host = frame.get("Peer-Address") or ""
+                except zmq.ZMQError:
+                    engine.peer_host = ""
             if engine.state in (ENGINE_LIVE,):
                 # Either a duplicate of a live engine, or a restart we have not noticed
                 # yet; answer once the old connection is known dead.
-                self.pending_hello.add(identity)
+                self.pending_hello.add(engine.row)
                 self.warn(
                     "dup-identity",
                     "engine %d said HELLO while live; INIT deferred until it is dead",
@@ -609,9 +708,13 @@ class IOLoop:
         # READY needs no reply: the registration on the input socket is what counts.
 
     def _send_init(self, engine: Engine) -> None:
-        init = encode_init([self.input_advertised], [engine.output_address])
+        init = encode_init(
+            [engine.input_advertised or self.input_advertised], [engine.output_address]
+        )
         try:
-            self.handshake.send_multipart([engine.identity, init], zmq.NOBLOCK)
+            (engine.handshake or self.handshake).send_multipart(
+                [engine.identity, init], zmq.NOBLOCK
+            )
         except zmq.ZMQError as exc:
             self.warn("init", "engine %d: INIT not sent: %s", engine.index, exc)
             return
@@ -623,19 +726,21 @@ class IOLoop:
         engine.aborted.clear()
         self.dirty.add(engine.row)
 
-    def _on_input(self) -> None:
+    def _on_input(self, sock: zmq.Socket, by_identity: dict[bytes, Engine]) -> None:
         for _ in range(DRAIN):
             try:
-                frames = self.input.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
             try:
-                self._on_registration(frames)
+                self._on_registration(frames, by_identity)
             except Exception as exc:
                 self._handler_failed(f"input from {frames[0].hex()}: frame", exc)
 
-    def _on_registration(self, frames: list[bytes]) -> None:
-        engine = self.by_identity.get(frames[0])
+    def _on_registration(
+        self, frames: list[bytes], by_identity: dict[bytes, Engine] | None = None
+    ) -> None:
+        engine = (by_identity if by_identity is not None else self.by_identity).get(frames[0])
         if engine is None or engine.state != ENGINE_HANDSHAKING or len(frames) < 2:
             self.warn("bad-input", "dropped an unexpected frame on the input socket")
             return
@@ -693,7 +798,7 @@ class IOLoop:
             kind == zmq.EVENT_ACCEPTED
             and engine.state == ENGINE_DEAD
             and engine.dead_reason.startswith("lost")
-            and engine.identity not in self.pending_hello
+            and engine.row not in self.pending_hello
         ):
             # Same process, reconnected after a transient loss: it keeps its registration.
             engine.state = ENGINE_LIVE
@@ -715,6 +820,8 @@ class IOLoop:
         self.stats.engine_died(engine.row)
         engine.state = ENGINE_DEAD
         engine.dead_reason = reason
+        if engine.role == PREFILL:
+            self.pd.kill(engine)
         # The records are the one account of what is in flight where; a death is rare enough
         # to find its requests by a scan rather than keep a second per-engine set.
         for slot in [s for s, r in self.records.items() if r.engine is engine]:
@@ -722,16 +829,22 @@ class IOLoop:
             self.writer.finish(slot, FIN_ENGINE_DEAD, engine.index)
             if record.sent:
                 self._queue_abort(engine, record.rid)
+            if record.prefill is not None:
+                self.pd.forget(record, abort=True)
         engine.backlog.clear()
         engine.in_flight = 0
         engine.tail = (0, 0, 0, 0)
         self.dirty.add(engine.row)
-        if engine.identity in self.pending_hello:
-            self.pending_hello.discard(engine.identity)
+        if engine.row in self.pending_hello:
+            self.pending_hello.discard(engine.row)
             self._send_init(engine)
 
     def _fail_handshake(self) -> None:
-        missing = [e.index for e in self.engines if e.state != ENGINE_LIVE]
+        missing = [
+            e.index if e.role != PREFILL else f"prefill {e.index}"
+            for e in self.engines
+            if e.state != ENGINE_LIVE
+        ]
         self.state = "failed"
         self.failure = (
             f"engines {missing} did not register within handshake_timeout="
@@ -923,7 +1036,8 @@ class IOLoop:
         reg = engine.registration
         return {
             "index": engine.index,
-            "rank": engine.row,
+            "rank": engine.row if engine.role != PREFILL else engine.row - len(self.serving),
+            "role": engine.role,
             "output_address": engine.output_address,
             "registration": msgspec.structs.asdict(reg) if reg is not None else None,
         }
@@ -958,6 +1072,8 @@ class IOLoop:
             self.writer.finish(slot, FIN_IO_STOPPING, record.engine.index)
             if record.sent:
                 record.engine.aborts.append(record.rid.decode("utf-8", "replace"))
+            if record.prefill is not None and record.prefill_sent:
+                record.prefill.aborts.append(record.rid.decode("utf-8", "replace"))
         self.records.clear()
         self.writer.wake()
         for e in self.engines:

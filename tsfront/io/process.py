@@ -87,6 +87,9 @@ class IOProcess:
         handshake_address: the bound handshake endpoint (port resolved).
         input_address: the input endpoint advertised to engines.
         output_addresses: each engine's output endpoint, by rank.
+        prefill: under `Routing.disaggregated`, the prefill group's bound addresses (a dict
+            with ``handshake_address``, ``input_address``, ``output_addresses``); the fields
+            above are the decode group's. ``None`` otherwise.
         pid: the process id.
     """
 
@@ -96,6 +99,7 @@ class IOProcess:
         self.handshake_address: str = info["handshake_address"]
         self.input_address: str = info["input_address"]
         self.output_addresses: list[str] = list(info["output_addresses"])
+        self.prefill: dict | None = info.get("prefill")
         self.pid: int = proc.pid
 
     @classmethod

@@ -78,6 +78,8 @@ FINISH_REASONS = (
     "IOProcessDied",
     "SendTimeout",
     "StreamRejected",
+    "DeadlineExceeded",
+    "PrefillFailed",
     "StreamError",
 )
 
@@ -87,6 +89,7 @@ REFUSAL_CLASSES = (
     "InvalidRequest",
     "StopStringsRefused",
     "DuplicateRequest",
+    "RidRecentlyAborted",
     "PromptTooLong",
     "Busy",
     "EngineUnavailable",

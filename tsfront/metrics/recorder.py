@@ -36,6 +36,11 @@ _ERROR_REASON = {
     shm.FIN_DUPLICATE: "StreamRejected",
     shm.FIN_NO_ENGINE: "StreamRejected",
     shm.FIN_IO_STOPPING: "IOProcessDied",
+    shm.FIN_RID_ABORTED: "StreamRejected",
+    shm.FIN_DEADLINE: "DeadlineExceeded",
+    shm.FIN_PREFILL_DEAD: "EngineDied",
+    shm.FIN_PREFILL_SEND_TIMEOUT: "SendTimeout",
+    shm.FIN_PREFILL_ABORTED: "PrefillFailed",
 }
 _FIN_LOCAL = min(_ERROR_REASON)  # codes from here on are local ends, below are the engine's
 # The engine's finish codes → reason (tsfront.region.FINISH_REASONS).
@@ -166,9 +171,10 @@ class Recorder:
         if self._end(slot, "StreamError"):
             self.words[L.W_ABORTS_SENT] += 1
 
-    def cancelled(self, slot: int) -> None:
-        """The consumer ended the request in ``slot`` early: an ABORT is sent for it."""
-        if self._end(slot, "cancelled"):
+    def cancelled(self, slot: int, reason: str = "cancelled") -> None:
+        """The request in ``slot`` ended early on this side (the consumer left, or its
+        deadline passed: ``reason`` ``"DeadlineExceeded"``): an ABORT is sent for it."""
+        if self._end(slot, reason):
             self.words[L.W_ABORTS_SENT] += 1
 
     def _end(self, slot: int, reason: str) -> bool:

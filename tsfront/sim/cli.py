@@ -77,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--handshake-timeout", type=float, default=600.0, help="seconds to wait for INIT (600)"
     )
+    model.add_argument(
+        "--disaggregation-mode",
+        choices=("prefill", "decode"),
+        default=None,
+        help="a PD rank: prefill finishes after its bootstrap token, decode streams (none)",
+    )
     wire = parser.add_argument_group("wire generation")
     wire.add_argument(
         "--output-form",
@@ -137,6 +143,7 @@ def _group_from_args(args: argparse.Namespace) -> SimGroup:
         "handshake_timeout_s": args.handshake_timeout,
         "output_form": args.output_form,
         "legacy_registration": args.legacy_registration,
+        "disaggregation_mode": args.disaggregation_mode,
         # A rank that exits takes this process with it, as a dying rank takes its launcher.
         "hard_exit": True,
     }

@@ -21,11 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from tsfront.sim.scheduler import (
     EngineFault,
+    OutputRow,
     Scheduler,
     SchedulerConfig,
     StepOutput,
@@ -83,6 +85,14 @@ class EngineOptions:
     ``silent_after_steps`` stops emitting and stepping but keeps its sockets open and keeps
     receiving.
     ``handshake_timeout_s`` is how long to wait for INIT (the engine's 600 s).
+
+    Disaggregated serving (CONTRACT §6): ``disaggregation_mode`` ``"prefill"`` makes the rank
+    finish every request after one token (its bootstrap token, ``"length"``), as a prefill
+    engine does once the KV transfer is done; ``"decode"`` makes it a decode rank, whose first
+    output token is that same bootstrap token (both compute position 0 with the same
+    ``token_fn``). Either refuses (terminal ``"abort"``) an ADD without a ``bootstrap_room``.
+    ``prefill_abort`` makes a prefill rank end every request with ``"abort"`` instead (a
+    failed KV transfer).
     """
 
     step_ms: float = 2.0
@@ -111,9 +121,15 @@ class EngineOptions:
     silent_after_steps: int | None = None
     handshake_timeout_s: float = 600.0
     hard_exit: bool = False
+    disaggregation_mode: str | None = None
+    prefill_abort: bool = False
 
     def __post_init__(self) -> None:
         # Refuse what no engine could be configured with, before a rank dials anything.
+        if self.disaggregation_mode not in (None, "prefill", "decode"):
+            raise ValueError(
+                f"disaggregation_mode={self.disaggregation_mode!r}: None, 'prefill' or 'decode'"
+            )
         if not (isinstance(self.step_ms, (int, float)) and self.step_ms >= 0):
             raise ValueError(f"step_ms={self.step_ms!r}: must be a number >= 0")
         if not isinstance(self.output_form, int) or self.output_form < 9:
@@ -522,6 +538,19 @@ class SimEngine:
         if not isinstance(request.rid, str):
             return self._drop(f"ADD with rid {request.rid!r}")
         self._record(Received("add", request.rid, request), "adds")
+        mode = self.options.disaggregation_mode
+        if mode is not None:
+            if request.bootstrap_room is None or (mode == "prefill" and self.options.prefill_abort):
+                # No room to transfer the KV cache under (or a failed transfer): abort.
+                prompt = len(request.input_ids or ())
+                row = OutputRow(request.rid, [], "abort", prompt, 0, 0, [], [])
+                self._count(rejected=1)
+                self._publish(StepOutput([row], self.scheduler._last_load))
+                return False
+            if mode == "prefill":
+                # The prefill engine computes the bootstrap token and finishes.
+                sp = msgspec.structs.replace(request.sampling_params, max_new_tokens=1)
+                request = msgspec.structs.replace(request, sampling_params=sp)
         try:
             output = self.scheduler.add(request, now)
         except EngineFault as exc:

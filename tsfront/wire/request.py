@@ -119,6 +119,26 @@ def encode_add(req: TokenizedGenerateReqInput) -> bytes:
     return _ENCODER.encode(req)
 
 
+#: The three nil bootstrap fields (``bootstrap_host``, ``bootstrap_port``, ``bootstrap_room``)
+#: of an ADD encoded for disaggregated serving, which the I/O process fills in.
+BOOTSTRAP_PLACEHOLDER = b"\xc0\xc0\xc0"
+_AFTER_BOOTSTRAP = TokenizedGenerateReqInput.__struct_fields__[
+    TokenizedGenerateReqInput.__struct_fields__.index("bootstrap_room") + 1 :
+]
+
+
+def bootstrap_offset(req: TokenizedGenerateReqInput, payload: bytes) -> int:
+    """The byte offset of the bootstrap fields in ``payload`` (``encode_add(req)``, whose
+    bootstrap fields are all None): the I/O process fills them in without re-encoding the
+    prompt. msgpack is context-free, so the fields after them encode alone as they do inside.
+    """
+    tail = sum(len(_ENCODER.encode(getattr(req, name))) for name in _AFTER_BOOTSTRAP)
+    at = len(payload) - tail - len(BOOTSTRAP_PLACEHOLDER)
+    if payload[at : at + len(BOOTSTRAP_PLACEHOLDER)] != BOOTSTRAP_PLACEHOLDER:
+        raise ValueError("the request's bootstrap fields are not all None")
+    return at
+
+
 def decode_add(payload: bytes | memoryview) -> TokenizedGenerateReqInput:
     """Decode an ADD payload as the engine does (prefix forms and longer arrays accepted).
 
