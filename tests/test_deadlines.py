@@ -59,6 +59,17 @@ async def test_mid_stream_on_a_slow_rank_ends_with_deadline_exceeded_and_aborts_
         await _in_flight_zero(r.client)
 
 
+async def test_a_passed_deadline_is_counted_as_deadline_exceeded_with_its_abort():
+    async with rig(1, silent_after_steps=0) as r:
+        stream = await r.client.generate(request("counted", 5), deadline=0.2)
+        with pytest.raises(DeadlineExceeded):
+            await next_chunk(stream)
+        requests = r.client.metrics().requests
+        assert requests.finished["DeadlineExceeded"] == 1
+        assert requests.finished["cancelled"] == 0
+        assert requests.aborts_sent == 1
+
+
 async def test_waiting_for_the_first_token_on_a_rank_that_never_steps():
     async with rig(1, silent_after_steps=0) as r:
         stream = await r.client.generate(request("first", 5), deadline=0.3)
