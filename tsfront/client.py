@@ -17,7 +17,7 @@ import asyncio
 import time
 
 from tsfront import region as shm
-from tsfront.config import ClientConfig
+from tsfront.config import ClientConfig, LoadBalance
 from tsfront.errors import (
     ClientClosed,
     DuplicateRequest,
@@ -26,6 +26,7 @@ from tsfront.errors import (
     RidRecentlyAborted,
 )
 from tsfront.info import EngineInfo, EngineLoad, load_from_row
+from tsfront.io.affinity import group_block_tokens, packed_hashes
 from tsfront.io.process import IOProcess
 from tsfront.stream import RequestStream
 from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
@@ -117,7 +118,18 @@ class EngineClient:
             encode_add(request),
             -1 if pin is None else pin,
             bool(request.return_logprob),
+            self._prompt_hashes(request.input_ids),
         )
+
+    def _prompt_hashes(self, input_ids: list[int]) -> bytes | None:
+        # Under prefix affinity the worker hashes the prompt's blocks, so that the one I/O
+        # process only looks them up (measured in docs/DESIGN.md, "Prefix affinity").
+        config = self._att.config
+        if config.routing.load_balance is not LoadBalance.PREFIX_AFFINITY:
+            return None
+        granularities = [e.prefix_granularity for e in self._att.engines]
+        block = group_block_tokens(granularities, config.prefix_block_tokens)
+        return packed_hashes(input_ids, block)
 
     def _context_limit(self, pin: int | None) -> int | None:
         att = self._att

@@ -223,8 +223,16 @@ class Attachment:
 
     # ------------------------------------------------------------------ submissions
 
-    def submit(self, rid: str, payload: bytes, pin: int, with_logprobs: bool) -> RequestStream:
-        """Send a request's final ADD payload to the I/O process; the stream that reads it."""
+    def submit(
+        self,
+        rid: str,
+        payload: bytes,
+        pin: int,
+        with_logprobs: bool,
+        hashes: bytes | None = None,
+    ) -> RequestStream:
+        """Send a request's final ADD payload (and its prompt's packed block hashes, for
+        prefix-affinity routing) to the I/O process; the stream that reads it."""
         if self.closed:
             raise ClientClosed(str(self.failure) if self.failure else "the client is closed")
         if not self.free:
@@ -242,7 +250,10 @@ class Attachment:
         self.reader.expect(slot, ticket)
         header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs) + rid.encode()
         try:
-            self.dealer.send_multipart([SUBMIT_ADD, header, payload], zmq.NOBLOCK, copy=False)
+            frames = [SUBMIT_ADD, header, payload]
+            if hashes is not None:
+                frames.append(hashes)
+            self.dealer.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.reader.release(slot)
             self.free.append(slot)

@@ -173,7 +173,8 @@ class IOLoop:
             Engine(row=i, index=config.first_engine_index + i) for i in range(config.num_engines)
         ]
         self.by_identity = {e.identity: e for e in self.engines}
-        self.router = Router(config.routing.load_balance, config.load_ttl)
+        self.router = Router(config.routing.load_balance, config.load_ttl, config)
+        self.affinity = self.router.affinity
         self.records: dict[int, Record] = {}
         self.workers: dict[int, WorkerConn] = {}  # by control fd
         self.by_submit_identity: dict[bytes, WorkerConn] = {}
@@ -392,8 +393,10 @@ class IOLoop:
                 continue
             try:
                 kind = frames[1].bytes
-                if kind == SUBMIT_ADD and len(frames) == 4:
-                    self._add(worker, frames[2].bytes, frames[3])
+                if kind == SUBMIT_ADD and len(frames) in (4, 5):
+                    # A fifth frame: the prompt's block hashes (prefix-affinity routing).
+                    hashes = frames[4] if len(frames) == 5 else None
+                    self._add(worker, frames[2].bytes, frames[3], hashes)
                 elif kind == SUBMIT_ABORT:
                     self._abort(worker, frames[2].bytes)
                 else:
@@ -403,7 +406,13 @@ class IOLoop:
             except Exception as exc:
                 self._handler_failed(f"worker {worker.worker}: submission", exc)
 
-    def _add(self, worker: WorkerConn, header: bytes, payload: zmq.Frame) -> None:
+    def _add(
+        self,
+        worker: WorkerConn,
+        header: bytes,
+        payload: zmq.Frame,
+        hashes: zmq.Frame | None = None,
+    ) -> None:
         if len(header) < SUBMIT_HEADER.size:
             self.warn("bad-submit", "dropped a submission with a short header")
             return
@@ -427,8 +436,10 @@ class IOLoop:
             engine = self.engines[pin] if pin < len(self.engines) else None
             if engine is not None and engine.state != ENGINE_LIVE:
                 engine = None
+            if engine is not None and self.affinity is not None:
+                self.affinity.note(engine, payload, hashes)
         else:
-            engine = self.router.choose(self.engines)
+            engine = self.router.choose(self.engines, payload, hashes)
         if not self.writer.bind(rid, slot, ticket, bool(with_lp), FIN_DUPLICATE):
             return  # the rid is in flight already; the slot now says so
         if engine is None:
@@ -592,6 +603,8 @@ class IOLoop:
         engine.generation += 1
         engine.aborts = []  # a new engine process knows none of the old rids
         engine.aborted.clear()
+        if self.affinity is not None:
+            self.affinity.forget(engine)  # nor is anything in its (new) prefix cache
         self.dirty.add(engine.row)
 
     def _on_input(self) -> None:
@@ -617,6 +630,8 @@ class IOLoop:
             return
         engine.registration = registration
         engine.state = ENGINE_LIVE
+        if self.affinity is not None:
+            self.affinity.registered(engine)
         engine.dead_reason = ""
         self.dirty.add(engine.row)
         log.info("engine %d registered (rank %d)", engine.index, engine.row)
@@ -694,6 +709,8 @@ class IOLoop:
         engine.backlog.clear()
         engine.in_flight = 0
         engine.tail = (0, 0, 0, 0)
+        if self.affinity is not None:
+            self.affinity.forget(engine)
         self.dirty.add(engine.row)
         if engine.identity in self.pending_hello:
             self.pending_hello.discard(engine.identity)
