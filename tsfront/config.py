@@ -100,8 +100,8 @@ class ClientConfig:
         load_ttl: seconds a load tail stays fresh for routing.
         prefix_index_blocks: `LoadBalance.PREFIX_AFFINITY` only: block hashes remembered per
             engine (least recently used go first; fewer if the engine's registered KV cache
-            holds fewer blocks). About 200 bytes each in the I/O process: the default, 16,384
-            (4M tokens of prompt at 256-token blocks), costs up to ~3.3 MB per engine.
+            holds fewer blocks). At most 400 bytes each in the I/O process: the default, 8,192
+            (2M tokens of prompt at 256-token blocks), costs up to 3.3 MB per engine.
         prefix_block_tokens: `PREFIX_AFFINITY` only: the least number of tokens per indexed
             block; a block is a whole number of the engine's ``prefix_granularity`` blocks
             (so 256 tokens for the usual 64). Smaller blocks match more finely and cost more
@@ -129,7 +129,7 @@ class ClientConfig:
     heartbeat_timeout: float = 2.0
     max_message_size: int = 1 << 20
     load_ttl: float = 2.0
-    prefix_index_blocks: int = 16384
+    prefix_index_blocks: int = 8192
     prefix_block_tokens: int = 256
     affinity_abs_threshold: int = 8
     affinity_rel_threshold: float = 1.5

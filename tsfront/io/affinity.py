@@ -73,6 +73,12 @@ class PrefixIndex:
         self.owners: dict[int, int] = {}
         self.evictions = 0
 
+    def grow(self, num_engines: int) -> None:
+        """Make room for engines up to ``num_engines`` (a router built without a config)."""
+        while len(self.lru) < num_engines:
+            self.capacity.append(self.capacity[0] if self.capacity else 1)
+            self.lru.append(collections.OrderedDict())
+
     def set_capacity(self, row: int, capacity: int) -> None:
         """Bound engine ``row``'s entries (evicting its oldest at once if over)."""
         self.capacity[row] = max(1, capacity)
@@ -208,6 +214,9 @@ class AffinityRouter:
         sent), or None if no engine is live; records the prompt in the chosen engine's
         index."""
         n = len(engines)
+        if n > len(self.index.lru):
+            self.index.grow(n)
+            self._granularity += [0] * (n - len(self._granularity))
         start = self._turn % n
         self._turn += 1
         live = 0

@@ -65,6 +65,7 @@ class EngineOptions:
     step; ``None`` → ``max_num_seqs // data_parallel_size``), ``max_model_len``,
     ``vocab_size``, ``eos_token_id``, ``page_size`` (KV page and prefix granularity),
     ``kv_total_pages``, ``stream_interval`` (``--stream-interval``), ``prefix_cache``,
+    ``prefix_cache_pages`` (the cache's capacity in pages; ``None`` → 65,536),
     ``enable_output_logprobs``, ``token_fn`` (see :func:`tsfront.sim.scheduler.default_token`;
     must be a module-level function in process mode).
 
@@ -93,6 +94,7 @@ class EngineOptions:
     kv_total_pages: int = 4095
     stream_interval: int = 1
     prefix_cache: bool = True
+    prefix_cache_pages: int | None = None
     enable_output_logprobs: bool = True
     token_fn: TokenFn | None = None
     output_form: int = 14
@@ -172,6 +174,7 @@ class SimEngine:
                 kv_total_pages=opts.kv_total_pages,
                 stream_interval=opts.stream_interval,
                 prefix_cache=opts.prefix_cache,
+                prefix_cache_pages=opts.prefix_cache_pages,
                 enable_output_logprobs=opts.enable_output_logprobs,
             ),
             token_fn=opts.token_fn,
