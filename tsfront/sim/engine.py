@@ -189,6 +189,8 @@ class SimEngine:
         self._counters = dict.fromkeys(
             ("adds", "aborts", "dropped", "rejected", "steps", "frames", "tokens", "finished"), 0
         )
+        # Summed over finished requests: what the prefix cache saved (``cached_tokens``).
+        self._counters.update(prompt_tokens=0, cached_tokens=0)
         self._silent = False
         self._sentinel_on_stop = True
         self._thread: threading.Thread | None = None
@@ -268,7 +270,8 @@ class SimEngine:
 
     def counters(self) -> dict[str, int]:
         """A snapshot of ``adds``, ``aborts``, ``dropped``, ``rejected``, ``steps``,
-        ``frames``, ``tokens`` (generated tokens sent) and ``finished`` (terminal rows)."""
+        ``frames``, ``tokens`` (generated tokens sent), ``finished`` (terminal rows), and
+        ``prompt_tokens`` / ``cached_tokens`` summed over those terminal rows."""
         with self._cond:
             return dict(self._counters)
 
@@ -504,6 +507,8 @@ class SimEngine:
             frames=1,
             tokens=sum(len(r.output_ids) for r in rows),
             finished=sum(1 for r in rows if r.finished_reason),
+            prompt_tokens=sum(r.prompt_tokens for r in rows if r.finished_reason),
+            cached_tokens=sum(r.cached_tokens for r in rows if r.finished_reason),
         )
 
     def _send(self, frame: bytes) -> None:
