@@ -107,8 +107,19 @@ def _sim_options(p: RoutingParams) -> dict:
     }
 
 
-def _figures(sim, p: RoutingParams, wall: float) -> dict:
-    counters = [sim.engine(i).counters() for i in sim.engine_indices]
+def _settled_counters(sim, finished: int, timeout: float = 10.0) -> list[dict]:
+    """The ranks' counters once they count ``finished`` requests in all (a rank counts a
+    request just after sending its last frame, so the client may see the end first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counters = [sim.engine(i).counters() for i in sim.engine_indices]
+        if sum(c["finished"] for c in counters) >= finished or time.monotonic() > deadline:
+            return counters
+        time.sleep(0.01)
+
+
+def _figures(sim, p: RoutingParams, wall: float, finished: int) -> dict:
+    counters = _settled_counters(sim, finished)
     prompt = sum(c["prompt_tokens"] for c in counters)
     cached = sum(c["cached_tokens"] for c in counters)
     requests = [c["finished"] for c in counters]
@@ -163,7 +174,9 @@ async def _replay_tsfront(trace, p: RoutingParams, policy: LoadBalance, ideal: b
 
         t0 = time.monotonic()
         await asyncio.gather(*(session_runner() for _ in range(p.concurrency)))
-        return _figures(sim, p, time.monotonic() - t0)
+        wall = time.monotonic() - t0
+        turns = sum(len(s) for s in trace)
+        return await asyncio.to_thread(_figures, sim, p, wall, turns)
     finally:
         if client is not None:
             await client.close()
@@ -214,8 +227,9 @@ def routing_cpu(trace, p: RoutingParams, policy: LoadBalance, repeat: int = 3) -
     cfg = ClientConfig(num_engines=p.ranks, routing=Routing.aggregated(policy))
     block = group_block_tokens([p.page_size], cfg.prefix_block_tokens)
     t0 = time.thread_time()
-    hashes = [zmq.Frame(packed_hashes(ids, block)) for ids in prompts]
+    packed = [packed_hashes(ids, block) for ids in prompts]
     worker_us = (time.thread_time() - t0) / len(prompts) * 1e6
+    hashes = [zmq.Frame(h) for h in packed]
     tokens = sum(len(ids) for ids in prompts) / len(prompts)
 
     def run(with_hashes: bool) -> float:
@@ -354,10 +368,12 @@ def _smg_gateway(smg: str, p: RoutingParams, folder: Path) -> Iterator[tuple[str
                 proc.wait(5)
 
 
-def _complete(url: str, ids: list[int], max_tokens: int, timeout: float = 120.0) -> dict:
+def _complete(
+    url: str, model: str, ids: list[int], max_tokens: int, timeout: float = 120.0
+) -> dict:
     body = json.dumps(
         {
-            "model": "model",
+            "model": model,
             "prompt": " ".join(f"w{t}" for t in ids),
             "max_tokens": max_tokens,
             "ignore_eos": True,
@@ -384,7 +400,7 @@ def replay_smg(trace, p: RoutingParams, smg: str) -> dict:
             deadline = time.monotonic() + 60
             while True:  # until the gateway serves (it may register the engines later)
                 try:
-                    _complete(url, [5], 1, timeout=5)
+                    _complete(url, str(folder), [5], 1, timeout=5)
                     break
                 except (urllib.error.URLError, OSError):
                     if time.monotonic() > deadline:
@@ -403,7 +419,7 @@ def replay_smg(trace, p: RoutingParams, smg: str) -> dict:
                         s = pending.popleft()
                     for ids in trace[s]:
                         try:
-                            _complete(url, ids, p.max_new_tokens)
+                            _complete(url, str(folder), ids, p.max_new_tokens)
                         except Exception as exc:  # counted: the table says how many failed
                             errors.append(repr(exc))
 
@@ -414,7 +430,8 @@ def replay_smg(trace, p: RoutingParams, smg: str) -> dict:
             for t in threads:
                 t.join()
             wall = time.monotonic() - t0
-            figures = _figures(sim, p, wall)
+            turns = sum(len(s) for s in trace)
+            figures = _figures(sim, p, wall, turns + sum(b["finished"] for b in base) - len(errors))
             # Take away the warm-up request.
             for key in ("prompt_tokens", "cached_tokens"):
                 figures[key] -= sum(b[key] for b in base)
