@@ -210,6 +210,35 @@ def test_worker_hashes_of_another_block_size_are_not_trusted():
     assert router.affinity.hashed_here == 1
 
 
+@pytest.mark.parametrize("packed", [b"", b"\x00" * 7, b"\x00" * 12, memoryview(b"\x01" * 8)])
+def test_a_malformed_hashes_frame_is_not_trusted(packed):
+    rng = random.Random(13)
+    router, engines = _router(2)
+    ids = _tokens(rng, 1000)
+    home = _send(router, engines, ids)
+    engines[home].in_flight = 1
+    assert router.choose(engines, _payload(ids + [1] * 300), packed).row == home
+    assert router.affinity.hashed_here == 1
+
+
+def test_block_hasher_survives_any_bytes():
+    rng = random.Random(14)
+    valid = _payload(_tokens(rng, 700))
+    for _ in range(3000):
+        n = rng.randrange(0, 64)
+        junk = bytes(rng.randrange(256) for _ in range(n))
+        cut = valid[: rng.randrange(len(valid))]
+        flipped = bytearray(valid)
+        flipped[rng.randrange(len(valid))] = rng.randrange(256)
+        for data in (junk, cut, valid[:20] + junk, bytes(flipped)):
+            hashes = _native.block_hashes(data, rng.choice([1, 7, 64, 256]), 1 << 20)
+            assert isinstance(hashes, list)
+    with pytest.raises(ValueError):
+        _native.block_hashes(valid, 0, 10)
+    with pytest.raises(ValueError):
+        _native.packed_block_hashes([1, 2], 0, 10)
+
+
 def test_group_block_size_is_a_whole_number_of_engine_blocks():
     assert group_block_tokens([64, 64], 256) == 256
     assert group_block_tokens([0, 48], 256) == 288
