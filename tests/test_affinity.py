@@ -317,7 +317,20 @@ async def test_second_turn_reaches_the_first_turns_rank_and_its_cache():
         fresh = _tokens(rng, 700)
         _, chunks = await collect(await r.client.generate(request("f1", 4, prompt=fresh)))
         assert chunks[-1].engine_index != home
-        held.abort()
+        assert r.client.metrics()["affinity_fallbacks"] == 0
+        # Imbalance: 9 requests in flight on home, 0 elsewhere (> 8 more, > 1.5 times as
+        # many): the next turn goes to the least loaded rank, and the loop counts it.
+        more = [await r.client.generate(request(f"h{i}", FOREVER, pin=home)) for i in range(8)]
+        for stream in more:
+            await next_chunk(stream)
+        turn3 = turn2 + _tokens(rng, 300)
+        _, chunks = await collect(await r.client.generate(request("t3", 4, prompt=turn3)))
+        assert chunks[-1].engine_index != home
+        metrics = r.client.metrics()
+        assert metrics["affinity_fallbacks"] == 1
+        assert metrics["affinity_rehashed"] == 0  # the worker's block hashes were used
+        for stream in [held, *more]:
+            stream.abort()
 
 
 async def test_a_restarted_rank_forgets_what_it_was_sent():

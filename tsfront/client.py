@@ -187,7 +187,9 @@ class EngineClient:
         eventfd wake-ups, requests in flight, slots spilling now; and the I/O loop's own:
         frames whose handler failed (dropped, logged), load tails out of range, output
         connections lost (and how many of those were an earlier process's), ADDs refused
-        for reusing a recently aborted rid (see `tsfront.region.IO_METRICS`)."""
+        for reusing a recently aborted rid, and under prefix affinity the placements load
+        took from the longest match and the ADDs the I/O process had to hash itself (see
+        `tsfront.region.IO_METRICS`)."""
         att = self._att
         if att.closed or att.region is None:
             raise ClientClosed("the client is closed")

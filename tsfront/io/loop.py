@@ -311,6 +311,14 @@ class IOLoop:
         if self.writer.spilling():
             self.writer.flush_spills()
         self._publish_dirty()
+        affinity = self.affinity
+        if affinity is not None and (
+            affinity.fallbacks != self.counts["affinity_fallbacks"]
+            or affinity.hashed_here != self.counts["affinity_rehashed"]
+        ):
+            self.counts["affinity_fallbacks"] = affinity.fallbacks
+            self.counts["affinity_rehashed"] = affinity.hashed_here
+            self._counts_dirty = True
         if self._counts_dirty:
             self._counts_dirty = False
             self.region.io_metrics[:] = list(self.counts.values())
