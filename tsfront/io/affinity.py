@@ -3,8 +3,12 @@
 Each engine keeps its own prefix cache, so a conversation whose turns land on different ranks
 recomputes its shared prefix on every turn. The I/O process sees every prompt it routes, so it
 keeps, per engine, an approximate index of what it sent there: the chained hashes of each
-prompt's blocks (`tsfront._native.block_hashes`, computed from the ADD payload the worker
-encoded; block ``i``'s hash names the whole prefix up to the end of block ``i``).
+prompt's blocks (block ``i``'s hash names the whole prefix up to the end of block ``i``). A
+block is a whole number of the engines' ``prefix_granularity``-token pages, at least
+`ClientConfig.prefix_block_tokens`. The worker computes the hashes from its ``input_ids``
+(`packed_hashes`) and sends them with the ADD, so the one I/O process only looks them up; it
+hashes the ADD payload itself (`tsfront._native.block_hashes`) only when they are missing or
+made for another block size. The choice is measured in docs/DESIGN.md, *Prefix affinity*.
 
 Data structure (`PrefixIndex`):
 
@@ -25,7 +29,9 @@ candidates (every live engine if none matches a block); the least loaded of them
 flight, ties rotated) is chosen, unless it carries more than ``abs_threshold`` requests more than
 the least loaded live engine *and* more than ``rel_threshold`` times as many: then the least
 loaded engine is chosen (counted in ``fallbacks``). A prefix shared by every conversation (a
-system prompt) thus ties across the engines that hold it and new conversations spread by load.
+system prompt) draws new conversations to the engine holding it until that engine is
+imbalanced; the engine that takes the next one then holds it too, and from then on those
+engines tie on it and load decides among them.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from tsfront.region import ENGINE_LIVE
 #: Granularity assumed for an engine whose registration carries none (prefix_granularity 0).
 DEFAULT_GRANULARITY = 64
 
-#: Blocks hashed per prompt at most (a 128k-token prompt at 64 tokens a block is 2,048).
+#: Blocks hashed per prompt at most (a 128k-token prompt at 256 tokens a block is 512).
 MAX_BLOCKS = 1 << 16
 
 
