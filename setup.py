@@ -11,7 +11,16 @@ import os
 from setuptools import Extension, setup
 
 CFLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
-SOURCES = ["msgpack.c", "frame.c", "region.c", "ridmap.c", "writer.c", "reader.c", "module.c"]
+SOURCES = [
+    "msgpack.c",
+    "frame.c",
+    "region.c",
+    "ridmap.c",
+    "prefix.c",
+    "writer.c",
+    "reader.c",
+    "module.c",
+]
 EXTRA = os.environ.get("TSFRONT_NATIVE_CFLAGS", "").split()
 
 setup(

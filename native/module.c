@@ -1,8 +1,9 @@
 /*
  * module.c: tsfront._native, the shared-memory slot rings and the I/O process's output hot
  * path. The jobs live in their own files: msgpack.c (bounds-checked msgpack reading), frame.c
- * (the output-frame decoder), region.c (layout and mapping), ridmap.c (rid -> slot), writer.c
- * (the I/O process's side), reader.c (a worker's side). This file holds the module table and
+ * (the output-frame decoder), region.c (layout and mapping), ridmap.c (rid -> slot), prefix.c
+ * (prompt block hashes for routing), writer.c (the I/O process's side), reader.c (a worker's
+ * side). This file holds the module table and
  * the small helpers that belong to none of them.
  */
 #define PY_SSIZE_T_CLEAN
@@ -12,6 +13,7 @@
 #include <sys/prctl.h>
 
 #include "frame.h"
+#include "prefix.h"
 #include "reader.h"
 #include "region.h"
 #include "writer.h"
@@ -46,6 +48,13 @@ static PyMethodDef methods[] = {
     {"abi_version", abi_version, METH_NOARGS, "Version of the shared-memory layout."},
     {"first_bad_token", first_bad_token, METH_O,
      "first_bad_token(ids) -> int: index of the first entry that is not a token id, or -1."},
+    {"block_hashes", py_block_hashes, METH_VARARGS,
+     "block_hashes(payload, granularity, limit) -> list[int]: the chained hash of each full\n"
+     "granularity-token block of an ADD payload's input_ids (at most limit of them); [] for a\n"
+     "payload without readable input_ids."},
+    {"packed_block_hashes", py_packed_block_hashes, METH_VARARGS,
+     "packed_block_hashes(ids, granularity, limit) -> bytes: block_hashes of a list of ids,\n"
+     "packed as u64 granularity then one native-endian u64 per block."},
     {"layout", (PyCFunction)(void (*)(void))py_layout, METH_VARARGS | METH_KEYWORDS,
      "layout(num_workers, slots_per_worker, ring_capacity, max_engines) -> dict of offsets."},
     {"set_parent_death_signal", set_parent_death_signal, METH_O,

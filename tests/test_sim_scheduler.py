@@ -308,6 +308,29 @@ def test_prefix_cache_reports_page_aligned_hits() -> None:
     assert rows_of(outputs, "second")[-1].cached_tokens == 8
 
 
+def test_prefix_cache_is_finite_and_evicts_leaves_first() -> None:
+    # Capacity 3 pages of 4 tokens. A's 3 pages fill it; B (2 new pages) evicts A's deepest
+    # pages, never A's first page before the pages that extend it.
+    scheduler = Scheduler(SchedulerConfig(page_size=4, prefix_cache_pages=3))
+
+    def cached(rid: str, prompt: list[int]) -> int:
+        scheduler.add(
+            TokenizedGenerateReqInput(
+                rid=rid, input_ids=prompt, sampling_params=SamplingParams(max_new_tokens=1)
+            )
+        )
+        return rows_of(run_to_end(scheduler), rid)[-1].cached_tokens
+
+    a = list(range(100, 113))  # 3 full pages before the last token
+    b = list(range(200, 209))  # 2 full pages
+    assert cached("a1", a) == 0
+    assert cached("a2", a) == 12
+    assert cached("b1", b) == 0
+    assert len(scheduler._prefixes) == 3
+    # A keeps only its first page (the two deeper ones went first).
+    assert cached("a3", a) == 4
+
+
 def test_prefix_cache_can_be_disabled() -> None:
     scheduler = Scheduler(SchedulerConfig(page_size=4, prefix_cache=False))
     for rid in ("first", "second"):

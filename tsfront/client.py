@@ -19,7 +19,7 @@ import math
 import time
 
 from tsfront import region as shm
-from tsfront.config import ClientConfig
+from tsfront.config import ClientConfig, LoadBalance
 from tsfront.errors import (
     ClientClosed,
     DuplicateRequest,
@@ -29,6 +29,7 @@ from tsfront.errors import (
     RidRecentlyAborted,
 )
 from tsfront.info import EngineInfo, EngineLoad, load_from_row
+from tsfront.io.affinity import group_block_tokens, packed_hashes
 from tsfront.io.process import IOProcess
 from tsfront.metrics.recorder import monotonic_ns
 from tsfront.metrics.snapshot import FrontendMetrics, read_metrics
@@ -168,7 +169,18 @@ class EngineClient:
             bool(request.return_logprob),
             deadline,
             bootstrap_at,
+            self._prompt_hashes(request.input_ids),
         )
+
+    def _prompt_hashes(self, input_ids: list[int]) -> bytes | None:
+        # Under prefix affinity the worker hashes the prompt's blocks, so that the one I/O
+        # process only looks them up (measured in docs/DESIGN.md, "Prefix affinity").
+        config = self._att.config
+        if config.routing.load_balance is not LoadBalance.PREFIX_AFFINITY:
+            return None
+        granularities = [e.prefix_granularity for e in self._att.engines]
+        block = group_block_tokens(granularities, config.prefix_block_tokens)
+        return packed_hashes(input_ids, block)
 
     def _context_limit(self, pin: int | None) -> int | None:
         att = self._att
@@ -231,6 +243,10 @@ class EngineClient:
         went through the spill path, eventfd wake-ups, requests in flight, slots spilling now);
         its attributes add the request metrics of every worker (``m.requests``), each engine's
         load, liveness and restarts (``m.engines``) and the attached workers (``m.workers``).
+        The I/O loop's own counters are in the mapping too (`tsfront.region.IO_METRICS`):
+        frames whose handler failed, load tails out of range, output connections lost, ADDs
+        refused for reusing a recently aborted rid, and under prefix affinity the placements
+        load took from the longest match and the ADDs the I/O process had to hash itself.
         """
         att = self._att
         if att.closed or att.region is None:

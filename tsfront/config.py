@@ -30,6 +30,13 @@ class LoadBalance(enum.Enum):
     #: Lowest `kv_active_pages / kv_total_pages` from the load tail (fresh tails only), ties and
     #: stale tails broken by in-flight count.
     MIN_CACHE_USAGE = "min_cache_usage"
+    #: The engine holding the longest prefix of the prompt, by an index of the prompts sent to
+    #: each engine (chained hashes of its prompt blocks, LRU-bounded by
+    #: ``ClientConfig.prefix_index_blocks``, forgotten when the engine dies or restarts); the
+    #: least in flight among equals, and the least in flight overall when the chosen engine is
+    #: more than ``affinity_abs_threshold`` requests and ``affinity_rel_threshold`` times above
+    #: it. See ``tsfront.io.affinity``.
+    PREFIX_AFFINITY = "prefix_affinity"
 
 
 @dataclass(frozen=True)
@@ -181,6 +188,18 @@ class ClientConfig:
             (``None``, the default: no deadline). A request still unfinished when it passes
             is aborted on its engine and its stream ends with `DeadlineExceeded`;
             ``generate(..., deadline=...)`` overrides it per request.
+        prefix_index_blocks: `LoadBalance.PREFIX_AFFINITY` only: block hashes remembered per
+            engine (least recently used go first; fewer if the engine's registered KV cache
+            holds fewer blocks). At most 400 bytes each in the I/O process: the default, 8,192
+            (2M tokens of prompt at 256-token blocks), costs up to 3.3 MB per engine.
+        prefix_block_tokens: `PREFIX_AFFINITY` only: the least number of tokens per indexed
+            block; a block is a whole number of the engine's ``prefix_granularity`` blocks
+            (so 256 tokens for the usual 64). Smaller blocks match more finely and cost more
+            routing CPU per prompt token.
+        affinity_abs_threshold: `PREFIX_AFFINITY` only: requests in flight the engine with
+            the longest match may carry above the least loaded engine before load wins...
+        affinity_rel_threshold: ...provided it also carries more than this many times as
+            many (both must hold for the fallback to least in flight).
     """
 
     handshake_address: str = "tcp://127.0.0.1:30500"
@@ -201,6 +220,10 @@ class ClientConfig:
     max_message_size: int = 1 << 20
     load_ttl: float = 2.0
     request_deadline: float | None = None
+    prefix_index_blocks: int = 8192
+    prefix_block_tokens: int = 256
+    affinity_abs_threshold: int = 8
+    affinity_rel_threshold: float = 1.5
 
     def __post_init__(self) -> None:
         if isinstance(self.routing, Routing) and self.routing.is_disaggregated:
@@ -254,11 +277,21 @@ class ClientConfig:
             "submit_queue_depth",
             "engine_queue_depth",
             "max_message_size",
+            "prefix_index_blocks",
+            "prefix_block_tokens",
         )
         for name in counts:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
+        if not isinstance(self.affinity_abs_threshold, int) or self.affinity_abs_threshold < 0:
+            raise ConfigError(
+                f"affinity_abs_threshold={self.affinity_abs_threshold!r}: must be an integer >= 0"
+            )
+        if not self.affinity_rel_threshold >= 1.0:
+            raise ConfigError(
+                f"affinity_rel_threshold={self.affinity_rel_threshold!r}: must be >= 1.0"
+            )
         if self.slots_per_worker * self.max_workers > 1 << 24:
             raise ConfigError("max_workers * slots_per_worker must be at most 16,777,216")
 

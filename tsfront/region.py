@@ -67,6 +67,10 @@ IO_METRICS = (
     "output_disconnects",
     "stale_disconnects",
     "reused_rids",
+    # Prefix affinity (tsfront.io.affinity): placements load took from the longest match, and
+    # ADDs whose worker-sent block hashes were not usable (hashed by the I/O process instead).
+    "affinity_fallbacks",
+    "affinity_rehashed",
 )
 IO_METRICS_OFFSET = 2048
 

@@ -263,8 +263,10 @@ class Attachment:
         with_logprobs: bool,
         deadline: float | None = None,
         bootstrap_at: int = 0,
+        hashes: bytes | None = None,
     ) -> RequestStream:
-        """Send a request's final ADD payload to the I/O process; the stream that reads it.
+        """Send a request's final ADD payload (and its prompt's packed block hashes, for
+        prefix-affinity routing) to the I/O process; the stream that reads it.
 
         ``deadline``: seconds from now after which the request is aborted and its stream ends
         with `DeadlineExceeded` (None: never). ``bootstrap_at``: under disaggregated serving,
@@ -288,7 +290,10 @@ class Attachment:
         header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs, expires, bootstrap_at)
         header += rid.encode()
         try:
-            self.dealer.send_multipart([SUBMIT_ADD, header, payload], zmq.NOBLOCK, copy=False)
+            frames = [SUBMIT_ADD, header, payload]
+            if hashes is not None:
+                frames.append(hashes)
+            self.dealer.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self.reader.release(slot)
             self.free.append(slot)

@@ -24,8 +24,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "suite",
         nargs="?",
-        choices=["serve"],
-        help="'serve': the HTTP server's CPU per streamed token against SMG (tsfront.bench.serve)",
+        choices=["serve", "routing"],
+        help="'serve': the HTTP server's CPU per streamed token against SMG "
+        "(tsfront.bench.serve); 'routing': prefix-cache hit rate and load spread per placement "
+        "policy (tsfront.bench.routing)",
     )
     parser.add_argument(
         "--json", action="store_true", help="print one JSON object on stdout, nothing else"
@@ -40,9 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heap-streams", type=int, help="in-flight streams for the heap figure")
     parser.add_argument("--no-uvloop", action="store_true", help="asyncio's default loop")
     parser.add_argument("--out", help="also write the full report (JSON) to this file")
-    from tsfront.bench import serve
+    from tsfront.bench import routing, serve
 
     serve.add_arguments(parser)
+    routing.add_arguments(parser)
 
 
 def params_from(args: argparse.Namespace) -> Params:
@@ -82,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the suite; print the report (JSON with ``--json``, else a summary)."""
     if getattr(args, "suite", None) == "serve":
         from tsfront.bench.serve import run_cli
+
+        return run_cli(args)
+    if getattr(args, "suite", None) == "routing":
+        from tsfront.bench.routing import run_cli
 
         return run_cli(args)
     p = params_from(args)

@@ -197,7 +197,8 @@ class IOLoop:
         self.engines = self.serving + prefill
         self.pd = Disaggregated(self, prefill) if pd is not None else None
         self.by_identity = {e.identity: e for e in self.serving}
-        self.router = Router(config.routing.load_balance, config.load_ttl)
+        self.router = Router(config.routing.load_balance, config.load_ttl, config)
+        self.affinity = self.router.affinity
         self.records: dict[int, Record] = {}
         self.workers: dict[int, WorkerConn] = {}  # by control fd
         self.by_submit_identity: dict[bytes, WorkerConn] = {}
@@ -345,6 +346,14 @@ class IOLoop:
         if self.writer.spilling():
             self.writer.flush_spills()
         self._publish_dirty()
+        affinity = self.affinity
+        if affinity is not None and (
+            affinity.fallbacks != self.counts["affinity_fallbacks"]
+            or affinity.hashed_here != self.counts["affinity_rehashed"]
+        ):
+            self.counts["affinity_fallbacks"] = affinity.fallbacks
+            self.counts["affinity_rehashed"] = affinity.hashed_here
+            self._counts_dirty = True
         if self._counts_dirty:
             self._counts_dirty = False
             self.region.io_metrics[:] = list(self.counts.values())
@@ -432,8 +441,10 @@ class IOLoop:
                 continue
             try:
                 kind = frames[1].bytes
-                if kind == SUBMIT_ADD and len(frames) == 4:
-                    self._add(worker, frames[2].bytes, frames[3])
+                if kind == SUBMIT_ADD and len(frames) in (4, 5):
+                    # A fifth frame: the prompt's block hashes (prefix-affinity routing).
+                    hashes = frames[4] if len(frames) == 5 else None
+                    self._add(worker, frames[2].bytes, frames[3], hashes)
                 elif kind == SUBMIT_ABORT:
                     self._abort(worker, frames[2].bytes)
                 else:
@@ -457,7 +468,13 @@ class IOLoop:
         log.debug("dropped the last aborts of a detached worker")
         return True
 
-    def _add(self, worker: WorkerConn, header: bytes, payload: zmq.Frame) -> None:
+    def _add(
+        self,
+        worker: WorkerConn,
+        header: bytes,
+        payload: zmq.Frame,
+        hashes: zmq.Frame | None = None,
+    ) -> None:
         if len(header) < SUBMIT_HEADER.size:
             self.warn("bad-submit", "dropped a submission with a short header")
             return
@@ -481,8 +498,10 @@ class IOLoop:
             engine = self.serving[pin] if pin < len(self.serving) else None
             if engine is not None and engine.state != ENGINE_LIVE:
                 engine = None
+            if engine is not None and self.affinity is not None:
+                self.affinity.note(engine, payload, hashes)
         else:
-            engine = self.router.choose(self.serving)
+            engine = self.router.choose(self.serving, payload, hashes)
         if not self.writer.bind(rid, slot, ticket, bool(with_lp), FIN_DUPLICATE):
             log.info(
                 "refused request %r: its rid is in flight already", rid.decode("utf-8", "replace")
@@ -724,6 +743,8 @@ class IOLoop:
         engine.generation += 1
         engine.aborts = []  # a new engine process knows none of the old rids
         engine.aborted.clear()
+        if self.affinity is not None:
+            self.affinity.forget(engine)  # nor is anything in its (new) prefix cache
         self.dirty.add(engine.row)
 
     def _on_input(self, sock: zmq.Socket, by_identity: dict[bytes, Engine]) -> None:
@@ -752,6 +773,8 @@ class IOLoop:
         self.stats.engine_registered(engine.row, again=engine.registration is not None)
         engine.registration = registration
         engine.state = ENGINE_LIVE
+        if self.affinity is not None:
+            self.affinity.registered(engine)
         engine.dead_reason = ""
         self.dirty.add(engine.row)
         log.info("engine %d registered (rank %d)", engine.index, engine.row)
@@ -834,6 +857,8 @@ class IOLoop:
         engine.backlog.clear()
         engine.in_flight = 0
         engine.tail = (0, 0, 0, 0)
+        if self.affinity is not None:
+            self.affinity.forget(engine)
         self.dirty.add(engine.row)
         if engine.row in self.pending_hello:
             self.pending_hello.discard(engine.row)

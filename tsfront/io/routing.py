@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from tsfront.config import LoadBalance
+from tsfront.config import ClientConfig, LoadBalance
+from tsfront.io.affinity import AffinityRouter
 from tsfront.io.engines import Engine
 from tsfront.region import ENGINE_LIVE
 
@@ -16,14 +17,31 @@ from tsfront.region import ENGINE_LIVE
 class Router:
     """Chooses an engine for each unpinned request under one policy."""
 
-    def __init__(self, policy: LoadBalance, load_ttl: float) -> None:
+    def __init__(
+        self, policy: LoadBalance, load_ttl: float, config: ClientConfig | None = None
+    ) -> None:
         self.policy = policy
         self.load_ttl = load_ttl
         self._turn = 0
         self._next = 0
+        self.affinity: AffinityRouter | None = None
+        if policy is LoadBalance.PREFIX_AFFINITY:
+            c = config or ClientConfig()
+            self.affinity = AffinityRouter(
+                c.num_engines,
+                capacity=c.prefix_index_blocks,
+                min_block_tokens=c.prefix_block_tokens,
+                abs_threshold=c.affinity_abs_threshold,
+                rel_threshold=c.affinity_rel_threshold,
+            )
 
-    def choose(self, engines: Sequence[Engine]) -> Engine | None:
-        """The engine for the next request, or None if no engine is live."""
+    def choose(
+        self, engines: Sequence[Engine], payload: object = b"", hashes: object = None
+    ) -> Engine | None:
+        """The engine for the next request (its ADD ``payload``, and the prompt's packed block
+        hashes if the worker sent them), or None if no engine is live."""
+        if self.affinity is not None:
+            return self.affinity.choose(engines, payload, hashes)
         n = len(engines)
         start = self._turn % n
         self._turn += 1

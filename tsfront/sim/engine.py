@@ -68,6 +68,7 @@ class EngineOptions:
     step; ``None`` → ``max_num_seqs // data_parallel_size``), ``max_model_len``,
     ``vocab_size``, ``eos_token_id``, ``page_size`` (KV page and prefix granularity),
     ``kv_total_pages``, ``stream_interval`` (``--stream-interval``), ``prefix_cache``,
+    ``prefix_cache_pages`` (the cache's capacity in pages; ``None`` → 65,536),
     ``enable_output_logprobs``, ``token_fn`` (see :func:`tsfront.sim.scheduler.default_token`;
     must be a module-level function in process mode).
 
@@ -104,6 +105,7 @@ class EngineOptions:
     kv_total_pages: int = 4095
     stream_interval: int = 1
     prefix_cache: bool = True
+    prefix_cache_pages: int | None = None
     enable_output_logprobs: bool = True
     token_fn: TokenFn | None = None
     output_form: int = 14
@@ -219,6 +221,7 @@ class SimEngine:
                 kv_total_pages=opts.kv_total_pages,
                 stream_interval=opts.stream_interval,
                 prefix_cache=opts.prefix_cache,
+                prefix_cache_pages=opts.prefix_cache_pages,
                 enable_output_logprobs=opts.enable_output_logprobs,
             ),
             token_fn=opts.token_fn,
@@ -233,6 +236,8 @@ class SimEngine:
         self._counters = dict.fromkeys(
             ("adds", "aborts", "dropped", "rejected", "steps", "frames", "tokens", "finished"), 0
         )
+        # Summed over finished requests: what the prefix cache saved (``cached_tokens``).
+        self._counters.update(prompt_tokens=0, cached_tokens=0)
         self._silent = False
         self._sentinel_on_stop = True
         self._thread: threading.Thread | None = None
@@ -315,7 +320,8 @@ class SimEngine:
 
     def counters(self) -> dict[str, int]:
         """A snapshot of ``adds``, ``aborts``, ``dropped``, ``rejected``, ``steps``,
-        ``frames``, ``tokens`` (generated tokens sent) and ``finished`` (terminal rows)."""
+        ``frames``, ``tokens`` (generated tokens sent), ``finished`` (terminal rows), and
+        ``prompt_tokens`` / ``cached_tokens`` summed over those terminal rows."""
         with self._cond:
             return dict(self._counters)
 
@@ -592,6 +598,8 @@ class SimEngine:
             frames=1,
             tokens=sum(len(r.output_ids) for r in rows),
             finished=sum(1 for r in rows if r.finished_reason),
+            prompt_tokens=sum(r.prompt_tokens for r in rows if r.finished_reason),
+            cached_tokens=sum(r.cached_tokens for r in rows if r.finished_reason),
         )
 
     def _send(self, frame: bytes) -> None:

@@ -120,6 +120,10 @@ class SchedulerConfig:
         kv_total_pages: usable KV pages (the load tail's ``kv_total_pages``).
         stream_interval: the engine's ``--stream-interval`` (per-request override wins).
         prefix_cache: report ``cached_tokens`` for page-aligned prompt prefixes seen before.
+        prefix_cache_pages: pages the prefix cache holds (least recently used go first, the
+            deepest page of a prompt before the pages it extends, as a radix cache evicts
+            leaves first); ``None`` → 65,536. Set it to ``kv_total_pages`` for a cache as
+            finite as the engine's KV pool.
         enable_output_logprobs: the engine's ``--enable-output-logprobs``.
         abort_memory_s: how long an ABORT for an unknown rid is remembered (300 s).
     """
@@ -134,6 +138,7 @@ class SchedulerConfig:
     prefix_cache: bool = True
     enable_output_logprobs: bool = True
     abort_memory_s: float = 300.0
+    prefix_cache_pages: int | None = None
 
 
 @dataclass(frozen=True)
@@ -417,15 +422,20 @@ class Scheduler:
         page = self.config.page_size
         cached = 0
         key = 0
+        keys = []
         for end in range(page, len(input_ids), page):
             # A chained hash names the whole prefix without re-hashing it page by page.
             key = hash((key, *input_ids[end - page : end]))
-            if key in self._prefixes:
-                if cached == end - page:
-                    cached = end
-                self._prefixes.move_to_end(key)
-            else:
-                self._prefixes[key] = None
-        while len(self._prefixes) > 65536:
+            keys.append(key)
+            if key in self._prefixes and cached == end - page:
+                cached = end
+        # Deepest page first, so the prompt's first page ends most recent: eviction then
+        # takes the pages that extend a prefix before the prefix itself.
+        for key in reversed(keys):
+            self._prefixes[key] = None
+            self._prefixes.move_to_end(key)
+        capacity = self.config.prefix_cache_pages
+        capacity = 65536 if capacity is None else capacity
+        while len(self._prefixes) > capacity:
             self._prefixes.popitem(last=False)
         return cached
