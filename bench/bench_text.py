@@ -35,13 +35,21 @@ KINDS = ("bytelevel", "metaspace", "unigram")
 
 
 def stream_chunks(model: TextModel) -> list[list[int]]:
-    """TOKENS one-token chunks of mixed-script text."""
+    """TOKENS one-token chunks of mixed-script text, cut on whole characters.
+
+    A cut inside a character split over byte-fallback tokens would make the full decode
+    replace the whole run of byte tokens (characters a stream has already sent included), so
+    the window starts and ends where the full decode has no replacement character."""
     ids: list[int] = []
     seed = 0
-    while len(ids) < TOKENS:
+    while len(ids) < 2 * TOKENS:
         ids += model.encode(mixed_text(seed, 200), add_special_tokens=False)
         seed += 1
-    return [[t] for t in ids[:TOKENS]]
+    for start in range(len(ids) - TOKENS):
+        window = ids[start : start + TOKENS]
+        if "\ufffd" not in model.decode(window):
+            return [[t] for t in window]
+    raise AssertionError("no window of whole characters in the benchmark text")
 
 
 def streamer(model: TextModel, algorithm: str, chunks: list[list[int]], stop: bool) -> Callable:
