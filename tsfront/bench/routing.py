@@ -31,7 +31,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 from tsfront.config import ClientConfig, LoadBalance, Routing
 
 POLICIES = (LoadBalance.LEAST_IN_FLIGHT, LoadBalance.ROUND_ROBIN, LoadBalance.PREFIX_AFFINITY)
@@ -267,16 +267,6 @@ def routing_cpu(trace, p: RoutingParams, policy: LoadBalance, repeat: int = 3) -
 # ---------------------------------------------------------------------- SMG
 
 
-def find_smg(explicit: str | None) -> str | None:
-    """The ``smg`` executable: ``explicit``, else ``.smg-venv/bin/smg`` here, else PATH."""
-    if explicit:
-        return explicit if os.access(explicit, os.X_OK) else None
-    local = Path.cwd() / ".smg-venv" / "bin" / "smg"
-    if os.access(local, os.X_OK):
-        return str(local)
-    return shutil.which("smg")
-
-
 def write_word_model(folder: Path) -> None:
     """A model folder whose tokenizer maps the word ``w<id>`` to token ``id`` (and nothing
     else), so a prompt sent as text reaches the engine as exactly the trace's ids."""
@@ -313,43 +303,21 @@ def write_word_model(folder: Path) -> None:
         (folder / name).write_text(json.dumps(data))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def _smg_gateway(smg: str, p: RoutingParams, folder: Path) -> Iterator[tuple[str, int]]:
     """SMG with ``cache_aware`` bound for ``p.ranks`` engines; (url, handshake port)."""
     worker = f"ipc://{folder}/w0.ipc"
-    python = str(Path(smg).with_name("python"))
-    port_of = "from smg.serve import _zmq_handshake_port as f; import sys; print(f(sys.argv[1]))"
-    handshake = int(subprocess.check_output([python, "-c", port_of, worker], text=True))
-    port = _free_port()
+    handshake = handshake_port(smg, worker)
+    port = free_port()
     proc = subprocess.Popen(
-        [
+        launch_command(
             smg,
-            "launch",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--prometheus-port",
-            str(_free_port()),
-            "--worker-urls",
-            worker,
-            "--backend",
-            "tokenspeed",
-            "--model-path",
-            str(folder),
-            "--zmq-engine-count",
-            str(p.ranks),
-            "--policy",
-            "cache_aware",
-            "--log-level",
-            "warn",
-        ],
+            port=port,
+            worker_url=worker,
+            model_dir=str(folder),
+            engines=p.ranks,
+            policy="cache_aware",
+        ),
         stdout=subprocess.DEVNULL,
         stderr=(folder / "smg.log").open("w"),
         start_new_session=True,

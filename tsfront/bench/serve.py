@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 
 __all__ = ["ServeParams", "run_serve"]
 
@@ -164,12 +165,6 @@ class _Proc:
             self.proc.wait(5)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _sim(handshake: str, p: ServeParams) -> _Proc:
     return _Proc(
         [
@@ -248,34 +243,15 @@ def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[t
 def _smg(smg: str, model: str, p: ServeParams) -> Iterator[tuple[str, int]]:
     folder = tempfile.mkdtemp(prefix="tsfront-smg-")
     worker = f"ipc://{folder}/w0.ipc"
-    python = str(Path(smg).with_name("python"))
-    port_of = "from smg.serve import _zmq_handshake_port as f; import sys; print(f(sys.argv[1]))"
-    handshake_port = int(subprocess.check_output([python, "-c", port_of, worker], text=True))
-    port = _free_port()
+    handshake = handshake_port(smg, worker)
+    port = free_port()
     server = _Proc(
-        [
-            smg,
-            "launch",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--prometheus-port",
-            str(_free_port()),
-            "--worker-urls",
-            worker,
-            "--backend",
-            "tokenspeed",
-            "--model-path",
-            model,
-            "--zmq-engine-count",
-            str(p.engines),
-            "--log-level",
-            "error",
-        ],
+        launch_command(
+            smg, port=port, worker_url=worker, model_dir=model, engines=p.engines, log_level="error"
+        ),
         stdout=subprocess.DEVNULL,
     )
-    sim = _sim(f"tcp://127.0.0.1:{handshake_port}", p)
+    sim = _sim(f"tcp://127.0.0.1:{handshake}", p)
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_http(url, model, _READY_S)
@@ -354,16 +330,6 @@ def _measure(target: str, url: str, session: int, model: str, p: ServeParams) ->
             },
         },
     )
-
-
-def find_smg(explicit: str | None) -> str | None:
-    """The ``smg`` executable: ``explicit``, else ``.smg-venv/bin/smg`` here, else PATH."""
-    if explicit:
-        return explicit
-    local = Path.cwd() / ".smg-venv" / "bin" / "smg"
-    if local.exists():
-        return str(local)
-    return shutil.which("smg")
 
 
 def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:

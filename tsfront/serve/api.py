@@ -21,7 +21,7 @@ import itertools
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -277,29 +277,31 @@ class OpenAIService:
 
     async def completions(self, body: bytes) -> Reply | SSEReply:
         """``POST /v1/completions``."""
-        try:
-            req = _COMPLETION.decode(body)
-        except msgspec.ValidationError as exc:
-            return _bad(f"invalid request body: {exc}").reply()
-        except msgspec.DecodeError as exc:
-            return _bad(f"the body is not valid JSON: {exc}").reply()
-        try:
-            plan = self._plan_completion(req)
-            return await self._run(plan, self._completion_format(plan))
-        except ApiError as exc:
-            return exc.reply()
+        return await self._generate(
+            body, _COMPLETION, self._plan_completion, self._completion_format
+        )
 
     async def chat(self, body: bytes) -> Reply | SSEReply:
         """``POST /v1/chat/completions``."""
+        return await self._generate(body, _CHAT, self._plan_chat, self._chat_format)
+
+    async def _generate(
+        self,
+        body: bytes,
+        decoder: msgspec.json.Decoder,
+        plan_of: Callable[[Any], _Plan],
+        format_of: Callable[[_Plan], Format],
+    ) -> Reply | SSEReply:
+        # Body → typed request → plan (refusals as ApiError) → engine requests → reply.
         try:
-            req = _CHAT.decode(body)
+            req = decoder.decode(body)
         except msgspec.ValidationError as exc:
             return _bad(f"invalid request body: {exc}").reply()
         except msgspec.DecodeError as exc:
             return _bad(f"the body is not valid JSON: {exc}").reply()
         try:
-            plan = self._plan_chat(req)
-            return await self._run(plan, self._chat_format(plan))
+            plan = plan_of(req)
+            return await self._run(plan, format_of(plan))
         except ApiError as exc:
             return exc.reply()
 
