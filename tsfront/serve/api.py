@@ -52,6 +52,17 @@ RETRY_AFTER_S = 1
 _JSON = msgspec.json.Encoder()
 _COMPLETION = msgspec.json.Decoder(CompletionRequest)
 _CHAT = msgspec.json.Decoder(ChatRequest)
+# OpenAI sampling fields passed to the engine's SamplingParams under the same name.
+_SAMPLING_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 _DONE = b"data: [DONE]\n\n"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -63,14 +74,7 @@ _PARAMS = {
     **{
         f"sampling_params.{name}": name
         for name in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "seed",
-            "presence_penalty",
-            "frequency_penalty",
-            "repetition_penalty",
+            *_SAMPLING_FIELDS,
             "stop_token_ids",
             "logit_bias",
         )
@@ -356,16 +360,7 @@ class OpenAIService:
             "ignore_eos": req.ignore_eos,
             "skip_special_tokens": req.skip_special_tokens,
         }
-        for name in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "seed",
-            "presence_penalty",
-            "frequency_penalty",
-            "repetition_penalty",
-        ):
+        for name in _SAMPLING_FIELDS:
             value = getattr(req, name)
             if value is not None:
                 values[name] = value
