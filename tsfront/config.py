@@ -91,6 +91,10 @@ class ClientConfig:
             sockets (HELLO/READY and registrations are a few hundred bytes); larger frames
             cut that connection. Output sockets have no limit: a big batch is legitimate.
         load_ttl: seconds a load tail stays fresh for routing.
+        state_dir: a directory where the I/O process keeps each engine's registration, so
+            that a new I/O process started with the same config takes the running engines
+            over (after a crash or an upgrade) instead of waiting for them to restart; see
+            docs/RELIABILITY.md. Needs fixed addresses (no port 0). ``None``: nothing kept.
     """
 
     handshake_address: str = "tcp://127.0.0.1:30500"
@@ -110,6 +114,7 @@ class ClientConfig:
     heartbeat_timeout: float = 2.0
     max_message_size: int = 1 << 20
     load_ttl: float = 2.0
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("handshake_address", "input_address", "output_address"):
@@ -158,6 +163,23 @@ class ClientConfig:
                 raise ConfigError(f"{name}={value!r}: must be a positive integer")
         if self.slots_per_worker * self.max_workers > 1 << 24:
             raise ConfigError("max_workers * slots_per_worker must be at most 16,777,216")
+        if self.state_dir is not None:
+            self._check_state_dir()
+
+    def _check_state_dir(self) -> None:
+        if not isinstance(self.state_dir, str) or not self.state_dir:
+            raise ConfigError(f"state_dir={self.state_dir!r}: give a directory path, or None")
+        for name in ("handshake_address", "input_address", "output_address"):
+            value = getattr(self, name)
+            port = value.rpartition(":")[2] if value.startswith("tcp://") else ""
+            if port in ("0", "*"):
+                # The engines reconnect to the addresses they were given in INIT: a successor
+                # bound elsewhere would never see them again.
+                raise ConfigError(
+                    f"state_dir needs fixed addresses, but {name}={value!r} binds an "
+                    "ephemeral port, which a restarted I/O process could not bind again; "
+                    "give it a fixed port (or an ipc:// path)"
+                )
 
     def to_dict(self) -> dict:
         """The config as plain data (sent to the I/O process)."""

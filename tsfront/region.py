@@ -53,12 +53,15 @@ METRICS_OFFSET = 64
 #   output_disconnects  connections lost on the engines' output PULLs
 #   stale_disconnects   of those, connections of an engine's earlier process (never a death)
 #   reused_rids         ADDs refused because the rid was aborted on that engine < 300 s ago
+#   orphan_aborts       rids of a predecessor I/O process, still decoding on an engine this one
+#                       took over, aborted there (once each; see tsfront.io.adoption)
 IO_METRICS = (
     "handler_errors",
     "bad_load_tails",
     "output_disconnects",
     "stale_disconnects",
     "reused_rids",
+    "orphan_aborts",
 )
 IO_METRICS_OFFSET = 2048
 

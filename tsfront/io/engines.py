@@ -62,6 +62,13 @@ class Engine:
     # (each engine process), so a late disconnect of a predecessor's connection is told apart.
     connections: dict[int, int] = field(default_factory=dict)
     generation: int = 0
+    # Taken over from a previous I/O process (see tsfront.io.adoption): ``adopting`` until its
+    # output connection comes back; ``adopted`` for as long as it is the same engine process
+    # (its rows for rids we never bound are orphans of the predecessor); ``input_pending``
+    # until a send to it succeeds (its input DEALER may reconnect after its output PUSH).
+    adopting: bool = False
+    adopted: bool = False
+    input_pending: bool = False
 
     @property
     def identity(self) -> bytes:

@@ -2,6 +2,8 @@
 
 Reads the config as JSON on stdin, binds every socket, prints one JSON line with the real
 addresses (or ``{"error": ...}``) on stdout, then serves until SIGTERM or until its parent dies.
+SIGUSR1 stops it the same way but keeps its state directory's registrations, for a successor
+to take the engines over (a handover, e.g. for an upgrade).
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ class _Terminate(BaseException):
     Exception`` there (logging's ``emit`` among them) would swallow `Stop` and keep serving."""
 
 
+class _Handover(_Terminate):
+    """SIGUSR1: stop, keeping the registrations for a successor."""
+
+
 def _stop(signum: int, frame: object) -> None:
-    raise _Terminate()
+    raise _Handover() if signum == signal.SIGUSR1 else _Terminate()
 
 
 def main() -> int:
@@ -31,6 +37,7 @@ def main() -> int:
     parent = os.getppid()
     _native.set_parent_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGUSR1, _stop)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches it
     if os.getppid() != parent:
         return 0  # the parent died before the death signal was armed
@@ -46,18 +53,23 @@ def main() -> int:
         addresses = loop.bind()
     except Exception as exc:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # we are exiting anyway: close quietly
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        report = {"error": f"{type(exc).__name__}: {exc}", "kind": type(exc).__name__}
+        print(json.dumps(report), flush=True)
         if loop is not None:
             loop.close()
         return 2
     print(json.dumps(addresses), flush=True)
+    handover = False
     try:
         loop.run()
+    except _Handover:
+        handover = True
     except (Stop, _Terminate):
         pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        loop.close()
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        loop.close(keep_state=handover)
     return 0
 
 
