@@ -210,6 +210,32 @@ async def test_rank_restarted_in_the_gap_handshakes_and_rank_gone_is_declared_de
                 await asyncio.to_thread(p.stop)
 
 
+async def test_an_input_reconnecting_after_the_output_delays_requests_not_kills(tmp_path):
+    """The rank's input DEALER comes back 1.5 s after its output PUSH: the rank is live (its
+    output is back), and a request sent meanwhile waits for the input instead of declaring
+    the rank dead."""
+    state = tmp_path / "state"
+    config = fixed_config(state, 1, send_timeout=DEADLINE)
+    async with started(config) as procs:
+        sim = SimGroup(config.handshake_address, 1, input_reconnect_ms=1500).start()
+        try:
+            await in_thread(sim.wait_registered, DEADLINE)
+            await wait_until(lambda: saved_indices(state) == [0], "registration saved")
+            sigkill(procs[0])
+            procs.append(await asyncio.to_thread(IOProcess.start, config))
+            client = await EngineClient.attach(procs[1].address, timeout=DEADLINE)
+            await wait_state(client, 0, "live")
+            t0 = time.monotonic()
+            tokens, _ = await collect(await client.generate(request("early", 4)))
+            waited = time.monotonic() - t0
+            assert tokens == expected_tokens("early", 4)
+            assert waited > 0.2, f"served after {waited:.3f}s: the input was never missing"
+            assert client.load()[0].state == "live"
+            await client.close()
+        finally:
+            await asyncio.to_thread(sim.stop)
+
+
 async def test_stop_forgets_the_engines_and_a_handover_keeps_them(tmp_path):
     """A stop on purpose (SIGTERM) empties the directory; a handover (SIGUSR1) keeps it for
     a successor, which takes the engine over."""

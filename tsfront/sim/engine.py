@@ -82,6 +82,9 @@ class EngineOptions:
     ``silent_after_steps`` stops emitting and stepping but keeps its sockets open and keeps
     receiving.
     ``handshake_timeout_s`` is how long to wait for INIT (the engine's 600 s).
+    ``input_reconnect_ms`` sets the input DEALER's reconnect interval (``ZMQ_RECONNECT_IVL``;
+    ``None``: ZeroMQ's 100 ms, as the engine), so that after a frontend restart the input
+    can come back well after the output PUSH (which keeps the default).
     """
 
     step_ms: float = 2.0
@@ -109,6 +112,7 @@ class EngineOptions:
     exit_after_steps: int | None = None
     silent_after_steps: int | None = None
     handshake_timeout_s: float = 600.0
+    input_reconnect_ms: int | None = None
     hard_exit: bool = False
 
     def replace(self, **changes: Any) -> EngineOptions:
@@ -344,6 +348,8 @@ class SimEngine:
         inp = context.socket(zmq.DEALER)
         sockets.append(inp)
         inp.setsockopt(zmq.IDENTITY, self.identity)
+        if self.options.input_reconnect_ms is not None:
+            inp.setsockopt(zmq.RECONNECT_IVL, self.options.input_reconnect_ms)
         inp.connect(inputs[0])
         inp.send(
             encode_registration(
