@@ -2,8 +2,9 @@
 
 Reads the config as JSON on stdin, binds every socket, prints one JSON line with the real
 addresses (or ``{"error": ...}``) on stdout, then serves until SIGTERM or until its parent dies.
-SIGUSR1 stops it the same way but keeps its state directory's registrations, for a successor
-to take the engines over (a handover, e.g. for an upgrade).
+SIGUSR1, or the death of the process that started it, stops it the same way but keeps its
+state directory's registrations, for a successor to take the engines over (a handover, e.g.
+for an upgrade, or a supervisor restarting a crashed server).
 """
 
 from __future__ import annotations
@@ -28,13 +29,21 @@ class _Handover(_Terminate):
     """SIGUSR1: stop, keeping the registrations for a successor."""
 
 
+_PARENT = os.getppid()
+
+
 def _stop(signum: int, frame: object) -> None:
-    raise _Handover() if signum == signal.SIGUSR1 else _Terminate()
+    # The death signal of our parent is SIGTERM too, but its death is no decision to stop the
+    # engine group (its supervisor may restart it): keep the registrations for a successor.
+    # The kernel reparents us before it sends that signal, so getppid() already tells.
+    if signum == signal.SIGUSR1 or os.getppid() != _PARENT:
+        raise _Handover()
+    raise _Terminate()
 
 
 def main() -> int:
     """Run one I/O process."""
-    parent = os.getppid()
+    parent = _PARENT
     _native.set_parent_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGUSR1, _stop)
