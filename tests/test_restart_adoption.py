@@ -342,3 +342,88 @@ def test_state_dir_files_are_atomic_and_bad_ones_ignored(tmp_path):
     again.clear()
     assert not list(tmp_path.glob("engine-1[0-2].json"))
     again.close()
+
+
+def _raw(ctx, handshake: str, index: int, size: int):
+    from raw_engine import RawEngine
+
+    return RawEngine(ctx, handshake, index, rank=index, size=size)
+
+
+async def test_orphans_are_aborted_once_and_finished_ones_not_at_all(tmp_path):
+    """A hand-driven rank, taken over: of its rows for rids the new process never bound, a
+    finishing one is left alone, a running one is aborted once however many rows follow, and
+    a rid the new process has bound itself is never taken for an orphan."""
+    import zmq
+
+    config = fixed_config(tmp_path / "state", 1)
+    ctx = zmq.Context()
+    raw = None
+    async with started(config) as procs:
+        try:
+            raw = await asyncio.to_thread(_raw, ctx, config.handshake_address, 0, 1)
+            await wait_until(lambda: saved_indices(tmp_path / "state") == [0], "saved")
+            sigkill(procs[0])
+            procs.append(await asyncio.to_thread(IOProcess.start, config))
+            client = await EngineClient.attach(procs[1].address, timeout=DEADLINE)
+            await wait_state(client, 0, "live")
+            mine = await client.generate(request("mine", 3))
+            assert (await in_thread(raw.recv_add)).rid == "mine"
+            raw.push(
+                raw.tokens_frame("done-old", [5], 9, "length"),
+                raw.tokens_frame("running-old", [6], 4),
+                raw.tokens_frame("running-old", [7], 5),
+                raw.tokens_frame("mine", [1, 2, 3], 3, "length"),
+            )
+            tokens, _ = await collect(mine)
+            assert tokens == [1, 2, 3]
+            got = await in_thread(raw.recv_any, DEADLINE)
+            assert got == ("abort", ["running-old"])
+            assert await in_thread(raw.recv_any, 0.3) is None  # nothing else, ever
+            assert client.metrics()["orphan_aborts"] == 1
+            await client.close()
+        finally:
+            if raw is not None:
+                raw.close()
+            ctx.term()
+
+
+async def test_a_sentinel_queued_in_the_gap_kills_the_rank_it_came_from(tmp_path):
+    """A rank sends ENGINE_CORE_DEAD while no I/O process runs (its PUSH queues it): the new
+    process gets it with the reconnection; the rank is dead, stays dead, and is forgotten."""
+    import zmq
+
+    from tsfront import EngineUnavailable
+    from tsfront.sim.engine import SimEngine
+
+    state = tmp_path / "state"
+    config = fixed_config(state, 2)
+    ctx = zmq.Context()
+    raw = sim0 = None
+    async with started(config) as procs:
+        try:
+            sim0 = SimEngine(
+                config.handshake_address, 0, data_parallel_rank=0, data_parallel_size=2
+            )
+            sim0.start()
+            raw = await asyncio.to_thread(_raw, ctx, config.handshake_address, 1, 2)
+            await wait_until(lambda: saved_indices(state) == [0, 1], "both saved")
+            sigkill(procs[0])
+            raw.push_dead()
+            procs.append(await asyncio.to_thread(IOProcess.start, config))
+            client = await EngineClient.attach(procs[1].address, timeout=DEADLINE)
+            await wait_state(client, 1, "dead")
+            await wait_state(client, 0, "live")
+            tokens, _ = await collect(await client.generate(request("on-0", 3, pin=0)))
+            assert tokens == expected_tokens("on-0", 3)
+            assert client.load()[1].state == "dead"
+            with pytest.raises(EngineUnavailable):
+                await client.generate(request("on-1", 3, pin=1))
+            assert saved_indices(state) == [0]
+            await client.close()
+        finally:
+            if raw is not None:
+                raw.close()
+            if sim0 is not None:
+                await asyncio.to_thread(sim0.stop)
+            ctx.term()

@@ -304,6 +304,8 @@ class IOLoop:
     def _timeout_ms(self) -> int:
         if self.writer.spilling() or any(e.backlog for e in self.engines):
             return 1
+        if any(e.aborts for e in self.engines):
+            return 10  # ABORTs the socket did not take (e.g. an input still reconnecting)
         if self.state == "handshaking" or self.adopting:
             return max(0, min(1000, int((self.deadline - time.monotonic()) * 1000) + 1))
         return 1000
@@ -733,6 +735,7 @@ class IOLoop:
         log.warning("engine %d is dead: %s", engine.index, reason)
         engine.state = ENGINE_DEAD
         engine.dead_reason = reason
+        engine.adopting = False  # e.g. its ENGINE_CORE_DEAD, queued in the gap, came first
         # The records are the one account of what is in flight where; a death is rare enough
         # to find its requests by a scan rather than keep a second per-engine set.
         for slot in [s for s, r in self.records.items() if r.engine is engine]:
