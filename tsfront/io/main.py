@@ -29,24 +29,27 @@ class _Handover(_Terminate):
     """SIGUSR1: stop, keeping the registrations for a successor."""
 
 
-_PARENT = os.getppid()
+# The signal the kernel sends us when our parent dies: its own, because that death is no
+# decision to stop the engine group (a supervisor may restart the server), so it keeps the
+# registrations like a handover. (A check of getppid() in a SIGTERM handler cannot tell: when
+# the parent is killed, the thread that started us may die first and we are handed to a
+# sibling thread of the same process.)
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
 
 
 def _stop(signum: int, frame: object) -> None:
-    # The death signal of our parent is SIGTERM too, but its death is no decision to stop the
-    # engine group (its supervisor may restart it): keep the registrations for a successor.
-    # The kernel reparents us before it sends that signal, so getppid() already tells.
-    if signum == signal.SIGUSR1 or os.getppid() != _PARENT:
+    if signum in (signal.SIGUSR1, PARENT_DEATH_SIGNAL):
         raise _Handover()
     raise _Terminate()
 
 
 def main() -> int:
     """Run one I/O process."""
-    parent = _PARENT
-    _native.set_parent_death_signal(signal.SIGTERM)
+    parent = os.getppid()
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGUSR1, _stop)
+    signal.signal(PARENT_DEATH_SIGNAL, _stop)
+    _native.set_parent_death_signal(PARENT_DEATH_SIGNAL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; Ctrl-C reaches it
     if os.getppid() != parent:
         return 0  # the parent died before the death signal was armed
@@ -61,7 +64,8 @@ def main() -> int:
         loop = IOLoop(config, request["token"])
         addresses = loop.bind()
     except Exception as exc:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # we are exiting anyway: close quietly
+        for signum in (signal.SIGTERM, signal.SIGUSR1, PARENT_DEATH_SIGNAL):
+            signal.signal(signum, signal.SIG_IGN)  # we are exiting anyway: close quietly
         report = {"error": f"{type(exc).__name__}: {exc}", "kind": type(exc).__name__}
         print(json.dumps(report), flush=True)
         if loop is not None:
@@ -78,6 +82,7 @@ def main() -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.signal(PARENT_DEATH_SIGNAL, signal.SIG_IGN)
         loop.close(keep_state=handover)
     return 0
 
