@@ -37,8 +37,12 @@ async def _monitor(io: IOProcess) -> None:
     client = await EngineClient.attach(io.address)
     try:
         engines = ", ".join(f"rank {e.rank} = engine {e.index}" for e in client.engines())
-        _note(f"every engine registered ({engines}); serving")
         states = {load.index: load.state for load in client.load()}
+        waiting = [f"engine {i} {state}" for i, state in states.items() if state != "live"]
+        if waiting:  # engines taken over from a predecessor come back one by one
+            _note(f"serving ({engines}); not live yet: {', '.join(waiting)}")
+        else:
+            _note(f"every engine registered ({engines}); serving")
         while not client.closed:
             await asyncio.sleep(_WATCH_S)
             for load in client.load():
