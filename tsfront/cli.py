@@ -308,6 +308,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_cli.add_arguments(bench)
     bench.set_defaults(run="tsfront.bench.cli:run")
+
+    from tsfront.serve import cli as serve_cli
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve the OpenAI API (completions, chat) from W worker processes",
+        description="Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, "
+        "/health) from W worker processes on one port, for an engine group that dials "
+        "--handshake. Prints 'handshake: ADDR', then 'listening: http://HOST:PORT' once every "
+        "engine registered and every worker listens; SIGINT/SIGTERM stop it.",
+    )
+    serve_cli.add_arguments(serve)
+    serve.set_defaults(run="tsfront.serve.cli:run")
     return parser
 
 

@@ -17,6 +17,12 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the bench options to ``parser`` (a subcommand's parser)."""
+    parser.add_argument(
+        "suite",
+        nargs="?",
+        choices=["serve"],
+        help="'serve': the HTTP server's CPU per streamed token against SMG (tsfront.bench.serve)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object, nothing else")
     parser.add_argument("--quick", action="store_true", help="B=256, W=1 only; under a minute")
     parser.add_argument("--batches", type=_ints, help="requests per engine step, e.g. 64,256,1024")
@@ -27,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heap-streams", type=int, help="in-flight streams for the heap figure")
     parser.add_argument("--no-uvloop", action="store_true", help="asyncio's default loop")
     parser.add_argument("--out", help="also write the full report (JSON) to this file")
+    from tsfront.bench import serve
+
+    serve.add_arguments(parser)
 
 
 def params_from(args: argparse.Namespace) -> Params:
@@ -64,6 +73,10 @@ def _clean(x):
 
 def run(args: argparse.Namespace) -> int:
     """Run the suite; print the report (JSON with ``--json``, else a summary)."""
+    if getattr(args, "suite", None) == "serve":
+        from tsfront.bench.serve import run_cli
+
+        return run_cli(args)
     p = params_from(args)
     report = run_suite(p, verbose=not args.json)
     report["params"] = dataclasses.asdict(p)

@@ -61,13 +61,19 @@ def default_logprob(token: int) -> float:
     return -(1 + token % 15) / 16
 
 
+#: The engine's normalised value for "top_k disabled" (``sampling_params._TOP_K_DISABLED``).
+_ENGINE_TOP_K_DISABLED = 1 << 30
+
+
 def engine_rejection(req: Any, *, enable_output_logprobs: bool = True) -> str | None:
     """Return why the engine would answer ``req`` with a terminal ``"abort"``, or ``None``.
 
     Delegates to :func:`tsfront.wire.validate_request` (``n != 1``, ``validation_error``, a
     session id, the logprob rules incl. ``--enable-output-logprobs``, sampling ranges), minus
     its stop-string refusal: the real engine accepts stop strings (CONTRACT §4.2), so they are
-    cleared before asking. Length is not checked: the engine clamps ``max_new_tokens``.
+    cleared before asking; an already-normalised request (``is_normalized``, as SMG sends) is
+    checked as the engine checks it, with its ``top_k`` sentinel read as -1. Length is not
+    checked: the engine clamps ``max_new_tokens``.
     """
     import msgspec
 
@@ -77,6 +83,11 @@ def engine_rejection(req: Any, *, enable_output_logprobs: bool = True) -> str | 
     sp = req.sampling_params
     if sp.stop is not None or sp.stop_strs is not None:
         sp = msgspec.structs.replace(sp, stop=None, stop_strs=None, stop_str_max_len=0)
+    if sp.is_normalized:
+        # A frontend that normalises itself (SMG) sends the engine's own encoding of "top_k
+        # disabled"; the engine skips normalisation and its verify() accepts that value.
+        top_k = -1 if sp.top_k == _ENGINE_TOP_K_DISABLED else sp.top_k
+        sp = msgspec.structs.replace(sp, is_normalized=False, top_k=top_k)
     if not req.stream and sp.stream_interval is not None:
         # The engine never reads stream_interval for a non-streaming request.
         sp = msgspec.structs.replace(sp, stream_interval=None)

@@ -1,0 +1,218 @@
+"""``examples/fastapi``: the FastAPI app under gunicorn (uvicorn workers) and under
+``uvicorn --workers 2`` (attached to ``tsfront io``), against simulated ranks.
+
+Each recipe runs as its own process group; the test waits (with deadlines) for the handshake
+address it prints, starts two in-process `SimGroup` ranks, waits for ``/health``, then
+streams a completion with the ``openai`` client, runs a chat and the app's own
+``/v1/tokens`` route, and checks that every worker served (distinct pids in ``/health``).
+SIGTERM must stop the group with nothing left. About 10 s for both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from serve_fixtures import serve_children
+
+from tsfront.sim import SimGroup
+
+ROOT = Path(__file__).resolve().parents[1]
+APP_DIR = ROOT / "examples" / "fastapi"
+DEADLINE = 60.0
+FIRST = 100
+
+
+def token_fn(rid: str, position: int) -> int:
+    return FIRST + position
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tsfront.text.testing import make_test_model
+
+    return str(make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
+    import selectors
+
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not sel.select(deadline - time.monotonic()):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith(prefix):
+                return line[len(prefix) :].strip()
+    raise TimeoutError(f"no line starting {prefix!r} (exit {proc.poll()})")
+
+
+def wait_healthy(url: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url}/health never answered 200")
+
+
+def spawn(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        cmd,
+        cwd=APP_DIR,
+        env={**os.environ, "TSFRONT_LOG": "ERROR", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def stop(proc: subprocess.Popen) -> int | None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(20)
+    except subprocess.TimeoutExpired:
+        code = None
+    left = serve_children(proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(5)
+    assert left == set(), f"processes left after SIGTERM: {left}"
+    return code
+
+
+def exercise(url: str, workers: int) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    text = "".join(
+        e.choices[0].text
+        for e in client.completions.create(
+            model="tiny-words", prompt="w5 w6", max_tokens=8, stream=True
+        )
+    )
+    assert text == "".join(f" w{FIRST + p}" for p in range(8))
+    chat = client.chat.completions.create(
+        model="tiny-words", messages=[{"role": "user", "content": "w5"}], max_tokens=3
+    )
+    assert chat.choices[0].message.content.split() == ["w100", "w101", "w102"]
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.completions.create(model="tiny-words", prompt="w5", top_p=9.0)
+    tokens = httpx.post(f"{url}/v1/tokens", json={"text": "w5", "max_tokens": 4}, timeout=10)
+    assert tokens.json()["token_ids"] == [100, 101, 102, 103]
+    # Every worker attached and serves: new connections spread over them.
+    pids = set()
+    deadline = time.monotonic() + DEADLINE
+    while len(pids) < workers and time.monotonic() < deadline:
+        with httpx.Client() as fresh:
+            pids.add(fresh.get(f"{url}/health", timeout=5).json()["worker"])
+    assert len(pids) == workers
+
+
+def test_gunicorn_with_uvicorn_workers(model_dir: str) -> None:
+    port = free_port()
+    proc = spawn(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "-c",
+            "gunicorn.conf.py",
+            "-w",
+            "2",
+            "-b",
+            f"127.0.0.1:{port}",
+            "app:app",
+        ],
+        {
+            "TSFRONT_HANDSHAKE": "tcp://127.0.0.1:0",
+            "TSFRONT_NUM_ENGINES": "2",
+            "TSFRONT_MODEL": model_dir,
+            "TSFRONT_HANDSHAKE_TIMEOUT": "60",
+        },
+    )
+    group = None
+    try:
+        handshake = read_line(proc, "handshake: ", DEADLINE)
+        group = SimGroup(handshake, 2, token_fn=token_fn).start()
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url)
+        exercise(url, workers=2)
+    finally:
+        stop(proc)
+        if group is not None:
+            group.stop()
+
+
+def test_uvicorn_workers_attached_to_tsfront_io(model_dir: str) -> None:
+    io = spawn(
+        [
+            sys.executable,
+            "-m",
+            "tsfront",
+            "io",
+            "--handshake",
+            "tcp://127.0.0.1:0",
+            "--num-engines",
+            "2",
+            "--no-monitor",
+            "--json",
+        ],
+        {},
+    )
+    server = group = None
+    try:
+        info = json.loads(read_line(io, "", DEADLINE))
+        address, handshake = info["address"], info["handshake_address"]
+        group = SimGroup(handshake, 2, token_fn=token_fn).start()
+        port = free_port()
+        server = spawn(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "app:app",
+                "--workers",
+                "2",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            {"TSFRONT_ATTACH": address, "TSFRONT_MODEL": model_dir},
+        )
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url)
+        exercise(url, workers=2)
+    finally:
+        if server is not None:
+            stop(server)
+        stop(io)
+        if group is not None:
+            group.stop()

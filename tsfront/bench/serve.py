@@ -1,0 +1,504 @@
+"""``tsfront bench serve``: the HTTP server's CPU per streamed token, side by side in one run.
+
+For each target — ``tsfront serve`` at each worker count, the other HTTP stacks the server
+was chosen against (``--stacks``), and the SMG gateway when installed — the run starts the
+target in a session of its own, simulated ranks (``tsfront sim``, their own process: not
+counted) that dial it, and a streamed load in another process (`tsfront.bench.serveload`:
+not counted). It reads the CPU time (utime + stime, ``/proc/PID/stat``) of every process in
+the target's session before and after the measured load, and reports:
+
+* ``cpu_us_per_token`` — that CPU over the streamed tokens (one token per chunk: the
+  engines' stream interval is 1), summed over the whole process tree (master, I/O process,
+  workers; SMG's one process);
+* ``tokens_per_s`` — streamed tokens over the load's wall time;
+* ``ttft_p50_ms`` / ``ttft_p99_ms`` — time to the first token of each request.
+
+The model is the text layer's word-level test model (token ``i`` reads ``w<i>``), written to
+a temporary folder; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["ServeParams", "run_serve"]
+
+_TICK = os.sysconf("SC_CLK_TCK")
+_READY_S = 120.0
+
+
+@dataclass
+class ServeParams:
+    """What one ``bench serve`` run measures."""
+
+    workers: tuple[int, ...] = (1, 2)
+    engines: int = 2
+    step_ms: float = 2.0
+    concurrency: int = 64
+    max_tokens: int = 64
+    requests: int = 1024
+    warmup_requests: int = 64
+    stacks: tuple[str, ...] = ()
+    smg: str | None = None  # None: look for it; "": do not measure it
+    repeat: int = 1
+
+    @classmethod
+    def quick(cls) -> ServeParams:
+        """A run of a few seconds per target."""
+        return cls(requests=256, warmup_requests=32)
+
+
+@dataclass
+class Figures:
+    """One target's measurement."""
+
+    target: str
+    cpu_us_per_token: float
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tokens: int
+    requests: int
+    errors: int
+    cpu_s: float
+    processes: int
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------- processes
+
+
+def session_cpu(session: int) -> dict[int, tuple[float, str]]:
+    """CPU seconds (user + system) of every live process in ``session``, with its role."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[3]) != session:
+            continue
+        found[int(entry)] = ((int(fields[11]) + int(fields[12])) / _TICK, _role(cmdline))
+    return found
+
+
+def _role(cmdline: str) -> str:
+    if "tsfront.io.main" in cmdline:
+        return "I/O process"
+    if "spawn_main" in cmdline:
+        return "worker"
+    if "resource_tracker" in cmdline:
+        return "resource tracker"
+    if "smg" in cmdline:
+        return "smg"
+    return "master"
+
+
+class _Proc:
+    """A child in a session of its own, its stdout lines readable with a deadline."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None, stdout=subprocess.PIPE) -> None:
+        self.cmd = cmd
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=stdout,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "TSFRONT_LOG": "ERROR", **(env or {})},
+            start_new_session=True,
+            text=True,
+        )
+
+    def line(self, pattern: str, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        import selectors
+
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        try:
+            while time.monotonic() < deadline:
+                if not sel.select(max(0.0, deadline - time.monotonic())):
+                    continue
+                raw = self.proc.stdout.readline()
+                if not raw:
+                    break
+                match = re.search(pattern, raw)
+                if match:
+                    return match
+        finally:
+            sel.close()
+        raise RuntimeError(f"{self.cmd[:4]}... printed no {pattern!r} (exit {self.proc.poll()})")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _sim(handshake: str, p: ServeParams) -> _Proc:
+    return _Proc(
+        [
+            sys.executable,
+            "-m",
+            "tsfront",
+            "sim",
+            "--handshake",
+            handshake,
+            "--num-engines",
+            str(p.engines),
+            "--step-ms",
+            str(p.step_ms),
+            "--processes",
+            "--log-level",
+            "ERROR",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _wait_http(url: str, model: str, timeout: float) -> None:
+    """Until one small completion succeeds (the engines registered and the server serves)."""
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"model": model, "prompt": "w5", "max_tokens": 2}).encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            req = urllib.request.Request(
+                url + "/v1/completions", body, {"content-type": "application/json"}
+            )
+            with urllib.request.urlopen(req, timeout=5) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not serve a completion within {timeout:g}s")
+
+
+@contextlib.contextmanager
+def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[tuple[str, int]]:
+    if stack == "uvicorn":
+        cmd = [sys.executable, "-m", "tsfront", "serve", "--workers", str(workers)]
+    else:
+        cmd = [sys.executable, "-m", "tsfront.bench.stacks", "--stack", stack]
+    cmd += [
+        "--model",
+        model,
+        "--handshake",
+        "tcp://127.0.0.1:0",
+        "--num-engines",
+        str(p.engines),
+        "--port",
+        "0",
+        "--handshake-timeout",
+        "60",
+    ]
+    server = _Proc(cmd)
+    sim = None
+    try:
+        handshake = server.line(r"^handshake: (\S+)", _READY_S).group(1)
+        sim = _sim(handshake, p)
+        url = server.line(r"^listening: (http://\S+)", _READY_S).group(1)
+        _wait_http(url, "model", _READY_S)
+        yield url, server.proc.pid
+    finally:
+        server.stop()
+        if sim is not None:
+            sim.stop()
+
+
+@contextlib.contextmanager
+def _smg(smg: str, model: str, p: ServeParams) -> Iterator[tuple[str, int]]:
+    folder = tempfile.mkdtemp(prefix="tsfront-smg-")
+    worker = f"ipc://{folder}/w0.ipc"
+    python = str(Path(smg).with_name("python"))
+    port_of = "from smg.serve import _zmq_handshake_port as f; import sys; print(f(sys.argv[1]))"
+    handshake_port = int(subprocess.check_output([python, "-c", port_of, worker], text=True))
+    port = _free_port()
+    server = _Proc(
+        [
+            smg,
+            "launch",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--prometheus-port",
+            str(_free_port()),
+            "--worker-urls",
+            worker,
+            "--backend",
+            "tokenspeed",
+            "--model-path",
+            model,
+            "--zmq-engine-count",
+            str(p.engines),
+            "--log-level",
+            "error",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    sim = _sim(f"tcp://127.0.0.1:{handshake_port}", p)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_http(url, model, _READY_S)
+        yield url, server.proc.pid
+    finally:
+        server.stop()
+        sim.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- measuring
+
+
+def _load(url: str, model: str, p: ServeParams, requests: int) -> dict:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tsfront.bench.serveload",
+            "--url",
+            url,
+            "--model",
+            model,
+            "--concurrency",
+            str(p.concurrency),
+            "--requests",
+            str(requests),
+            "--max-tokens",
+            str(p.max_tokens),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    return json.loads(out.stdout)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _measure(target: str, url: str, session: int, model: str, p: ServeParams) -> Figures:
+    _load(url, model, p, p.warmup_requests)
+    before = session_cpu(session)
+    load = _load(url, model, p, p.requests)
+    after = session_cpu(session)
+    tokens = load["tokens"]
+    by_role: dict[str, float] = {}
+    for pid, (cpu_s, role) in after.items():
+        used = cpu_s - before.get(pid, (0.0, role))[0]
+        by_role[role] = by_role.get(role, 0.0) + used
+    cpu = sum(by_role.values())
+    processes = len(after)
+    return Figures(
+        target=target,
+        cpu_us_per_token=cpu / tokens * 1e6 if tokens else float("nan"),
+        tokens_per_s=tokens / load["elapsed"] if load["elapsed"] else 0.0,
+        ttft_p50_ms=_percentile(load["ttft"], 0.5) * 1e3,
+        ttft_p99_ms=_percentile(load["ttft"], 0.99) * 1e3,
+        tokens=tokens,
+        requests=load["requests"],
+        errors=load["errors"],
+        cpu_s=cpu,
+        processes=processes,
+        note=load.get("error", ""),
+        extra={
+            "events": load["events"],
+            "tokens_per_event": tokens / max(1, load["events"]),
+            "us_per_token_by_process": {
+                role: used / tokens * 1e6 if tokens else float("nan")
+                for role, used in sorted(by_role.items())
+            },
+        },
+    )
+
+
+def find_smg(explicit: str | None) -> str | None:
+    """The ``smg`` executable: ``explicit``, else ``.smg-venv/bin/smg`` here, else PATH."""
+    if explicit:
+        return explicit
+    local = Path.cwd() / ".smg-venv" / "bin" / "smg"
+    if local.exists():
+        return str(local)
+    return shutil.which("smg")
+
+
+def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
+    """Run every target; returns ``{"targets": [...], "ratios": {...}, "skipped": [...]}``."""
+    from tsfront.text.testing import make_test_model
+
+    say = (lambda m: print(m, file=sys.stderr, flush=True)) if verbose else (lambda m: None)
+    results: list[Figures] = []
+    skipped: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="tsfront-bench-serve-") as tmp:
+        model = str(make_test_model(Path(tmp) / "model", "wordlevel"))
+        targets: list[tuple[str, object]] = []
+        for w in p.workers:
+            targets.append((f"tsfront serve W={w}", ("uvicorn", w)))
+        for stack in p.stacks:
+            targets.append((f"tsfront {stack} W=1", (stack, 1)))
+        smg = None if p.smg == "" else find_smg(p.smg)
+        if p.smg == "":
+            skipped.append("SMG: --no-smg")
+        elif smg is None:
+            skipped.append("SMG: not installed (pip install tokenspeed-smg into .smg-venv)")
+        else:
+            targets.append(("SMG gateway", None))
+        for _ in range(p.repeat):
+            for name, how in targets:
+                say(f"bench serve: {name} ...")
+                try:
+                    if how is None:
+                        with _smg(smg, model, p) as (url, session):
+                            fig = _measure(name, url, session, model, p)
+                    else:
+                        stack, w = how
+                        with _tsfront(model, p, w, stack) as (url, session):
+                            fig = _measure(name, url, session, "model", p)
+                except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
+                    skipped.append(f"{name}: {exc}")
+                    say(f"bench serve: {name} failed: {exc}")
+                    continue
+                say(
+                    f"bench serve: {name}: {fig.cpu_us_per_token:.1f} us CPU/token, "
+                    f"{fig.tokens_per_s:.0f} tok/s, TTFT p50 {fig.ttft_p50_ms:.1f} ms "
+                    f"p99 {fig.ttft_p99_ms:.1f} ms, "
+                    f"{fig.extra['tokens_per_event']:.2f} tokens/event "
+                    f"({fig.errors} errors); by process, us/token: "
+                    + ", ".join(
+                        f"{k} {v:.1f}" for k, v in fig.extra["us_per_token_by_process"].items()
+                    )
+                )
+                results.append(fig)
+    report = {"targets": [asdict(f) for f in results], "skipped": skipped}
+    report["ratios"] = _ratios(results)
+    return report
+
+
+def _ratios(results: list[Figures]) -> dict:
+    """CPU-per-token ratios of the targets' medians (against SMG; W=2 against W=1)."""
+    by = {}
+    for f in results:
+        by.setdefault(f.target, []).append(f.cpu_us_per_token)
+    # Medians over --repeat runs: the machine is shared, single runs are noisy.
+    best = {k: statistics.median(v) for k, v in by.items()}
+    ratios = {}
+    smg = best.get("SMG gateway")
+    for name, value in best.items():
+        if smg and name != "SMG gateway":
+            ratios[f"{name} / SMG (CPU per token)"] = value / smg
+    one, two = best.get("tsfront serve W=1"), best.get("tsfront serve W=2")
+    if one and two:
+        ratios["W=2 / W=1 (CPU per token)"] = two / one
+    return ratios
+
+
+def print_table(report: dict) -> None:
+    """The report as a Markdown table on stdout."""
+    print(
+        "| target | CPU µs / streamed token | tokens/s | TTFT p50 ms | TTFT p99 ms | "
+        "tokens | errors |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for t in report["targets"]:
+        print(
+            f"| {t['target']} | {t['cpu_us_per_token']:.1f} | {t['tokens_per_s']:.0f} | "
+            f"{t['ttft_p50_ms']:.1f} | {t['ttft_p99_ms']:.1f} | {t['tokens']} | {t['errors']} |"
+        )
+    for name, value in report["ratios"].items():
+        print(f"- {name}: {value:.2f}")
+    for why in report["skipped"]:
+        print(f"- skipped: {why}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``bench serve`` options (added to the bench parser)."""
+    g = parser.add_argument_group("bench serve")
+    g.add_argument("--concurrency", type=int, help="streams in flight (64)")
+    g.add_argument("--max-tokens", type=int, help="tokens per request (64)")
+    g.add_argument("--requests", type=int, help="measured requests per target (1024)")
+    g.add_argument("--step-ms", type=float, help="simulated engine step (2)")
+    g.add_argument(
+        "--stacks",
+        help="also measure these HTTP stacks at W=1, comma-separated: granian,aiohttp",
+    )
+    g.add_argument("--smg", help="the smg executable (default: .smg-venv/bin/smg, then PATH)")
+    g.add_argument("--no-smg", action="store_true", help="do not measure SMG")
+    g.add_argument("--repeat", type=int, help="measure every target this many times (1)")
+
+
+def params_from(args: argparse.Namespace) -> ServeParams:
+    """`ServeParams` from the command line."""
+    p = ServeParams.quick() if args.quick else ServeParams()
+    for name in ("concurrency", "max_tokens", "requests", "step_ms", "repeat", "smg"):
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(p, name, value)
+    if getattr(args, "no_smg", False):
+        p.smg = ""
+    if getattr(args, "workers", None):
+        p.workers = tuple(args.workers)
+    if getattr(args, "stacks", None):
+        p.stacks = tuple(s for s in args.stacks.split(",") if s)
+    return p
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``tsfront bench serve``: run and print (JSON with ``--json``, else a table)."""
+    p = params_from(args)
+    # SIGTERM unwinds like Ctrl-C, so every server and engine group started is stopped.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    report = run_serve(p, verbose=not args.json)
+    report["params"] = asdict(p)
+    if getattr(args, "out", None):
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    if args.json:
+        json.dump(report, sys.stdout)
+        sys.stdout.write("\n")
+    else:
+        print_table(report)
+    return 0

@@ -1,0 +1,9 @@
+"""``tsfront.serve``: an OpenAI-compatible HTTP server on tsfront.
+
+* :mod:`~tsfront.serve.api` — the endpoints' logic (`OpenAIService`), independent of HTTP;
+* :mod:`~tsfront.serve.formats` — the response shapes, streamed events pre-encoded;
+* :mod:`~tsfront.serve.schema` — the request bodies (msgspec structs);
+* :mod:`~tsfront.serve.asgi` — the raw ASGI app (`ServeApp`) that carries them;
+* :mod:`~tsfront.serve.worker` — one worker process (uvicorn + httptools on a SO_REUSEPORT port);
+* :mod:`~tsfront.serve.cli` — ``tsfront serve``, the master.
+"""

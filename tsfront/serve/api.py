@@ -1,0 +1,679 @@
+"""The OpenAI API of one worker, independent of the HTTP stack.
+
+`OpenAIService` turns a request body into engine requests on its worker's `EngineClient` and
+their output into OpenAI responses: a `Reply` (status, JSON body, headers) or, for
+``stream: true``, an `SSEReply` whose body is an async iterator of ready-to-send
+``data: ...\\n\\n`` events. An HTTP adapter (`tsfront.serve.asgi`) only moves those bytes.
+
+Per streamed chunk the work is: the detokenizer's step, the stop matcher's feed (only when
+the request has stop strings), one ``msgspec.json.encode`` of the new text, and one bytes
+concatenation with the request's pre-encoded prefix and suffix. A chunk may carry several
+tokens when the worker fell behind (the stream coalesces them; nothing is dropped).
+
+A stop string that matches aborts the engine request (``stream.abort()``); a cancelled
+handler (the client went away) aborts it too, because cancelling a stream's read does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from tsfront.client import EngineClient
+from tsfront.errors import (
+    Busy,
+    ClientClosed,
+    EngineUnavailable,
+    Error,
+    InvalidRequest,
+    StreamError,
+)
+from tsfront.serve.formats import ChatFormat, CompletionFormat, Format
+from tsfront.serve.schema import ChatRequest, CompletionRequest
+from tsfront.stream import OutputChunk, RequestStream
+from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
+
+__all__ = ["ApiError", "OpenAIService", "Reply", "SSEReply"]
+
+#: Most completions one request may fan out to (prompts x n); each takes a worker slot.
+MAX_CHOICES = 64
+#: ``max_tokens`` when a completions request gives none (OpenAI's default).
+DEFAULT_COMPLETION_TOKENS = 16
+#: Seconds a client should wait before retrying a 503.
+RETRY_AFTER_S = 1
+
+_JSON = msgspec.json.Encoder()
+_COMPLETION = msgspec.json.Decoder(CompletionRequest)
+_CHAT = msgspec.json.Decoder(ChatRequest)
+_DONE = b"data: [DONE]\n\n"
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+# The API's names for the engine fields a refusal names (others pass through as they are).
+_PARAMS = {
+    "sampling_params.max_new_tokens": "max_tokens",
+    "sampling_params.min_new_tokens": "min_tokens",
+    "input_ids": "prompt",
+    **{
+        f"sampling_params.{name}": name
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "stop_token_ids",
+            "logit_bias",
+        )
+    },
+}
+
+
+class Reply:
+    """A complete response: status, JSON body bytes, extra headers."""
+
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None):
+        self.status = status
+        self.body = body
+        self.headers = headers or _JSON_HEADERS
+
+
+class SSEReply:
+    """A streamed response (status 200, ``text/event-stream``): iterate ``events``.
+
+    Closing the iterator early (``aclose``) aborts every engine request still running.
+    """
+
+    __slots__ = ("events",)
+
+    status = 200
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+    def __init__(self, events: AsyncIterator[bytes]) -> None:
+        self.events = events
+
+
+class ApiError(Exception):
+    """A request the server answers with an OpenAI error object instead of a completion."""
+
+    def __init__(
+        self, status: int, message: str, *, kind: str = "invalid_request_error", param=None
+    ):
+        self.status = status
+        self.kind = kind
+        self.param = param
+        super().__init__(message)
+
+    def reply(self) -> Reply:
+        """The error as an HTTP reply (503s carry ``Retry-After``)."""
+        body = _JSON.encode(
+            {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
+        )
+        headers = _JSON_HEADERS
+        if self.status == 503:
+            headers = [*_JSON_HEADERS, (b"retry-after", str(RETRY_AFTER_S).encode())]
+        return Reply(self.status, body, headers)
+
+
+def _bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def _unavailable(message: str) -> ApiError:
+    return ApiError(503, message, kind="service_unavailable_error")
+
+
+def _refusal(exc: Error) -> ApiError:
+    """tsfront's refusals of ``generate`` as API errors (their messages passed through)."""
+    if isinstance(exc, InvalidRequest):
+        return ApiError(400, str(exc), param=_PARAMS.get(exc.field, exc.field))
+    if isinstance(exc, (Busy, EngineUnavailable, ClientClosed)):
+        return _unavailable(str(exc))
+    return ApiError(500, str(exc), kind="server_error")
+
+
+class _Choice:
+    """One engine request of a response: its stream, detokenizer, stop matcher and counts."""
+
+    __slots__ = (
+        "cached",
+        "detok",
+        "finish",
+        "index",
+        "logprobs",
+        "prompt_tokens",
+        "stop",
+        "stream",
+        "tokens",
+    )
+
+    def __init__(self, index: int, stream: RequestStream, detok, stop, prompt_tokens: int):
+        self.index = index
+        self.stream = stream
+        self.detok = detok
+        self.stop = stop
+        self.tokens = 0
+        self.prompt_tokens = prompt_tokens
+        self.cached = 0
+        self.finish: str | None = None
+        self.logprobs: list[tuple[int, float]] | None = None
+
+    def text(self, chunk: OutputChunk) -> str:
+        """The new text of ``chunk`` (after stop matching); sets ``finish`` on the last one."""
+        ids = chunk.output_ids
+        self.tokens += len(ids)
+        text = self.detok.step(ids) if ids else ""
+        reason = chunk.finish_reason
+        if reason is not None:
+            text += self.detok.flush()
+            self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
+            self.cached = chunk.cached_tokens
+        stop = self.stop
+        if stop is not None:
+            text, matched = stop.feed(text)
+            if matched:
+                # Stop decoding now instead of running on to max_tokens.
+                self.stream.abort()
+                self.finish = "stop"
+                self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
+                self.cached = chunk.cached_tokens
+                return text
+            if reason is not None:
+                text += stop.flush()
+        if reason is not None:
+            self.finish = _FINISH.get(reason, reason)
+            if chunk.completion_tokens:
+                self.tokens = chunk.completion_tokens
+        return text
+
+
+class _Plan:
+    """What one API request asks for: prompts (token ids), sampling, and output options."""
+
+    __slots__ = (
+        "chat",
+        "include_stop",
+        "include_usage",
+        "logprobs",
+        "max_tokens",
+        "n",
+        "prompts",
+        "sampling",
+        "skip_special",
+        "stop",
+        "stream",
+    )
+
+
+class OpenAIService:
+    """One worker's OpenAI endpoints over its `EngineClient` and a `tsfront.text.TextModel`.
+
+    Args:
+        client: the worker's attached client.
+        text: the model's `TextModel` (tokenizer, chat template, stop ids).
+        model_name: the name ``/v1/models`` lists and requests may give as ``model``.
+        worker: this worker's number (in request ids and the ``x-worker`` header).
+    """
+
+    def __init__(self, client: EngineClient, text: Any, model_name: str, worker: int = 0) -> None:
+        self.client = client
+        self.text = text
+        self.model_name = model_name
+        self.worker = worker
+        self._ids = itertools.count()
+        self._prefix = f"w{worker}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._stop_ids = list(getattr(text, "stop_token_ids", None) or [])
+        self._created = int(time.time())
+        self._model_json = _JSON.encode(model_name)
+
+    # ------------------------------------------------------------------ plain routes
+
+    def models(self) -> Reply:
+        """``GET /v1/models``."""
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "tsfront",
+        }
+        limit = self._context_limit()
+        if limit:
+            card["max_model_len"] = limit
+        return Reply(200, _JSON.encode({"object": "list", "data": [card]}))
+
+    def health(self) -> Reply:
+        """``GET /health``: 200 while at least one engine is live, else 503."""
+        if self.client.closed:
+            return _unavailable("the I/O process is gone").reply()
+        engines = [
+            {"rank": e.rank, "index": e.index, "state": e.state, "in_flight": e.in_flight}
+            for e in self.client.load()
+        ]
+        live = any(e["state"] == "live" for e in engines)
+        body = {"ok": live, "worker": self.worker, "engines": engines}
+        if not live:
+            return Reply(503, _JSON.encode(body), ApiError(503, "").reply().headers)
+        return Reply(200, _JSON.encode(body))
+
+    def _context_limit(self) -> int | None:
+        limits = [e.context_limit for e in self.client.engines() if e.context_limit]
+        own = getattr(self.text, "max_model_len", None)
+        if own:
+            limits.append(own)
+        return min(limits) if limits else None
+
+    # ------------------------------------------------------------------ generation routes
+
+    async def completions(self, body: bytes) -> Reply | SSEReply:
+        """``POST /v1/completions``."""
+        try:
+            req = _COMPLETION.decode(body)
+        except msgspec.ValidationError as exc:
+            return _bad(f"invalid request body: {exc}").reply()
+        except msgspec.DecodeError as exc:
+            return _bad(f"the body is not valid JSON: {exc}").reply()
+        try:
+            plan = self._plan_completion(req)
+            return await self._run(plan, self._completion_format(plan))
+        except ApiError as exc:
+            return exc.reply()
+
+    async def chat(self, body: bytes) -> Reply | SSEReply:
+        """``POST /v1/chat/completions``."""
+        try:
+            req = _CHAT.decode(body)
+        except msgspec.ValidationError as exc:
+            return _bad(f"invalid request body: {exc}").reply()
+        except msgspec.DecodeError as exc:
+            return _bad(f"the body is not valid JSON: {exc}").reply()
+        try:
+            plan = self._plan_chat(req)
+            return await self._run(plan, self._chat_format(plan))
+        except ApiError as exc:
+            return exc.reply()
+
+    def _completion_format(self, plan: _Plan) -> Format:
+        return CompletionFormat(self.model_name, self.text, len(plan.prompts), plan.include_usage)
+
+    def _chat_format(self, plan: _Plan) -> Format:
+        return ChatFormat(self.model_name, self.text, len(plan.prompts), plan.include_usage)
+
+    # ------------------------------------------------------------------ request → plan
+
+    def _common(self, req, plan: _Plan) -> None:
+        if req.model is not None and req.model != self.model_name:
+            raise ApiError(
+                404,
+                f"model {req.model!r} does not exist; this server serves {self.model_name!r} "
+                "(GET /v1/models)",
+                param="model",
+            )
+        if req.best_of not in (None, 1):
+            raise _bad("best_of is not supported; use n", "best_of")
+        if req.response_format is not None and not (
+            isinstance(req.response_format, dict) and req.response_format.get("type") == "text"
+        ):
+            raise _bad(
+                "response_format is not supported yet (structured output); omit it",
+                "response_format",
+            )
+        if not 1 <= req.n <= MAX_CHOICES:
+            raise _bad(f"n={req.n}: must be between 1 and {MAX_CHOICES}", "n")
+        stop = req.stop
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop is not None:
+            if any(not s for s in stop):
+                raise _bad("stop strings must not be empty", "stop")
+            if len(stop) > 16:
+                raise _bad(f"at most 16 stop strings, got {len(stop)}", "stop")
+        plan.stop = stop or None
+        plan.include_stop = req.include_stop_str_in_output
+        plan.skip_special = req.skip_special_tokens
+        plan.stream = req.stream
+        plan.include_usage = bool(
+            req.stream and req.stream_options and req.stream_options.include_usage
+        )
+        stop_ids = list(req.stop_token_ids or ())
+        if not req.ignore_eos:
+            stop_ids.extend(i for i in self._stop_ids if i not in stop_ids)
+        values: dict[str, Any] = {
+            "max_new_tokens": plan.max_tokens,
+            "stop_token_ids": stop_ids or None,
+            "ignore_eos": req.ignore_eos,
+            "skip_special_tokens": req.skip_special_tokens,
+        }
+        for name in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "seed",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
+            value = getattr(req, name)
+            if value is not None:
+                values[name] = value
+        if req.min_tokens is not None:
+            values["min_new_tokens"] = req.min_tokens
+        if req.logit_bias:
+            values["logit_bias"] = req.logit_bias
+        plan.sampling = values
+
+    def _max_tokens(self, value: int | None, name: str) -> int | None:
+        if value is not None and value < 1:
+            raise _bad(f"{name}={value}: must be at least 1", name)
+        return value
+
+    def _plan_completion(self, req: CompletionRequest) -> _Plan:
+        plan = _Plan()
+        plan.chat = False
+        if req.echo:
+            raise _bad("echo is not supported (prompt logprobs are not on the engine wire)", "echo")
+        if req.suffix:
+            raise _bad("suffix is not supported (no insertion models)", "suffix")
+        if req.logprobs is not None and req.logprobs != 0:
+            raise _bad(
+                f"logprobs={req.logprobs}: the engine returns only the sampled token's logprob; "
+                "send logprobs=0 (or omit it)",
+                "logprobs",
+            )
+        plan.logprobs = req.logprobs == 0
+        plan.max_tokens = self._max_tokens(req.max_tokens, "max_tokens") or (
+            DEFAULT_COMPLETION_TOKENS
+        )
+        plan.prompts = self._completion_prompts(req.prompt)
+        plan.n = req.n
+        self._common(req, plan)
+        return plan
+
+    def _completion_prompts(self, prompt: str | list[Any]) -> list[list[int]]:
+        if isinstance(prompt, str):
+            return [self._encode(prompt, True)]
+        if not prompt:
+            raise _bad("prompt must not be empty", "prompt")
+        if all(type(t) is int for t in prompt):
+            return [list(prompt)]
+        prompts = []
+        for i, item in enumerate(prompt):
+            if isinstance(item, str):
+                prompts.append(self._encode(item, True))
+            elif isinstance(item, list) and item and all(type(t) is int for t in item):
+                prompts.append(item)
+            else:
+                raise _bad(
+                    f"prompt[{i}] must be a string or a non-empty list of token ids", "prompt"
+                )
+        return prompts
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        ids = self.text.encode(text, add_special_tokens=special)
+        if not ids:
+            raise _bad("the prompt encodes to no tokens; send a non-empty prompt", "prompt")
+        return ids
+
+    def _plan_chat(self, req: ChatRequest) -> _Plan:
+        from tsfront.text import ChatTemplateError, TextError
+
+        plan = _Plan()
+        plan.chat = True
+        if req.tools:
+            raise _bad("tools are not supported yet (no tool-call parsing); omit them", "tools")
+        if req.top_logprobs:
+            raise _bad(
+                f"top_logprobs={req.top_logprobs}: the engine returns only the sampled token's "
+                "logprob; send top_logprobs=0 (or omit it)",
+                "top_logprobs",
+            )
+        plan.logprobs = req.logprobs
+        a = self._max_tokens(req.max_completion_tokens, "max_completion_tokens")
+        b = self._max_tokens(req.max_tokens, "max_tokens")
+        plan.max_tokens = a if a is not None else b
+        if not req.messages:
+            raise _bad("messages must not be empty", "messages")
+        messages = [self._message(i, m) for i, m in enumerate(req.messages)]
+        try:
+            prompt = self.text.apply_chat_template(
+                messages,
+                add_generation_prompt=req.add_generation_prompt,
+                **(req.chat_template_kwargs or {}),
+            )
+        except ChatTemplateError as exc:
+            raise _bad(str(exc), "messages") from None
+        except TextError as exc:
+            raise _bad(str(exc), "messages") from None
+        # The template writes the special tokens (BOS) itself.
+        plan.prompts = [self._encode(prompt, False)]
+        plan.n = req.n
+        self._common(req, plan)
+        return plan
+
+    @staticmethod
+    def _message(i: int, message: dict[str, Any]) -> dict[str, Any]:
+        role = message.get("role")
+        if not isinstance(role, str):
+            raise _bad(f"messages[{i}].role must be a string", "messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    raise _bad(
+                        f"messages[{i}].content[{j}]: only text parts are supported", "messages"
+                    )
+                parts.append(str(part.get("text", "")))
+            message = {**message, "content": "".join(parts)}
+        elif content is not None and not isinstance(content, str):
+            raise _bad(f"messages[{i}].content must be a string or a list of parts", "messages")
+        return message
+
+    # ------------------------------------------------------------------ submit
+
+    async def _run(self, plan: _Plan, fmt: Format) -> Reply | SSEReply:
+        choices = await self._submit(plan)
+        try:
+            if not plan.stream:
+                return await self._collect(plan, fmt, choices)
+            # Wait for the first output before answering, so that a request the engine
+            # refuses outright gets a status instead of a stream that says "abort".
+            first = await self._first(choices[0])
+        except BaseException:
+            for ch in choices:
+                ch.stream.abort()
+            raise
+        if len(choices) == 1:
+            return SSEReply(self._one(plan, fmt, choices[0], first, whole=True))
+        return SSEReply(self._events(plan, fmt, choices, first))
+
+    async def _submit(self, plan: _Plan) -> list[_Choice]:
+        from tsfront.text import StopMatcher
+
+        text = self.text
+        base = f"{self._prefix}-{next(self._ids)}"
+        choices: list[_Choice] = []
+        total = len(plan.prompts) * plan.n
+        if total > MAX_CHOICES:
+            raise _bad(f"prompts x n = {total}: at most {MAX_CHOICES} completions per request")
+        try:
+            index = 0
+            for ids in plan.prompts:
+                for k in range(plan.n):
+                    values = plan.sampling
+                    if k and values.get("seed") is not None:
+                        # Same seed for every choice would make them all the same.
+                        values = {**values, "seed": values["seed"] + k}
+                    request = TokenizedGenerateReqInput(
+                        rid=f"{base}-{index}" if total > 1 else base,
+                        input_ids=ids,
+                        stream=True,
+                        return_logprob=plan.logprobs,
+                        sampling_params=SamplingParams(**values),
+                    )
+                    try:
+                        stream = await self.client.generate(request)
+                    except Error as exc:
+                        raise _refusal(exc) from None
+                    stop = (
+                        StopMatcher(plan.stop, include_stop_str_in_output=plan.include_stop)
+                        if plan.stop
+                        else None
+                    )
+                    detok = text.detokenizer(prompt_ids=ids, skip_special_tokens=plan.skip_special)
+                    choices.append(_Choice(index, stream, detok, stop, len(ids)))
+                    index += 1
+        except BaseException:
+            for ch in choices:
+                ch.stream.abort()
+            raise
+        return choices
+
+    @staticmethod
+    async def _first(ch: _Choice) -> OutputChunk | None:
+        try:
+            chunk = await ch.stream.__anext__()
+        except StopAsyncIteration:
+            return None
+        except StreamError as exc:
+            raise _unavailable(str(exc)) from None
+        if chunk.finish_reason == "abort" and not chunk.output_ids:
+            raise _bad(
+                "the engine refused the request (it breaks a rule the engine checks, e.g. "
+                "logprobs on an engine started without --enable-output-logprobs)"
+            )
+        return chunk
+
+    # ------------------------------------------------------------------ non-streamed
+
+    async def _collect(self, plan: _Plan, fmt: Format, choices: list[_Choice]) -> Reply:
+        first = await self._first(choices[0])
+        texts = await asyncio.gather(
+            *(self._gather(plan, ch, first if i == 0 else None) for i, ch in enumerate(choices))
+        )
+        return Reply(200, fmt.whole(choices, texts))
+
+    async def _gather(self, plan: _Plan, ch: _Choice, first: OutputChunk | None) -> str:
+        parts: list[str] = []
+        logprobs = ch.logprobs = [] if plan.logprobs else None
+        chunk = first
+        stream = ch.stream
+        try:
+            while True:
+                if chunk is None:
+                    try:
+                        chunk = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                parts.append(ch.text(chunk))
+                if logprobs is not None and chunk.output_token_logprobs_val:
+                    logprobs.extend(
+                        zip(chunk.output_ids, chunk.output_token_logprobs_val, strict=False)
+                    )
+                if ch.finish is not None:
+                    break
+                chunk = None
+        except StreamError as exc:
+            raise _unavailable(str(exc)) from None
+        return "".join(parts)
+
+    # ------------------------------------------------------------------ streamed
+
+    async def _events(
+        self, plan: _Plan, fmt: Format, choices: list[_Choice], first: OutputChunk | None
+    ) -> AsyncIterator[bytes]:
+        try:
+            async for event in self._many(plan, fmt, choices, first):
+                yield event
+            if plan.include_usage:
+                yield fmt.usage_event(choices)
+            yield _DONE
+        finally:
+            for ch in choices:
+                ch.stream.abort()
+
+    async def _one(
+        self,
+        plan: _Plan,
+        fmt: Format,
+        ch: _Choice,
+        chunk: OutputChunk | None,
+        *,
+        whole: bool = False,
+    ) -> AsyncIterator[bytes]:
+        # The hot path: one event per chunk, built from pre-encoded fragments. With ``whole``
+        # it is the response's entire event stream (one choice: no wrapper generator per token).
+        stream = ch.stream
+        lp = plan.logprobs
+        index = ch.index
+        head = fmt.head(index)
+        tail = fmt.tail
+        encode = _JSON.encode
+        try:
+            opening = fmt.opening(index)
+            if opening:
+                yield opening
+            while True:
+                if chunk is None:
+                    try:
+                        chunk = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                text = ch.text(chunk)
+                if ch.finish is not None:
+                    yield fmt.last(ch, text, chunk if lp else None)
+                    break
+                if lp:
+                    yield fmt.with_logprobs(index, text, chunk)
+                elif text:
+                    yield head + encode(text) + tail
+                chunk = None
+        except StreamError as exc:
+            yield fmt.error_event(exc)
+        finally:
+            if whole:
+                stream.abort()
+        if whole:
+            if plan.include_usage:
+                yield fmt.usage_event([ch])
+            yield _DONE
+
+    async def _many(
+        self, plan: _Plan, fmt: Format, choices: list[_Choice], first: OutputChunk | None
+    ) -> AsyncIterator[bytes]:
+        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def pump(ch: _Choice, chunk: OutputChunk | None) -> None:
+            try:
+                async for event in self._one(plan, fmt, ch, chunk):
+                    queue.put_nowait(event)
+            finally:
+                queue.put_nowait(None)
+
+        tasks = [
+            asyncio.ensure_future(pump(ch, first if i == 0 else None))
+            for i, ch in enumerate(choices)
+        ]
+        try:
+            running = len(tasks)
+            while running:
+                event = await queue.get()
+                if event is None:
+                    running -= 1
+                else:
+                    yield event
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

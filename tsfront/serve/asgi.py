@@ -1,0 +1,216 @@
+"""A lean raw ASGI app over `OpenAIService` (no framework on the per-token path).
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``. A streamed reply is sent as it is produced, one ``http.response.body``
+message per event. While a request runs, a watcher task waits on ``receive()`` for
+``http.disconnect``; a client that goes away cancels the handler, and cancelling a stream's
+read aborts its engine request.
+
+Made with a service (`tsfront serve`'s workers), or with ``attach=`` and ``model=``: then the
+ASGI lifespan attaches to the I/O process at startup and detaches at shutdown, which is how a
+server that runs its own workers (granian, ``uvicorn --workers``) embeds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import Any
+
+from tsfront.serve.api import ApiError, OpenAIService, Reply, SSEReply
+
+__all__ = ["ServeApp", "app_from_env"]
+
+log = logging.getLogger("tsfront.serve")
+
+#: Largest request body accepted (a prompt of ~1M tokens as JSON ids fits).
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+_NOT_FOUND = ApiError(404, "no such route", kind="not_found_error").reply()
+_TOO_LARGE = ApiError(413, f"request body over {MAX_BODY_BYTES} bytes").reply()
+_END = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class ServeApp:
+    """The ASGI application of one worker.
+
+    Args:
+        service: the worker's `OpenAIService`; None to make one in the lifespan startup.
+        attach: the I/O process address to attach to at startup (when ``service`` is None).
+        model: the model folder for `tsfront.text.TextModel.load` (when ``service`` is None).
+        model_name: the served model name (default: the model's own).
+    """
+
+    def __init__(
+        self,
+        service: OpenAIService | None = None,
+        *,
+        attach: str | None = None,
+        model: str | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        self.service = service
+        self._attach = attach
+        self._model = model
+        self._model_name = model_name
+        self._owned = None
+        self._routes = {
+            ("POST", "/v1/completions"): "completions",
+            ("POST", "/v1/chat/completions"): "chat",
+            ("GET", "/v1/models"): "models",
+            ("GET", "/health"): "health",
+        }
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    # ------------------------------------------------------------------ lifespan
+
+    async def startup(self) -> None:
+        """Attach to the I/O process and load the model (the lifespan's startup)."""
+        if self.service is not None:
+            return
+        from tsfront.client import EngineClient
+        from tsfront.text import TextModel
+
+        if not self._attach or not self._model:
+            raise RuntimeError("ServeApp needs a service, or attach= and model=")
+        text = TextModel.load(self._model)
+        client = await EngineClient.attach(self._attach)
+        self._owned = client
+        self.service = OpenAIService(client, text, self._model_name or text.name, os.getpid())
+
+    async def shutdown(self) -> None:
+        """Detach from the I/O process if `startup` attached."""
+        client, self._owned = self._owned, None
+        if client is not None:
+            await client.close()
+
+    async def _lifespan(self, receive: Any, send: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.startup()
+                except Exception as exc:
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # ------------------------------------------------------------------ requests
+
+    async def _http(self, scope: dict, receive: Any, send: Any) -> None:
+        route = self._routes.get((scope["method"], scope["path"]))
+        service = self.service
+        if route is None or service is None:
+            await _send_reply(send, _NOT_FOUND if route is None else _unready())
+            return
+        if route == "models":
+            await _send_reply(send, service.models())
+            return
+        if route == "health":
+            await _send_reply(send, service.health())
+            return
+        try:
+            body = await _read_body(receive)
+        except _Disconnected:
+            return
+        if body is None:
+            await _send_reply(send, _TOO_LARGE)
+            return
+        task = asyncio.current_task()
+        state = [False, False]  # [handler finished, client disconnected]
+        watcher = asyncio.ensure_future(_wait_disconnect(receive))
+
+        def on_disconnect(fut: asyncio.Future) -> None:
+            if not fut.cancelled() and fut.exception() is None and not state[0]:
+                state[1] = True
+                task.cancel()
+
+        watcher.add_done_callback(on_disconnect)
+        reply = None
+        try:
+            handler = service.completions if route == "completions" else service.chat
+            reply = await handler(body)
+            if type(reply) is SSEReply:
+                await send({"type": "http.response.start", "status": 200, "headers": reply.headers})
+                message = {"type": "http.response.body", "body": b"", "more_body": True}
+                async for event in reply.events:
+                    message["body"] = event
+                    await send(message)
+                await send(_END)
+            else:
+                await _send_reply(send, reply)
+        except asyncio.CancelledError:
+            if not state[1]:
+                raise
+            task.uncancel()  # our own cancellation: the client left, the request is aborted
+        except OSError:
+            pass  # the connection broke while sending; the events' close aborts the request
+        except Exception:
+            log.exception("request on %s failed", scope["path"])
+            if reply is None:
+                await _send_reply(
+                    send, ApiError(500, "internal server error", kind="server_error").reply()
+                )
+        finally:
+            state[0] = True
+            watcher.cancel()
+            if type(reply) is SSEReply:
+                await reply.events.aclose()
+
+
+def _unready() -> Reply:
+    return ApiError(503, "the server is starting", kind="service_unavailable_error").reply()
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    parts = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:
+                return None
+            parts.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+async def _wait_disconnect(receive: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _send_reply(send: Any, reply: Reply) -> None:
+    await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
+    await send({"type": "http.response.body", "body": reply.body})
+
+
+def app_from_env() -> ServeApp:
+    """An app configured by ``TSFRONT_ATTACH``, ``TSFRONT_MODEL`` (and optionally
+    ``TSFRONT_MODEL_NAME``): for servers that import their app by name in every worker."""
+    return ServeApp(
+        attach=os.environ["TSFRONT_ATTACH"],
+        model=os.environ["TSFRONT_MODEL"],
+        model_name=os.environ.get("TSFRONT_MODEL_NAME") or None,
+    )

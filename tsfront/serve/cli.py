@@ -1,0 +1,199 @@
+"""``tsfront serve``: an OpenAI-compatible server with W worker processes on one port.
+
+The master process starts one I/O process (or uses ``--attach``'s), reserves the port, and
+spawns the workers; each attaches, binds the port with SO_REUSEPORT and serves HTTP. The
+master prints ``handshake: ADDR`` once the I/O process is bound (the engines dial it) and
+``listening: http://HOST:PORT`` once every engine registered and every worker listens, then
+supervises: SIGINT/SIGTERM stop everything and exit 0; a worker or the I/O process dying
+stops everything and exits 1 (restarting is the supervisor's job; an engine dying is not
+fatal: its requests end with an error and new ones go to the live ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import queue
+import signal
+import sys
+import threading
+import time
+
+from tsfront.config import ClientConfig
+from tsfront.errors import Error
+
+__all__ = ["add_arguments", "run"]
+
+#: Seconds the workers may take beyond the handshake timeout to attach and listen.
+READY_MARGIN_S = 30.0
+#: Seconds stopped workers get before they are killed.
+STOP_GRACE_S = 5.0
+_WATCH_S = 0.2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``tsfront serve`` options to ``parser``."""
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="DIR",
+        help="model folder: tokenizer.json, tokenizer_config.json (chat template), "
+        "config.json / generation_config.json",
+    )
+    parser.add_argument(
+        "--served-model-name", metavar="NAME", help="the model's name in the API (default: DIR's)"
+    )
+    engines = parser.add_argument_group("engine group")
+    src = engines.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--handshake",
+        metavar="ADDR",
+        help="handshake endpoint to bind, which the engines dial, e.g. tcp://127.0.0.1:30500 "
+        "(port 0 picks a free one; the bound address is printed)",
+    )
+    src.add_argument(
+        "--attach",
+        metavar="IO_ADDRESS",
+        help="use a running I/O process (the address `tsfront io` prints) instead of starting "
+        "one; the engine options are then that process's",
+    )
+    engines.add_argument("--num-engines", type=int, default=1, metavar="N", help="ranks (1)")
+    engines.add_argument(
+        "--first-engine-index", type=int, default=0, metavar="I", help="identity of rank 0 (0)"
+    )
+    engines.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds for every engine to register (600)",
+    )
+    http = parser.add_argument_group("HTTP")
+    http.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes (1)")
+    http.add_argument("--host", default="127.0.0.1", help="address to serve on (127.0.0.1)")
+    http.add_argument(
+        "--port", type=int, default=8000, metavar="P", help="port; 0 picks a free one (8000)"
+    )
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _note(message: str) -> None:
+    sys.stderr.write(f"tsfront serve: {message}\n")
+    sys.stderr.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the server until SIGINT/SIGTERM; returns the exit status."""
+    from tsfront.cli import CommandError
+    from tsfront.io.process import IOProcess
+    from tsfront.serve.worker import WorkerOptions, listening_socket, worker_main
+
+    if not 1 <= args.workers <= 256:
+        raise CommandError(f"--workers={args.workers}: must be between 1 and 256")
+    try:
+        from tsfront.text import TextError, TextModel
+    except ImportError as exc:
+        raise CommandError(
+            f"tsfront serve needs the text extra ({exc}); pip install 'tsfront[serve]'"
+        ) from None
+    try:
+        text = TextModel.load(args.model)  # fail here, once, rather than in every worker
+    except (TextError, OSError) as exc:
+        raise CommandError(f"--model {args.model}: {exc}") from None
+    name = args.served_model_name or text.name
+
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    ctx = multiprocessing.get_context("spawn")
+    events = ctx.Queue()
+    procs: list = []
+    io = None
+    reserved = None
+    try:
+        if args.attach is None:
+            config = ClientConfig(
+                handshake_address=args.handshake,
+                num_engines=args.num_engines,
+                first_engine_index=args.first_engine_index,
+                handshake_timeout=args.handshake_timeout,
+                max_workers=args.workers,
+            )
+            io = IOProcess.start(config)
+            address = io.address
+            _say(f"handshake: {io.handshake_address}")
+            _note(f"I/O process {io.pid}; waiting for {args.num_engines} engine(s)")
+        else:
+            address = args.attach
+            _note(f"attaching {args.workers} worker(s) to the I/O process at {address}")
+        # Hold the port (bound, not listening: the kernel routes nothing to it) so that port 0
+        # resolves once and every worker joins the same SO_REUSEPORT group.
+        reserved = listening_socket(args.host, args.port, listen=False)
+        port = reserved.getsockname()[1]
+        opts = WorkerOptions(
+            model=args.model,
+            model_name=name,
+            host=args.host,
+            port=port,
+            address=address,
+            attach_timeout=args.handshake_timeout + READY_MARGIN_S,
+        )
+        for index in range(args.workers):
+            proc = ctx.Process(
+                target=worker_main, args=(index, opts, events), name=f"tsfront-serve-{index}"
+            )
+            proc.start()
+            procs.append(proc)
+        deadline = time.monotonic() + args.handshake_timeout + READY_MARGIN_S
+        ready: dict[int, int] = {}
+        while len(ready) < args.workers:
+            if stop.is_set():
+                return 0
+            if time.monotonic() > deadline:
+                raise Error("the workers did not attach and listen in time")
+            try:
+                kind, index, payload = events.get(timeout=_WATCH_S)
+            except queue.Empty:
+                if io is not None and not io.alive():
+                    raise Error("the I/O process exited") from None
+                dead = [p.name for p in procs if p.exitcode is not None]
+                if dead:
+                    raise Error(f"{dead[0]} exited before serving") from None
+                continue
+            if kind == "failed":
+                raise Error(f"worker {index} failed: {payload}")
+            ready[index] = payload
+        reserved.close()
+        reserved = None
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        _say(f"listening: http://{host}:{port}")
+        _note(f"{args.workers} worker(s) serving {name!r}; SIGINT/SIGTERM stops")
+        while not stop.wait(_WATCH_S):
+            if io is not None and not io.alive():
+                raise Error("the I/O process exited; stopping")
+            dead = [p for p in procs if p.exitcode is not None]
+            if dead and not stop.is_set():  # (a terminal's Ctrl-C also reaches the workers)
+                raise Error(f"{dead[0].name} exited with status {dead[0].exitcode}; stopping")
+        _note("stopping")
+        return 0
+    finally:
+        if reserved is not None:
+            reserved.close()
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        limit = time.monotonic() + STOP_GRACE_S
+        for proc in procs:
+            proc.join(max(0.0, limit - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        if io is not None:
+            io.stop()
+        events.close()
+        events.join_thread()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

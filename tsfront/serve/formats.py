@@ -1,0 +1,271 @@
+"""The OpenAI response shapes: completions and chat, whole and streamed.
+
+A streamed event is ``head(index) + json(text) + tail``: everything but the new text is
+encoded once per request, so a token costs one string encode and one concatenation. The
+rarer events (the first chat delta, the last one with ``finish_reason``, logprobs, usage,
+errors) are built as dicts and encoded with msgspec.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import msgspec
+
+__all__ = ["ChatFormat", "CompletionFormat", "Format"]
+
+_JSON = msgspec.json.Encoder()
+
+
+class Format:
+    """What every response shape shares: ids, the model, usage, error events."""
+
+    object_whole = ""
+    object_chunk = ""
+    id_prefix = ""
+
+    def __init__(self, model: str, text: Any, prompts: int, include_usage: bool) -> None:
+        self.id = f"{self.id_prefix}{secrets.token_hex(12)}"
+        self.created = int(time.time())
+        self.model = model
+        self.text = text
+        self.prompts = prompts
+        self.include_usage = include_usage
+        usage = ',"usage":null' if include_usage else ""
+        self._envelope = (
+            f'data: {{"id":"{self.id}","object":"{self.object_chunk}","created":{self.created},'
+            f'"model":{_JSON.encode(model).decode()}{usage},"choices":[{{"index":'
+        ).encode()
+        self.tail = self._tail()
+        self._heads: dict[int, bytes] = {}
+
+    # -- per event -----------------------------------------------------------------------------
+
+    def head(self, index: int) -> bytes:
+        """Everything of a text event before the JSON-encoded text of choice ``index``."""
+        head = self._heads.get(index)
+        if head is None:
+            head = self._heads[index] = self._envelope + str(index).encode() + self._text_key()
+        return head
+
+    def opening(self, index: int) -> bytes | None:
+        """An event to send before any text (chat's role), or None."""
+        return None
+
+    def event(self, choice: dict[str, Any]) -> bytes:
+        """A whole chunk event carrying ``choice``."""
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": self.object_chunk,
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+        if self.include_usage:
+            body["usage"] = None
+        return b"data: " + _JSON.encode(body) + b"\n\n"
+
+    def usage(self, choices: list) -> dict[str, Any]:
+        """The ``usage`` object of a response (a prompt fanned out n times counts once)."""
+        n = max(1, len(choices) // max(1, self.prompts))
+        firsts = choices[::n]
+        completion = sum(ch.tokens for ch in choices)
+        prompt = sum(ch.prompt_tokens for ch in firsts)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(ch.cached for ch in firsts)},
+        }
+
+    def usage_event(self, choices: list) -> bytes:
+        """The last event of ``stream_options.include_usage``: no choices, the usage."""
+        body = {
+            "id": self.id,
+            "object": self.object_chunk,
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": self.usage(choices),
+        }
+        return b"data: " + _JSON.encode(body) + b"\n\n"
+
+    @staticmethod
+    def error_event(exc: Exception) -> bytes:
+        """An error after the stream began (an engine died): an OpenAI error object."""
+        body = {"error": {"message": str(exc), "type": "server_error", "param": None, "code": 503}}
+        return b"data: " + _JSON.encode(body) + b"\n\n"
+
+    # -- shape-specific ------------------------------------------------------------------------
+
+    def _text_key(self) -> bytes:
+        raise NotImplementedError
+
+    def _tail(self) -> bytes:
+        raise NotImplementedError
+
+    def last(self, ch, text: str, chunk) -> bytes:
+        """The event with ``finish_reason`` (and the last text and logprobs, if any)."""
+        raise NotImplementedError
+
+    def with_logprobs(self, index: int, text: str, chunk) -> bytes:
+        """A text event that carries the logprobs of ``chunk``'s tokens."""
+        raise NotImplementedError
+
+    def whole(self, choices: list, texts: list[str]) -> bytes:
+        """The non-streamed response body."""
+        raise NotImplementedError
+
+
+class CompletionFormat(Format):
+    """``/v1/completions``: ``text_completion`` objects."""
+
+    object_whole = "text_completion"
+    object_chunk = "text_completion"
+    id_prefix = "cmpl-"
+
+    def _text_key(self) -> bytes:
+        return b',"text":'
+
+    def _tail(self) -> bytes:
+        return b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def _logprobs(self, pairs) -> dict[str, Any] | None:
+        if pairs is None:
+            return None
+        token_text = self.text.token_text
+        return {
+            "tokens": [token_text(t) for t, _ in pairs],
+            "token_logprobs": [v for _, v in pairs],
+            "top_logprobs": None,
+            "text_offset": None,
+        }
+
+    def last(self, ch, text: str, chunk) -> bytes:
+        pairs = _pairs(chunk) if chunk is not None else None
+        return self.event(
+            {
+                "index": ch.index,
+                "text": text,
+                "logprobs": self._logprobs(pairs),
+                "finish_reason": ch.finish,
+            }
+        )
+
+    def with_logprobs(self, index: int, text: str, chunk) -> bytes:
+        return self.event(
+            {
+                "index": index,
+                "text": text,
+                "logprobs": self._logprobs(_pairs(chunk)),
+                "finish_reason": None,
+            }
+        )
+
+    def whole(self, choices: list, texts: list[str]) -> bytes:
+        return _JSON.encode(
+            {
+                "id": self.id,
+                "object": self.object_whole,
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": ch.index,
+                        "text": text,
+                        "logprobs": self._logprobs(ch.logprobs),
+                        "finish_reason": ch.finish,
+                    }
+                    for ch, text in zip(choices, texts, strict=True)
+                ],
+                "usage": self.usage(choices),
+            }
+        )
+
+
+class ChatFormat(Format):
+    """``/v1/chat/completions``: ``chat.completion`` and ``chat.completion.chunk`` objects."""
+
+    object_whole = "chat.completion"
+    object_chunk = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    def _text_key(self) -> bytes:
+        return b',"delta":{"content":'
+
+    def _tail(self) -> bytes:
+        return b'},"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def opening(self, index: int) -> bytes | None:
+        return self.event(
+            {
+                "index": index,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        )
+
+    def _logprobs(self, pairs) -> dict[str, Any] | None:
+        if pairs is None:
+            return None
+        token_text = self.text.token_text
+        token_bytes = self.text.token_bytes
+        content = [
+            {
+                "token": token_text(token),
+                "logprob": value,
+                "bytes": list(token_bytes(token)),
+                "top_logprobs": [],
+            }
+            for token, value in pairs
+        ]
+        return {"content": content}
+
+    def last(self, ch, text: str, chunk) -> bytes:
+        pairs = _pairs(chunk) if chunk is not None else None
+        return self.event(
+            {
+                "index": ch.index,
+                "delta": {"content": text} if text else {},
+                "logprobs": self._logprobs(pairs),
+                "finish_reason": ch.finish,
+            }
+        )
+
+    def with_logprobs(self, index: int, text: str, chunk) -> bytes:
+        return self.event(
+            {
+                "index": index,
+                "delta": {"content": text},
+                "logprobs": self._logprobs(_pairs(chunk)),
+                "finish_reason": None,
+            }
+        )
+
+    def whole(self, choices: list, texts: list[str]) -> bytes:
+        return _JSON.encode(
+            {
+                "id": self.id,
+                "object": self.object_whole,
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {
+                        "index": ch.index,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": self._logprobs(ch.logprobs),
+                        "finish_reason": ch.finish,
+                    }
+                    for ch, text in zip(choices, texts, strict=True)
+                ],
+                "usage": self.usage(choices),
+            }
+        )
+
+
+def _pairs(chunk) -> list[tuple[int, float]]:
+    values = chunk.output_token_logprobs_val or []
+    return list(zip(chunk.output_ids, values, strict=False))
