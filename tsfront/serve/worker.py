@@ -141,7 +141,11 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
                 await asyncio.sleep(_WATCH_S)
             if addresses is None:
                 break
-            fresh = await _reattach(client, service, index, opts, events, addresses, server)
+            try:
+                fresh = await _reattach(client, service, index, opts, events, addresses, server)
+            except Exception as exc:  # the master hears of it and stops the server
+                events.put(("failed", index, f"re-attaching: {type(exc).__name__}: {exc}"))
+                break
             if fresh is None:
                 return
             client = fresh
