@@ -341,6 +341,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.heartbeat_timeout,
         help=f"seconds of silence before an engine is dead ({defaults.heartbeat_timeout:g})",
     )
+    tune.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="keep each engine's registration in DIR, so that a new 'tsfront io' started with "
+        "the same options and DIR takes the running engines over (after a crash, or SIGUSR1 "
+        "for an upgrade) instead of waiting for them to restart; needs fixed addresses",
+    )
     io.add_argument(
         "--json",
         action="store_true",

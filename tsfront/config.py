@@ -200,6 +200,10 @@ class ClientConfig:
             the longest match may carry above the least loaded engine before load wins...
         affinity_rel_threshold: ...provided it also carries more than this many times as
             many (both must hold for the fallback to least in flight).
+        state_dir: a directory where the I/O process keeps each engine's registration, so
+            that a new I/O process started with the same config takes the running engines
+            over (after a crash or an upgrade) instead of waiting for them to restart; see
+            docs/RELIABILITY.md. Needs fixed addresses (no port 0). ``None``: nothing kept.
     """
 
     handshake_address: str = "tcp://127.0.0.1:30500"
@@ -224,6 +228,7 @@ class ClientConfig:
     prefix_block_tokens: int = 256
     affinity_abs_threshold: int = 8
     affinity_rel_threshold: float = 1.5
+    state_dir: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.routing, Routing) and self.routing.is_disaggregated:
@@ -294,6 +299,28 @@ class ClientConfig:
             )
         if self.slots_per_worker * self.max_workers > 1 << 24:
             raise ConfigError("max_workers * slots_per_worker must be at most 16,777,216")
+        if self.state_dir is not None:
+            self._check_state_dir()
+
+    def _check_state_dir(self) -> None:
+        if not isinstance(self.state_dir, str) or not self.state_dir:
+            raise ConfigError(f"state_dir={self.state_dir!r}: give a directory path, or None")
+        if isinstance(self.routing, Routing) and self.routing.is_disaggregated:
+            raise ConfigError(
+                "state_dir is not supported with Routing.disaggregated yet (only the decode "
+                "group's registrations would be kept); drop state_dir, or serve aggregated"
+            )
+        for name in ("handshake_address", "input_address", "output_address"):
+            value = getattr(self, name)
+            port = value.rpartition(":")[2] if value.startswith("tcp://") else ""
+            if port in ("0", "*"):
+                # The engines reconnect to the addresses they were given in INIT: a successor
+                # bound elsewhere would never see them again.
+                raise ConfigError(
+                    f"state_dir needs fixed addresses, but {name}={value!r} binds an "
+                    "ephemeral port, which a restarted I/O process could not bind again; "
+                    "give it a fixed port (or an ipc:// path)"
+                )
 
     def to_dict(self) -> dict:
         """The config as plain data (sent to the I/O process)."""

@@ -19,6 +19,15 @@ class ConfigError(Error, ValueError):
     """A `ClientConfig` (or an address in it) cannot be used as given."""
 
 
+class StateDirMismatch(ConfigError):
+    """The state directory was written for another engine group (other addresses, first
+    index or count), or is not a tsfront state directory; the message names the difference."""
+
+
+class StateDirInUse(ConfigError):
+    """Another running I/O process holds the state directory."""
+
+
 class WireDecodeError(Error, ValueError):
     """Bytes from a peer are not a valid frame of the TokenSpeed wire.
 

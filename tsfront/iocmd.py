@@ -5,7 +5,9 @@ one JSON object with ``--json``) and serves until SIGINT/SIGTERM, then stops it 
 Unless ``--no-monitor``, the command attaches a monitor of its own (one worker place) that
 reports on stderr when every engine has registered and whenever an engine's liveness
 changes; a failed handshake is the command's error (exit 1). If the I/O process dies, the
-command exits 1.
+command exits 1. With ``--state-dir`` the engines' registrations are kept there: SIGUSR1 stops
+the command keeping them (a handover, for an upgrade), and a new ``tsfront io`` with the same
+options and directory takes the running engines over (see docs/RELIABILITY.md).
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ async def _monitor(io: IOProcess, metrics_port: int | None = None) -> None:
             server = serve(metrics_port, client)
             _note(f"metrics at http://0.0.0.0:{metrics_port}/metrics")
         engines = ", ".join(f"rank {e.rank} = engine {e.index}" for e in client.engines())
-        _note(f"every engine registered ({engines}); serving")
         states = {load.index: load.state for load in client.load()}
+        waiting = [f"engine {i} {state}" for i, state in states.items() if state != "live"]
+        if waiting:  # engines taken over from a predecessor come back one by one
+            _note(f"serving ({engines}); not live yet: {', '.join(waiting)}")
+        else:
+            _note(f"every engine registered ({engines}); serving")
         while not client.closed:
             await asyncio.sleep(_WATCH_S)
             for load in client.load():
@@ -69,11 +75,20 @@ async def _main(args: argparse.Namespace) -> int:
         slots_per_worker=args.slots_per_worker,
         send_timeout=args.send_timeout,
         heartbeat_timeout=args.heartbeat_timeout,
+        state_dir=args.state_dir,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    handover = False
+
+    def on_handover() -> None:
+        nonlocal handover
+        handover = True
+        stop.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, on_handover)
     io = await loop.run_in_executor(None, IOProcess.start, config)
     try:
         info = {
@@ -101,7 +116,7 @@ async def _main(args: argparse.Namespace) -> int:
                     waits, timeout=_WATCH_S, return_when=asyncio.FIRST_COMPLETED
                 )
                 if stopping in done:
-                    _note("stopping")
+                    _note("handing over (registrations kept)" if handover else "stopping")
                     return 0
                 if not io.alive():
                     raise Error(f"the I/O process {io.pid} exited unexpectedly")
@@ -115,8 +130,8 @@ async def _main(args: argparse.Namespace) -> int:
                 monitor.cancel()
                 await asyncio.gather(monitor, return_exceptions=True)
     finally:
-        await loop.run_in_executor(None, io.stop)
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        await loop.run_in_executor(None, lambda: io.stop(handover=handover))
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             loop.remove_signal_handler(signum)
 
 

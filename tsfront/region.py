@@ -61,6 +61,8 @@ METRICS_OFFSET = 64
 #   output_disconnects  connections lost on the engines' output PULLs
 #   stale_disconnects   of those, connections of an engine's earlier process (never a death)
 #   reused_rids         ADDs refused because the rid was aborted on that engine < 300 s ago
+#   orphan_aborts       rids of a predecessor I/O process, still decoding on an engine this one
+#                       took over, aborted there (once each; see tsfront.io.adoption)
 IO_METRICS = (
     "handler_errors",
     "bad_load_tails",
@@ -71,6 +73,7 @@ IO_METRICS = (
     # ADDs whose worker-sent block hashes were not usable (hashed by the I/O process instead).
     "affinity_fallbacks",
     "affinity_rehashed",
+    "orphan_aborts",
 )
 IO_METRICS_OFFSET = 2048
 

@@ -72,6 +72,13 @@ class Engine:
     handshake: zmq.Socket | None = None
     input_advertised: str = ""
     peer_host: str = ""
+    # Taken over from a previous I/O process (see tsfront.io.adoption): ``adopting`` until its
+    # output connection comes back; ``adopted`` for as long as it is the same engine process
+    # (its rows for rids we never bound are orphans of the predecessor); ``input_pending``
+    # until a send to it succeeds (its input DEALER may reconnect after its output PUSH).
+    adopting: bool = False
+    adopted: bool = False
+    input_pending: bool = False
 
     @property
     def identity(self) -> bytes:

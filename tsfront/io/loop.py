@@ -26,10 +26,12 @@ from zmq.utils.monitor import recv_monitor_message
 from tsfront import _native, control
 from tsfront.config import ClientConfig
 from tsfront.errors import WireDecodeError
+from tsfront.io import adoption
 from tsfront.io.addresses import advertised, bind_socket, output_address_for
 from tsfront.io.disagg import DECODE, PREFILL, Disaggregated
 from tsfront.io.engines import Engine, PendingSend
 from tsfront.io.routing import Router
+from tsfront.io.state import StateDir
 from tsfront.metrics.recorder import IOStats
 from tsfront.region import (
     E_IN_FLIGHT,
@@ -217,12 +219,22 @@ class IOLoop:
         self.addresses: dict = {}
         self._sockets: list[zmq.Socket] = []
         self._listener: socket.socket | None = None
+        # Registrations kept for a successor (None: no state_dir); `adopting` while engines
+        # taken over from a predecessor may still come back (tsfront.io.adoption).
+        self.state_dir = StateDir(config) if config.state_dir else None
+        self.adopting = False
+        self.serving = False
 
     # ------------------------------------------------------------------ setup
 
     def bind(self) -> dict:
         """Bind every socket; return the real addresses (reported to whoever started us)."""
         c = self.config
+        if self.state_dir is not None:
+            # Locked and checked before anything is bound: a second I/O process of the same
+            # group must not take the addresses (an ipc:// path would be stolen, not refused).
+            saved = self.state_dir.open()
+            adoption.load(self, saved)
         self.handshake = self._socket(zmq.ROUTER)
         self.handshake.setsockopt(zmq.MAXMSGSIZE, c.max_message_size)
         handshake = bind_socket(self.handshake, c.handshake_address)
@@ -300,6 +312,7 @@ class IOLoop:
         monitors = self.monitor_engine
         listener_fd = self._listener.fileno()
         writer = self.writer
+        self.serving = True
         while True:
             events = poll(self._timeout_ms())
             for sock, _ in events:
@@ -327,14 +340,19 @@ class IOLoop:
     def _timeout_ms(self) -> int:
         if self.writer.spilling() or any(e.backlog for e in self.engines):
             return 1
-        if self.state == "handshaking":
+        if any(e.aborts for e in self.engines):
+            return 10  # ABORTs the socket did not take (e.g. an input still reconnecting)
+        if self.state == "handshaking" or self.adopting:
             return max(0, min(1000, int((self.deadline - time.monotonic()) * 1000) + 1))
         return 1000
 
     def _after_turn(self) -> None:
         now = time.monotonic()
-        if self.state == "handshaking" and now >= self.deadline:
-            self._fail_handshake()
+        if now >= self.deadline:
+            if self.adopting:
+                adoption.expire(self)
+            elif self.state == "handshaking":
+                self._fail_handshake()
         for e in self.engines:
             try:
                 if e.aborts and e.state == ENGINE_LIVE:
@@ -393,13 +411,16 @@ class IOLoop:
                 result = ingest(frame, index)
                 if result is None:
                     self._kill(engine, "sent ENGINE_CORE_DEAD")
+                    self._forget_registration(engine)
                     return
-                _index, running, waiting, kv_active, kv_total, _rows, _unknown, finished = result
+                _index, running, waiting, kv_active, kv_total, _rows, unknown, finished = result
                 for slot in finished:
                     record = records.pop(slot, None)
                     if record is not None:
                         owner = record.engine
                         owner.in_flight -= 1
+                if unknown and engine.adopted:
+                    adoption.orphans(self, engine, frame)
                 self.dirty.add(engine.row)
                 if kv_total:
                     # The engine table holds u32 words: a tail outside that range is a lie
@@ -556,10 +577,13 @@ class IOLoop:
                 record.prefill_sent = True
             else:
                 record.sent = True
+            engine.input_pending = False
         except zmq.Again:
             self._queue(engine, slot, payload, expires, prefill)
         except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
+            if exc.errno == zmq.EHOSTUNREACH and engine.input_pending:
+                self._queue(engine, slot, payload)  # taken over: its input is reconnecting
+            elif exc.errno == zmq.EHOSTUNREACH:
                 self._lost(engine, "input connection unreachable")
             else:
                 raise
@@ -618,6 +642,8 @@ class IOLoop:
             except zmq.Again:
                 return
             except zmq.ZMQError:
+                if engine.input_pending:
+                    return  # taken over: its input is reconnecting (send_timeout bounds it)
                 self._lost(engine, "input connection unreachable")
                 return
             engine.backlog.popleft()
@@ -625,6 +651,7 @@ class IOLoop:
                 record.prefill_sent = True
             else:
                 record.sent = True
+            engine.input_pending = False
 
     def _abort(self, worker: WorkerConn, data: bytes) -> None:
         usable = len(data) - len(data) % ABORT_ENTRY.size
@@ -745,6 +772,8 @@ class IOLoop:
         engine.aborted.clear()
         if self.affinity is not None:
             self.affinity.forget(engine)  # nor is anything in its (new) prefix cache
+        engine.adopting = engine.adopted = engine.input_pending = False
+        self._forget_registration(engine)  # the old process's; the new one's is saved when it comes
         self.dirty.add(engine.row)
 
     def _on_input(self, sock: zmq.Socket, by_identity: dict[bytes, Engine]) -> None:
@@ -778,12 +807,31 @@ class IOLoop:
         engine.dead_reason = ""
         self.dirty.add(engine.row)
         log.info("engine %d registered (rank %d)", engine.index, engine.row)
+        if self.state_dir is not None:
+            try:
+                self.state_dir.save(engine.index, engine.row, engine.output_address, registration)
+            except OSError as exc:
+                # Serving goes on; only a successor could not take this engine over.
+                self.warn("state-dir", "engine %d: registration not saved: %s", engine.index, exc)
+        self._engine_live(engine)
+
+    def _engine_live(self, engine: Engine) -> None:
+        # Taking engines over, one live engine is enough to serve: the others come back (or
+        # are declared dead) one by one.
         if self.state == "handshaking":
-            if all(e.state == ENGINE_LIVE for e in self.engines):
+            if self.adopting or all(e.state == ENGINE_LIVE for e in self.engines):
                 self.state = "ready"
                 self._broadcast({"op": "engines", "engines": self._engine_infos()})
         elif self.state == "ready":
             self._broadcast({"op": "engine", "engine": self._engine_info(engine)})
+
+    def _forget_registration(self, engine: Engine) -> None:
+        """The engine is known dead (or replaced): a successor must not wait for it."""
+        if self.state_dir is not None:
+            try:
+                self.state_dir.remove(engine.index)
+            except OSError as exc:
+                self.warn("state-dir", "engine %d: registration not removed: %s", engine.index, exc)
 
     def _on_monitor(self, engine: Engine) -> None:
         while True:
@@ -817,6 +865,9 @@ class IOLoop:
             return
         if kind == zmq.EVENT_ACCEPTED:
             engine.connections[fd] = engine.generation
+            if engine.adopting:
+                adoption.on_accepted(self, engine)
+                return
         if (
             kind == zmq.EVENT_ACCEPTED
             and engine.state == ENGINE_DEAD
@@ -845,6 +896,7 @@ class IOLoop:
         engine.dead_reason = reason
         if engine.role == PREFILL:
             self.pd.kill(engine)
+        engine.adopting = False  # e.g. its ENGINE_CORE_DEAD, queued in the gap, came first
         # The records are the one account of what is in flight where; a death is rare enough
         # to find its requests by a scan rather than keep a second per-engine set.
         for slot in [s for s, r in self.records.items() if r.engine is engine]:
@@ -1091,8 +1143,19 @@ class IOLoop:
 
     # ------------------------------------------------------------------ shutdown
 
-    def close(self) -> None:
-        """End every open stream, tell the engines, release every socket, fd and mapping."""
+    def close(self, *, keep_state: bool = False) -> None:
+        """End every open stream, tell the engines, release every socket, fd and mapping.
+
+        A stop on purpose forgets the saved registrations, unless ``keep_state`` (a handover
+        to a successor, e.g. for an upgrade); a start that failed never touches them.
+        """
+        if self.state_dir is not None:
+            if self.serving and not keep_state:
+                try:
+                    self.state_dir.clear()
+                except OSError as exc:
+                    log.warning("state_dir: registrations not removed: %s", exc)
+            self.state_dir.close()
         for slot, record in list(self.records.items()):
             self.writer.finish(slot, FIN_IO_STOPPING, record.engine.index)
             if record.sent:

@@ -2,6 +2,9 @@
 
 Reads the config as JSON on stdin, binds every socket, prints one JSON line with the real
 addresses (or ``{"error": ...}``) on stdout, then serves until SIGTERM or until its parent dies.
+SIGUSR1, or the death of the process that started it, stops it the same way but keeps its
+state directory's registrations, for a successor to take the engines over (a handover, e.g.
+for an upgrade, or a supervisor restarting a crashed server).
 """
 
 from __future__ import annotations
@@ -23,15 +26,31 @@ class _Terminate(BaseException):
     Exception`` there (logging's ``emit`` among them) would swallow `Stop` and keep serving."""
 
 
+class _Handover(_Terminate):
+    """SIGUSR1: stop, keeping the registrations for a successor."""
+
+
+# The signal the kernel sends us when our parent dies: its own, because that death is no
+# decision to stop the engine group (a supervisor may restart the server), so it keeps the
+# registrations like a handover. (A check of getppid() in a SIGTERM handler cannot tell: when
+# the parent is killed, the thread that started us may die first and we are handed to a
+# sibling thread of the same process.)
+PARENT_DEATH_SIGNAL = signal.SIGUSR2
+
+
 def _stop(signum: int, frame: object) -> None:
+    if signum in (signal.SIGUSR1, PARENT_DEATH_SIGNAL):
+        raise _Handover()
     raise _Terminate()
 
 
 def main() -> int:
     """Run one I/O process."""
     parent = os.getppid()
-    _native.set_parent_death_signal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGUSR1, _stop)
+    signal.signal(PARENT_DEATH_SIGNAL, _stop)
+    _native.set_parent_death_signal(PARENT_DEATH_SIGNAL)
     ignore_sigint()  # the parent decides; Ctrl-C reaches it
     if os.getppid() != parent:
         return 0  # the parent died before the death signal was armed
@@ -48,19 +67,26 @@ def main() -> int:
         loop = IOLoop(config, request["token"])
         addresses = loop.bind()
     except Exception as exc:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # we are exiting anyway: close quietly
-        print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+        for signum in (signal.SIGTERM, signal.SIGUSR1, PARENT_DEATH_SIGNAL):
+            signal.signal(signum, signal.SIG_IGN)  # we are exiting anyway: close quietly
+        report = {"error": f"{type(exc).__name__}: {exc}", "kind": type(exc).__name__}
+        print(json.dumps(report), flush=True)
         if loop is not None:
             loop.close()
         return 2
     print(json.dumps(addresses), flush=True)
+    handover = False
     try:
         loop.run()
+    except _Handover:
+        handover = True
     except (Stop, _Terminate):
         pass
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        loop.close()
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+        signal.signal(PARENT_DEATH_SIGNAL, signal.SIG_IGN)
+        loop.close(keep_state=handover)
     return 0
 
 

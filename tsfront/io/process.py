@@ -20,9 +20,13 @@ import time
 from typing import Any
 
 from tsfront.config import ClientConfig
-from tsfront.errors import ConfigError, Error
+from tsfront.errors import ConfigError, Error, StateDirInUse, StateDirMismatch
 
 START_TIMEOUT = 30.0
+_START_REFUSALS: dict[str, type[ConfigError]] = {
+    "StateDirMismatch": StateDirMismatch,
+    "StateDirInUse": StateDirInUse,
+}
 
 _SIGINT = {signal.SIGINT}
 
@@ -106,8 +110,9 @@ class IOProcess:
     def start(cls, config: ClientConfig, *, timeout: float = START_TIMEOUT) -> IOProcess:
         """Start an I/O process; return once its sockets are bound.
 
-        Raises `ConfigError` if an address cannot be bound, `Error` if the process fails to
-        start within ``timeout`` seconds.
+        Raises `ConfigError` if an address cannot be bound (`StateDirMismatch` or
+        `StateDirInUse` if ``config.state_dir`` cannot be used), `Error` if the process fails
+        to start within ``timeout`` seconds.
         """
         if not isinstance(config, ClientConfig):
             raise ConfigError(f"IOProcess.start takes a ClientConfig, got {type(config).__name__}")
@@ -142,7 +147,9 @@ class IOProcess:
             except subprocess.TimeoutExpired:
                 pass
             _reap(proc)
-            raise ConfigError(f"I/O process could not start: {info['error']}")
+            # A refusal keeps its type (e.g. StateDirMismatch), so a caller can tell it apart.
+            kind = _START_REFUSALS.get(info.get("kind", ""), ConfigError)
+            raise kind(f"I/O process could not start: {info['error']}")
         log.info(
             "I/O process %d started: engines dial %s, workers attach at %s",
             proc.pid,
@@ -155,11 +162,17 @@ class IOProcess:
         """Whether the process is still running."""
         return self._proc.poll() is None
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the process (SIGTERM, then SIGKILL after ``timeout``); idempotent."""
+    def stop(self, timeout: float = 5.0, *, handover: bool = False) -> None:
+        """Stop the process (SIGTERM, then SIGKILL after ``timeout``); idempotent.
+
+        Its open streams end (`IOProcessDied` in the workers, ABORTs to the engines). A stop
+        forgets the engines' registrations in ``state_dir``; with ``handover`` (SIGUSR1 instead
+        of SIGTERM) they are kept, so that a new I/O process started with the same config
+        takes the running engines over (an upgrade).
+        """
         if self._proc.returncode is None:
-            log.info("stopping I/O process %d", self.pid)
-        _reap(self._proc, timeout)
+            log.info("stopping I/O process %d%s", self.pid, " (handover)" if handover else "")
+        _reap(self._proc, timeout, signal.SIGUSR1 if handover else signal.SIGTERM)
 
     def __enter__(self) -> IOProcess:
         return self
@@ -189,10 +202,10 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> bytes:
     return buf.split(b"\n", 1)[0]
 
 
-def _reap(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+def _reap(proc: subprocess.Popen, timeout: float = 5.0, signum: int = signal.SIGTERM) -> None:
     if proc.poll() is None:
         try:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signum)
             proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()

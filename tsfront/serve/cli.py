@@ -4,9 +4,13 @@ The master process starts one I/O process (or uses ``--attach``'s), reserves the
 spawns the workers; each attaches, binds the port with SO_REUSEPORT and serves HTTP. The
 master prints ``handshake: ADDR`` once the I/O process is bound (the engines dial it) and
 ``listening: http://HOST:PORT`` once every engine registered and every worker listens, then
-supervises: SIGINT/SIGTERM stop everything and exit 0; a worker or the I/O process dying
-stops everything and exits 1 (restarting is the supervisor's job; an engine dying is not
-fatal: its requests end with an error and new ones go to the live ranks).
+supervises: SIGINT/SIGTERM stop everything and exit 0; a worker dying stops everything and
+exits 1 (restarting is the supervisor's job; an engine dying is not fatal: its requests end
+with an error and new ones go to the live ranks). The I/O process dying stops everything too,
+unless ``--state-dir`` is given: then the master starts a new I/O process with the same
+config, which takes the running engines over (docs/RELIABILITY.md), and sends the workers
+its address; they attach to it in place (answering 503 meanwhile). The requests in flight are
+lost, the engines, their caches and the workers are not.
 """
 
 from __future__ import annotations
@@ -68,6 +72,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds for every engine to register (600)",
     )
+    engines.add_argument(
+        "--input-address",
+        default="tcp://127.0.0.1:0",
+        metavar="ADDR",
+        help="input endpoint the engines connect to (tcp://127.0.0.1:0: a free port)",
+    )
+    engines.add_argument(
+        "--output-address",
+        default="tcp://127.0.0.1:0",
+        metavar="ADDR",
+        help="output endpoint of rank 0 (rank i gets port P+i, or ipc path.i); "
+        "tcp://127.0.0.1:0: free ports",
+    )
+    engines.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="keep the engines' registrations in DIR; if the I/O process dies, a new one takes "
+        "the running engines over and the workers start again on it (needs fixed addresses)",
+    )
     http = parser.add_argument_group("HTTP")
     http.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes (1)")
     http.add_argument("--host", default="127.0.0.1", help="address to serve on (127.0.0.1)")
@@ -84,6 +107,57 @@ def _say(line: str) -> None:
 def _note(message: str) -> None:
     sys.stderr.write(f"tsfront serve: {message}\n")
     sys.stderr.flush()
+
+
+def _start_workers(ctx, worker_main, opts, events, count: int, addresses: list) -> list:
+    procs = []
+    for index in range(count):
+        proc = ctx.Process(
+            target=worker_main,
+            args=(index, opts, events, addresses[index] if addresses else None),
+            name=f"tsfront-serve-{index}",
+        )
+        proc.start()
+        procs.append(proc)
+    return procs
+
+
+def _wait_ready(events, procs: list, io, stop: threading.Event, args, what: str = "ready") -> bool:
+    """Wait until every worker says ``what`` (listens, or re-attached); False if told to stop
+    meanwhile."""
+    deadline = time.monotonic() + args.handshake_timeout + READY_MARGIN_S
+    ready: dict[int, int] = {}
+    while len(ready) < len(procs):
+        if stop.is_set():
+            return False
+        if time.monotonic() > deadline:
+            raise Error("the workers did not attach and listen in time")
+        try:
+            kind, index, payload = events.get(timeout=_WATCH_S)
+        except queue.Empty:
+            if io is not None and not io.alive():
+                raise Error("the I/O process exited") from None
+            dead = [p.name for p in procs if p.exitcode is not None]
+            if dead:
+                raise Error(f"{dead[0]} exited before serving") from None
+            continue
+        if kind == "failed":
+            raise Error(f"worker {index} failed: {payload}")
+        if kind == what:
+            ready[index] = payload
+    return True
+
+
+def _stop_workers(procs: list) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+    limit = time.monotonic() + STOP_GRACE_S
+    for proc in procs:
+        proc.join(max(0.0, limit - time.monotonic()))
+        if proc.is_alive():
+            proc.kill()
+            proc.join(1.0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,11 +180,14 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--model {args.model}: {exc}") from None
     name = args.served_model_name or text.name
 
+    if args.state_dir is not None and args.attach is not None:
+        raise CommandError("--state-dir belongs to the I/O process: give it to `tsfront io`")
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()
     procs: list = []
+    addresses: list = []
     io = None
     reserved = None
     try:
@@ -121,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
                 first_engine_index=args.first_engine_index,
                 handshake_timeout=args.handshake_timeout,
                 max_workers=args.workers,
+                input_address=args.input_address,
+                output_address=args.output_address,
+                state_dir=args.state_dir,
             )
             io = IOProcess.start(config)
             address = io.address
@@ -141,31 +221,12 @@ def run(args: argparse.Namespace) -> int:
             address=address,
             attach_timeout=args.handshake_timeout + READY_MARGIN_S,
         )
-        for index in range(args.workers):
-            proc = ctx.Process(
-                target=worker_main, args=(index, opts, events), name=f"tsfront-serve-{index}"
-            )
-            proc.start()
-            procs.append(proc)
-        deadline = time.monotonic() + args.handshake_timeout + READY_MARGIN_S
-        ready: dict[int, int] = {}
-        while len(ready) < args.workers:
-            if stop.is_set():
-                return 0
-            if time.monotonic() > deadline:
-                raise Error("the workers did not attach and listen in time")
-            try:
-                kind, index, payload = events.get(timeout=_WATCH_S)
-            except queue.Empty:
-                if io is not None and not io.alive():
-                    raise Error("the I/O process exited") from None
-                dead = [p.name for p in procs if p.exitcode is not None]
-                if dead:
-                    raise Error(f"{dead[0]} exited before serving") from None
-                continue
-            if kind == "failed":
-                raise Error(f"worker {index} failed: {payload}")
-            ready[index] = payload
+        # With a state directory the workers outlive an I/O process: each gets its successor's
+        # address on a queue of its own.
+        addresses = [ctx.Queue() for _ in range(args.workers)] if args.state_dir else []
+        procs.extend(_start_workers(ctx, worker_main, opts, events, args.workers, addresses))
+        if not _wait_ready(events, procs, io, stop, args):
+            return 0
         reserved.close()
         reserved = None
         host = f"[{args.host}]" if ":" in args.host else args.host
@@ -173,7 +234,26 @@ def run(args: argparse.Namespace) -> int:
         _note(f"{args.workers} worker(s) serving {name!r}; SIGINT/SIGTERM stops")
         while not stop.wait(_WATCH_S):
             if io is not None and not io.alive():
-                raise Error("the I/O process exited; stopping")
+                if args.state_dir is None:
+                    raise Error("the I/O process exited; stopping (--state-dir restarts it)")
+                # A new I/O process on the same config and state directory takes the running
+                # engines over; the workers attach to it in place.
+                t0 = time.monotonic()
+                _note(
+                    f"the I/O process {io.pid} exited; starting a new one on {args.state_dir} "
+                    "(the engines keep running)"
+                )
+                io.stop()  # reap it
+                io = IOProcess.start(config)
+                for q in addresses:
+                    q.put(io.address)
+                if not _wait_ready(events, procs, io, stop, args, "reattached"):
+                    break
+                _note(
+                    f"I/O process {io.pid} took the engines over; {args.workers} worker(s) "
+                    f"re-attached {time.monotonic() - t0:.2f}s after the restart began"
+                )
+                continue
             dead = [p for p in procs if p.exitcode is not None]
             if dead and not stop.is_set():  # (a terminal's Ctrl-C also reaches the workers)
                 raise Error(f"{dead[0].name} exited with status {dead[0].exitcode}; stopping")
@@ -182,15 +262,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if reserved is not None:
             reserved.close()
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-        limit = time.monotonic() + STOP_GRACE_S
-        for proc in procs:
-            proc.join(max(0.0, limit - time.monotonic()))
-            if proc.is_alive():
-                proc.kill()
-                proc.join(1.0)
+        _stop_workers(procs)
+        for q in addresses:
+            q.close()
+            q.join_thread()
         if io is not None:
             io.stop()
         events.close()

@@ -6,7 +6,10 @@ the server's port with SO_REUSEPORT and serves the `ServeApp` with uvicorn (http
 parser, uvloop). It reports ``("ready", index, pid)`` or ``("failed", index, why)`` on the
 master's queue. SIGTERM ends it gracefully (uvicorn stops accepting, running requests get
 `GRACE_S`, then their handlers are cancelled, which aborts their engine requests); it dies
-with the master (PR_SET_PDEATHSIG) and stops by itself if its I/O process goes away.
+with the master (PR_SET_PDEATHSIG) and stops by itself if its I/O process goes away, unless
+the master restarts I/O processes (``tsfront serve --state-dir``): then it keeps serving (503
+meanwhile), waits for the new I/O process's address on its own queue, attaches to it and
+reports ``("reattached", index, pid)``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import queue
 import signal
 import socket
 import sys
@@ -65,7 +69,40 @@ def _die_with_parent() -> None:
         pass
 
 
-async def _serve(index: int, opts: WorkerOptions, events: Any) -> int:
+async def _reattach(
+    client: Any,
+    service: Any,
+    index: int,
+    opts: WorkerOptions,
+    events: Any,
+    addresses: Any,
+    server: Any,
+) -> Any:
+    """The I/O process is gone: attach to the one the master started instead (its address
+    comes on ``addresses``); the new client, or None if the worker is stopping."""
+    from tsfront.client import EngineClient
+
+    while not server.should_exit:
+        address = await asyncio.to_thread(_next_address, addresses)
+        if address is None:
+            continue
+        fresh = await EngineClient.attach(address, timeout=opts.attach_timeout)
+        service.client = fresh
+        await client.close()
+        events.put(("reattached", index, os.getpid()))
+        return fresh
+    return None
+
+
+def _next_address(addresses: Any) -> str | None:
+    # Bounded, so that a stopping worker never waits on the queue (and the thread ends).
+    try:
+        return addresses.get(timeout=_WATCH_S)
+    except queue.Empty:
+        return None
+
+
+async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = None) -> int:
     import uvicorn
 
     from tsfront.client import EngineClient
@@ -75,7 +112,8 @@ async def _serve(index: int, opts: WorkerOptions, events: Any) -> int:
 
     text = TextModel.load(opts.model)
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
-    app = ServeApp(OpenAIService(client, text, opts.model_name, index))
+    service = OpenAIService(client, text, opts.model_name, index)
+    app = ServeApp(service)
     config = uvicorn.Config(
         app,
         http="httptools",
@@ -97,8 +135,20 @@ async def _serve(index: int, opts: WorkerOptions, events: Any) -> int:
     sock = listening_socket(opts.host, opts.port, listen=True)
 
     async def watch_io() -> None:
-        while not client.closed:
-            await asyncio.sleep(_WATCH_S)
+        nonlocal client
+        while True:
+            while not client.closed:
+                await asyncio.sleep(_WATCH_S)
+            if addresses is None:
+                break
+            try:
+                fresh = await _reattach(client, service, index, opts, events, addresses, server)
+            except Exception as exc:  # the master hears of it and stops the server
+                events.put(("failed", index, f"re-attaching: {type(exc).__name__}: {exc}"))
+                break
+            if fresh is None:
+                return
+            client = fresh
         server.should_exit = True
 
     watcher = asyncio.ensure_future(watch_io())
@@ -111,7 +161,7 @@ async def _serve(index: int, opts: WorkerOptions, events: Any) -> int:
     return 1 if client.closed and not server.should_exit else 0
 
 
-def worker_main(index: int, opts: WorkerOptions, events: Any) -> None:
+def worker_main(index: int, opts: WorkerOptions, events: Any, addresses: Any = None) -> None:
     """Entry point of a spawned worker process."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the master, which stops us
@@ -121,7 +171,7 @@ def worker_main(index: int, opts: WorkerOptions, events: Any) -> None:
     import uvloop
 
     try:
-        code = uvloop.run(_serve(index, opts, events))
+        code = uvloop.run(_serve(index, opts, events, addresses))
     except BaseException as exc:
         events.put(("failed", index, f"{type(exc).__name__}: {exc}"))
         code = 1

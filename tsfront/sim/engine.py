@@ -94,6 +94,9 @@ class EngineOptions:
     ``token_fn``). Either refuses (terminal ``"abort"``) an ADD without a ``bootstrap_room``.
     ``prefill_abort`` makes a prefill rank end every request with ``"abort"`` instead (a
     failed KV transfer).
+    ``input_reconnect_ms`` sets the input DEALER's reconnect interval (``ZMQ_RECONNECT_IVL``;
+    ``None``: ZeroMQ's 100 ms, as the engine), so that after a frontend restart the input
+    can come back well after the output PUSH (which keeps the default).
     """
 
     step_ms: float = 2.0
@@ -122,6 +125,7 @@ class EngineOptions:
     exit_after_steps: int | None = None
     silent_after_steps: int | None = None
     handshake_timeout_s: float = 600.0
+    input_reconnect_ms: int | None = None
     hard_exit: bool = False
     disaggregation_mode: str | None = None
     prefill_abort: bool = False
@@ -403,6 +407,8 @@ class SimEngine:
         # Watch the input connection so the rank can say when its frontend goes away.
         self._frontend = inp.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         sockets.insert(0, self._frontend)
+        if self.options.input_reconnect_ms is not None:
+            inp.setsockopt(zmq.RECONNECT_IVL, self.options.input_reconnect_ms)
         inp.connect(inputs[0])
         inp.send(
             encode_registration(

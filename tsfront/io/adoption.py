@@ -1,0 +1,108 @@
+"""Adoption: a new I/O process takes over the engines its predecessor registered.
+
+An I/O process started with a state directory (`tsfront.io.state`) that holds registrations
+of its group binds the same addresses and loads them; each such engine is *adopting*
+(HANDSHAKING in the engine table, its registration known) until its output PUSH reconnects
+(``ACCEPTED`` on that rank's PULL monitor), when it is LIVE again, with the usual heartbeat
+from then on. Its input DEALER reconnects on its own too, perhaps a little later: until a
+send to it first succeeds, an unreachable input queues the request (bounded by
+``send_timeout``) instead of declaring the engine dead. An engine that says HELLO instead (it
+was restarted in the gap) runs the normal handshake, which drops its saved registration. Each
+rank goes its own way.
+
+The group is *ready* (workers get the engine list) as soon as one engine is live: ranks still
+coming back show as HANDSHAKING and take no requests until they are. ``handshake_timeout``
+after the start, an adopted engine that has not come back, or a rank that never registered,
+is declared dead (and its registration dropped); if by then no engine is live, the start
+fails as a normal handshake would.
+
+Orphans: rows of an adopted engine process for rids this I/O process never bound are
+requests of its predecessor, still decoding. Each such rid (its row not a finishing one) is
+aborted on that engine once and remembered with the other aborts of that engine
+(`tsfront.aborts.RecentAborts`), so that an ADD reusing it within the engine's 300 s abort
+memory is refused with `StreamRejected` instead of being dropped by the engine unanswered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from tsfront.errors import WireDecodeError
+from tsfront.io.engines import Engine
+from tsfront.io.state import SavedEngine
+from tsfront.region import ENGINE_ABSENT, ENGINE_HANDSHAKING, ENGINE_LIVE
+from tsfront.wire import decode_output
+
+if TYPE_CHECKING:
+    from tsfront.io.loop import IOLoop
+
+log = logging.getLogger("tsfront.io")
+
+
+def load(loop: IOLoop, saved: list[SavedEngine]) -> None:
+    """Mark each saved engine adopting, with its saved registration."""
+    for s in saved:
+        engine = loop.engines[s.row]
+        engine.registration = s.registration
+        engine.state = ENGINE_HANDSHAKING
+        engine.adopting = engine.adopted = engine.input_pending = True
+        loop.adopting = True
+        log.info("engine %d (rank %d): registration loaded, waiting for it", s.index, s.row)
+
+
+def on_accepted(loop: IOLoop, engine: Engine) -> None:
+    """The engine's output connection came back: it is live again."""
+    engine.adopting = False
+    engine.state = ENGINE_LIVE
+    engine.dead_reason = ""
+    loop.dirty.add(engine.row)
+    log.warning("engine %d (rank %d) reconnected: taken over", engine.index, engine.row)
+    loop._engine_live(engine)
+
+
+def expire(loop: IOLoop) -> None:
+    """``handshake_timeout`` has passed since the start: the ranks not back are dead."""
+    loop.adopting = False
+    for engine in loop.engines:
+        if engine.adopting or engine.state == ENGINE_ABSENT:
+            engine.adopting = False
+            why = (
+                f"did not come back within handshake_timeout={loop.config.handshake_timeout}s "
+                "after the I/O process restarted"
+            )
+            loop._kill(engine, why)
+            loop._forget_registration(engine)
+    if loop.state == "handshaking":
+        if any(e.state == ENGINE_LIVE for e in loop.engines):
+            loop.state = "ready"
+            loop._broadcast({"op": "engines", "engines": loop._engine_infos()})
+        else:
+            loop._fail_handshake()
+
+
+def orphans(loop: IOLoop, engine: Engine, frame: bytes) -> None:
+    """Abort, once each, the rids of ``frame`` (from an adopted engine) that we never bound."""
+    try:
+        batch = decode_output(frame)
+    except WireDecodeError:
+        return  # the native decoder took it; nothing more to learn here
+    rids = getattr(batch, "rids", None)
+    if not rids:
+        return
+    now = time.monotonic()
+    known: set[bytes] | None = None
+    for rid, reason in zip(rids, batch.finished_reasons, strict=False):
+        if reason or not isinstance(rid, str):
+            continue  # ended on the engine already: nothing to stop
+        key = rid.encode("utf-8", "surrogatepass")
+        if engine.aborted.age(key, now) is not None:
+            continue  # aborted already (by a worker of ours, or as an orphan)
+        if known is None:
+            known = {r.rid for r in loop.records.values()}
+        if key in known:
+            continue
+        loop._count("orphan_aborts")
+        log.info("engine %d: aborting orphan %r of the previous I/O process", engine.index, rid)
+        loop._queue_abort(engine, key)
