@@ -93,6 +93,7 @@ def test_io_state_dir_with_an_ephemeral_port_is_one_line(tmp_path: Path) -> None
     result = run_tsfront(
         "io", "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1", "--state-dir", str(tmp_path)
     )
-    assert result.returncode == 1
+    assert result.returncode == 2  # a command line that cannot work, as every such refusal
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and "state_dir needs fixed addresses" in lines[0], lines
+    assert "see 'tsfront io --help'" in lines[0], lines

@@ -223,7 +223,7 @@ class IOLoop:
         # taken over from a predecessor may still come back (tsfront.io.adoption).
         self.state_dir = StateDir(config) if config.state_dir else None
         self.adopting = False
-        self.serving = False
+        self.running = False  # the loop has started serving (a stop may clear state_dir)
 
     # ------------------------------------------------------------------ setup
 
@@ -312,7 +312,7 @@ class IOLoop:
         monitors = self.monitor_engine
         listener_fd = self._listener.fileno()
         writer = self.writer
-        self.serving = True
+        self.running = True
         while True:
             events = poll(self._timeout_ms())
             for sock, _ in events:
@@ -1150,7 +1150,7 @@ class IOLoop:
         to a successor, e.g. for an upgrade); a start that failed never touches them.
         """
         if self.state_dir is not None:
-            if self.serving and not keep_state:
+            if self.running and not keep_state:
                 try:
                     self.state_dir.clear()
                 except OSError as exc:
