@@ -97,7 +97,11 @@ def stop(proc: subprocess.Popen) -> int | None:
         code = proc.wait(20)
     except subprocess.TimeoutExpired:
         code = None
-    left = serve_children(proc.pid)
+    # What outlives the master must leave by itself soon after (a child still exiting is not
+    # left behind); anything still there after the deadline is.
+    deadline = time.monotonic() + 10
+    while (left := serve_children(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
