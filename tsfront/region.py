@@ -57,7 +57,6 @@ METRICS_OFFSET = 64
 # (the native counters above use offsets 64..; the header is 4 KiB):
 #   handler_errors      frames or events whose handler raised something unexpected (the frame
 #                       was dropped, the loop kept serving; each is logged, rate-limited)
-#   bad_load_tails      load tails outside 0..2^32-1 (ignored; the rows were applied)
 #   output_disconnects  connections lost on the engines' output PULLs
 #   stale_disconnects   of those, connections of an engine's earlier process (never a death)
 #   reused_rids         ADDs refused because the rid was aborted on that engine < 300 s ago
@@ -65,7 +64,6 @@ METRICS_OFFSET = 64
 #                       took over, aborted there (once each; see tsfront.io.adoption)
 IO_METRICS = (
     "handler_errors",
-    "bad_load_tails",
     "output_disconnects",
     "stale_disconnects",
     "reused_rids",

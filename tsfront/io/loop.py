@@ -423,11 +423,7 @@ class IOLoop:
                     adoption.orphans(self, engine, frame)
                 self.dirty.add(engine.row)
                 if kv_total:
-                    # The engine table holds u32 words: a tail outside that range is a lie
-                    # (or a bug) we neither store nor route on; the rows stand.
-                    if (running | waiting | kv_active | kv_total) >> 32:
-                        self._bad_tail(engine, (running, waiting, kv_active, kv_total))
-                        continue
+                    # In u32: the native decoder refuses a frame whose load tail is not.
                     engine.tail = (running, waiting, kv_active, kv_total)
                     engine.tail_at = time.monotonic()
                     engine.in_flight_at_tail = engine.in_flight
@@ -435,15 +431,6 @@ class IOLoop:
                 self.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
             except Exception as exc:
                 self._handler_failed(f"engine {engine.index}: output frame", exc)
-
-    def _bad_tail(self, engine: Engine, tail: tuple[int, int, int, int]) -> None:
-        self._count("bad_load_tails")
-        self.warn(
-            "bad-tail",
-            "engine %d: ignored a load tail outside 0..2^32-1: %r",
-            engine.index,
-            tail,
-        )
 
     # ------------------------------------------------------------------ submissions
 
