@@ -42,10 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heap-streams", type=int, help="in-flight streams for the heap figure")
     parser.add_argument("--no-uvloop", action="store_true", help="asyncio's default loop")
     parser.add_argument("--out", help="also write the full report (JSON) to this file")
-    from tsfront.bench import routing, serve
+    from tsfront.bench import routing, serve, smg
 
     serve.add_arguments(parser)
     routing.add_arguments(parser)
+    smg.add_arguments(parser)
 
 
 def params_from(args: argparse.Namespace) -> Params:

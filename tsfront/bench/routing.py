@@ -522,11 +522,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--routing-concurrency", type=int, help="routing: conversations at once")
     g.add_argument("--kv-pages", type=int, help="routing: KV (and prefix cache) pages per rank")
     g.add_argument("--seed", type=int, help="routing: trace seed")
-    # Another suite may define these with the same meaning: add them only once.
-    if "--smg" not in parser._option_string_actions:
-        g.add_argument("--smg", help="the smg executable (default: .smg-venv/bin/smg, PATH)")
-    if "--no-smg" not in parser._option_string_actions:
-        g.add_argument("--no-smg", action="store_true", help="do not run SMG")
 
 
 def run_cli(args: argparse.Namespace) -> int:

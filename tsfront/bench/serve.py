@@ -431,8 +431,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stacks",
         help="also measure these HTTP stacks at W=1, comma-separated: granian,aiohttp",
     )
-    g.add_argument("--smg", help="the smg executable (default: .smg-venv/bin/smg, then PATH)")
-    g.add_argument("--no-smg", action="store_true", help="do not measure SMG")
     g.add_argument("--repeat", type=int, help="measure every target this many times (1)")
 
 

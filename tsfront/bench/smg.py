@@ -8,13 +8,21 @@ between runs), its ranks dialling the handshake port it derives from its worker 
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import socket
 import subprocess
 from pathlib import Path
 
-__all__ = ["find_smg", "free_port", "handshake_port", "launch_command"]
+__all__ = ["add_arguments", "find_smg", "free_port", "handshake_port", "launch_command"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--smg`` / ``--no-smg``, shared by every suite that compares against SMG."""
+    g = parser.add_argument_group("SMG baseline (bench serve, bench routing)")
+    g.add_argument("--smg", help="the smg executable (default: .smg-venv/bin/smg, then PATH)")
+    g.add_argument("--no-smg", action="store_true", help="do not run SMG")
 
 
 def find_smg(explicit: str | None) -> str | None:
