@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 
-from tsfront import _native
+from tsfront import _native, heap
 from tsfront.config import ClientConfig
 from tsfront.io.loop import IOLoop, Stop
 from tsfront.io.process import ignore_sigint
@@ -75,6 +75,7 @@ def main() -> int:
             loop.close()
         return 2
     print(json.dumps(addresses), flush=True)
+    heap.settle()
     handover = False
     try:
         loop.run()

@@ -105,6 +105,7 @@ def _next_address(addresses: Any) -> str | None:
 async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = None) -> int:
     import uvicorn
 
+    from tsfront import heap
     from tsfront.client import EngineClient
     from tsfront.serve.api import OpenAIService
     from tsfront.serve.asgi import ServeApp
@@ -114,6 +115,7 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
     service = OpenAIService(client, text, opts.model_name, index)
     app = ServeApp(service)
+    heap.settle()
     config = uvicorn.Config(
         app,
         http="httptools",
