@@ -2,7 +2,8 @@
 
 A short run (one worker, 64 requests of 64 tokens, SMG left out): every target's CPU per
 token, tokens/s and TTFT are finite and positive, every requested token was streamed, and the
-CPU is split over the server's process roles. Figures are never judged (the machine running
+CPU is split over the server's process roles, and the send floor is measured before and after
+the targets. Figures are never judged (the machine running
 the tests is not the one the goals are set for). About 10 s.
 """
 
@@ -30,3 +31,7 @@ def test_bench_serve_reports_every_figure() -> None:
     roles = target["extra"]["us_per_token_by_process"]
     assert {"I/O process", "worker", "master"} <= set(roles)
     assert report["skipped"] == ["SMG: --no-smg"]
+    floor = report["floor"]
+    assert len(floor["runs"]) == 2  # before and after the targets
+    assert math.isfinite(floor["us_per_event"]) and floor["us_per_event"] > 0
+    assert all(run["events"] > 0 and run["connections"] == 64 for run in floor["runs"])

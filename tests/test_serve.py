@@ -69,7 +69,7 @@ class Served:
         return sum(e["in_flight"] for e in body["engines"])
 
 
-def start_served(model_dir: str, workers: int, **sim: object) -> Served:
+def start_served(model_dir: str, workers: int, context: int = CONTEXT, **sim: object) -> Served:
     server = ServeProcess(
         [
             "--model",
@@ -89,7 +89,7 @@ def start_served(model_dir: str, workers: int, **sim: object) -> Served:
     group = None
     try:
         handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(handshake, 2, token_fn=token_fn, max_model_len=CONTEXT, **sim).start()
+        group = SimGroup(handshake, 2, token_fn=token_fn, max_model_len=context, **sim).start()
         url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
     except BaseException:
         server.stop()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tsfront import region
@@ -211,6 +212,7 @@ class RequestStream:
         "_done",
         "_error",
         "_pending",
+        "_sink",
         "_slot",
         "_ticket",
         "_waiter",
@@ -232,11 +234,32 @@ class RequestStream:
         self._done = False  # no more input from the slot
         self._error: StreamError | None = None
         self._deadline: float | None = None  # seconds, as given (set by the attachment)
+        self._sink: Callable[[list[int]], bool] | None = None
 
     # -- fed by the attachment ------------------------------------------------------------
 
     def _deliver(self, update: tuple) -> None:
         _local, tokens, lp_val, lp_idx, finish, prompt, completion, cached, engine = update
+        sink = self._sink
+        if (
+            sink is not None
+            and tokens
+            and not finish
+            and lp_val is None
+            and not self._pending
+            and not self._done
+            and self._waiter is not None
+            and not self._waiter.done()
+        ):
+            # The reader is parked with nothing unread: plain tokens may go straight to the
+            # sink (see `set_sink`), in the worker's drain, with no chunk and no task switch.
+            self.engine_index = engine
+            try:
+                if sink(tokens):
+                    return
+            except Exception:
+                log.exception("stream %r: its sink failed; the reader takes its tokens", self.rid)
+                self._sink = None
         local_end = finish >= region.FIN_ENGINE_DEAD
         if local_end and not tokens:
             self._fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
@@ -338,6 +361,25 @@ class RequestStream:
                 raise
             finally:
                 self._waiter = None
+
+    def set_sink(self, sink: Callable[[list[int]], bool] | None) -> None:
+        """Offer plain tokens to ``sink`` as they arrive, before the reader sees them.
+
+        While the reader is parked in ``async for`` / ``__anext__`` with nothing unread, each
+        update that carries tokens and nothing else (no finish reason, no logprobs, no error)
+        is passed to ``sink(token_ids)`` synchronously, in the worker's drain of its shared
+        memory. If it returns True it has consumed them: they never become an `OutputChunk`
+        and the reader stays parked. If it returns False they take the usual way (a chunk
+        for the reader). Everything else (the last chunk, errors, logprobs, tokens that
+        arrive while the reader is busy) always takes the usual way, so a reader that handles
+        every chunk itself stays correct whatever the sink does.
+
+        This is the streaming server's hot path: ``tsfront serve`` writes a token's SSE event
+        from the sink, with no task switch per token. A sink must be quick, must not block,
+        and must not raise after it has consumed the tokens (an exception is logged, the sink
+        dropped, and the tokens go to the reader). ``None`` removes it.
+        """
+        self._sink = sink
 
     @property
     def finished(self) -> bool:

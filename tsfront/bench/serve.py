@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -55,13 +55,14 @@ class ServeParams:
     requests: int = 1024
     warmup_requests: int = 64
     stacks: tuple[str, ...] = ()
+    floor_events: int = 32_000  # loopback sends for the send floor (tsfront.bench.floor)
     smg: str | None = None  # None: look for it; "": do not measure it
     repeat: int = 1
 
     @classmethod
     def quick(cls) -> ServeParams:
         """A run of a few seconds per target."""
-        return cls(requests=256, warmup_requests=32)
+        return cls(requests=256, warmup_requests=32, floor_events=8_000)
 
 
 @dataclass
@@ -209,8 +210,12 @@ def _wait_http(url: str, model: str, timeout: float) -> None:
 
 @contextlib.contextmanager
 def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[tuple[str, int]]:
-    if stack == "uvicorn":
+    env = None
+    if stack in ("uvicorn", "pull"):
         cmd = [sys.executable, "-m", "tsfront", "serve", "--workers", str(workers)]
+        if stack == "pull":
+            # The server without its hot path (every event through the response's task).
+            env = {**os.environ, "TSFRONT_SERVE_PUSH": "0"}
     else:
         cmd = [sys.executable, "-m", "tsfront.bench.stacks", "--stack", stack]
     cmd += [
@@ -225,7 +230,7 @@ def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[t
         "--handshake-timeout",
         "60",
     ]
-    server = _Proc(cmd)
+    server = _Proc(cmd, env=env)
     sim = None
     try:
         handshake = server.line(r"^handshake: (\S+)", _READY_S).group(1)
@@ -353,6 +358,7 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
             skipped.append("SMG: not installed (pip install tokenspeed-smg into .smg-venv)")
         else:
             targets.append(("SMG gateway", None))
+        floors = [_floor(p, say)]
         for _ in range(p.repeat):
             for name, how in targets:
                 say(f"bench serve: {name} ...")
@@ -379,9 +385,26 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
                     )
                 )
                 results.append(fig)
+        floors.append(_floor(p, say))
     report = {"targets": [asdict(f) for f in results], "skipped": skipped}
     report["ratios"] = _ratios(results)
+    report["floor"] = {
+        "us_per_event": statistics.median(f["us_per_event"] for f in floors),
+        "runs": floors,
+    }
     return report
+
+
+def _floor(p: ServeParams, say: Callable[[str], None]) -> dict:
+    # Before and after the targets: the machine's state moves during a run.
+    from tsfront.bench.floor import measure_floor
+
+    fig = measure_floor(p.concurrency, p.floor_events, p.step_ms)
+    say(
+        f"bench serve: send floor: {fig['us_per_event']:.1f} us CPU per event "
+        f"({fig['sys_us_per_event']:.1f} in the kernel; {fig['connections']} loopback clients)"
+    )
+    return fig
 
 
 def _ratios(results: list[Figures]) -> dict:
@@ -416,6 +439,12 @@ def print_table(report: dict) -> None:
         )
     for name, value in report["ratios"].items():
         print(f"- {name}: {value:.2f}")
+    floor = report.get("floor")
+    if floor:
+        print(
+            f"- send floor (one loopback TCP send per event, tsfront.bench.floor): "
+            f"{floor['us_per_event']:.1f} µs CPU per event"
+        )
     for why in report["skipped"]:
         print(f"- skipped: {why}")
 
@@ -429,7 +458,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--step-ms", type=float, help="simulated engine step (2)")
     g.add_argument(
         "--stacks",
-        help="also measure these HTTP stacks at W=1, comma-separated: granian,aiohttp",
+        help="also measure these HTTP stacks at W=1, comma-separated: granian,aiohttp; "
+        "'pull' is tsfront serve without its push path (TSFRONT_SERVE_PUSH=0)",
     )
     g.add_argument("--repeat", type=int, help="measure every target this many times (1)")
 

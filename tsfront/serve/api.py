@@ -21,7 +21,7 @@ import itertools
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -36,6 +36,7 @@ from tsfront.errors import (
     StreamError,
 )
 from tsfront.serve.formats import ChatFormat, CompletionFormat, Format
+from tsfront.serve.push import Pusher
 from tsfront.serve.schema import ChatRequest, CompletionRequest
 from tsfront.stream import OutputChunk, RequestStream
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
@@ -64,6 +65,10 @@ _SAMPLING_FIELDS = (
     "repetition_penalty",
 )
 _DONE = b"data: [DONE]\n\n"
+
+#: The streamed hot path (tsfront/serve/push.py); ``TSFRONT_SERVE_PUSH=0`` turns it off, to
+#: measure what it saves (``tsfront bench serve --stacks pull``) or to rule it out.
+_PUSH = os.environ.get("TSFRONT_SERVE_PUSH", "1") != "0"
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 # The API's names for the engine fields a refusal names (others pass through as they are).
@@ -99,13 +104,20 @@ class SSEReply:
     Closing the iterator early (``aclose``) aborts every engine request still running.
     """
 
-    __slots__ = ("events",)
+    __slots__ = ("events", "push")
 
     status = 200
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
-    def __init__(self, events: AsyncIterator[bytes]) -> None:
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        push: Callable[[Callable[[dict[str, Any]], Awaitable[None]]], Pusher] | None = None,
+    ) -> None:
         self.events = events
+        #: For a response that can take the hot path: given the ASGI ``send`` (after the
+        #: response start), installs and returns the `Pusher` of its one choice.
+        self.push = push
 
 
 class ApiError(Exception):
@@ -172,6 +184,11 @@ class _Choice:
         self.cached = 0
         self.finish: str | None = None
         self.logprobs: list[tuple[int, float]] | None = None
+
+    def plain(self, tokens: list[int]) -> str:
+        """The text of tokens that end nothing (no finish reason; no stop strings to match)."""
+        self.tokens += len(tokens)
+        return self.detok.step(tokens)
 
     def text(self, chunk: OutputChunk) -> str:
         """The new text of ``chunk`` (after stop matching); sets ``finish`` on the last one."""
@@ -492,7 +509,16 @@ class OpenAIService:
                 ch.stream.abort()
             raise
         if len(choices) == 1:
-            return SSEReply(self._one(plan, fmt, choices[0], first, whole=True))
+            ch = choices[0]
+            push = None
+            if ch.stop is None and not plan.logprobs and _PUSH:
+
+                def push(send: Callable[[dict[str, Any]], Awaitable[None]]) -> Pusher:
+                    pusher = Pusher(ch.plain, fmt.head(ch.index), fmt.tail, send)
+                    ch.stream.set_sink(pusher)
+                    return pusher
+
+            return SSEReply(self._one(plan, fmt, ch, first, whole=True), push)
         return SSEReply(self._events(plan, fmt, choices, first))
 
     async def _submit(self, plan: _Plan) -> list[_Choice]:
@@ -641,6 +667,7 @@ class OpenAIService:
         finally:
             if whole:
                 stream.abort()
+                stream.set_sink(None)  # the sink refers back to this choice
         if whole:
             if plan.include_usage:
                 yield fmt.usage_event([ch])

@@ -142,15 +142,24 @@ class ServeApp:
 
         watcher.add_done_callback(on_disconnect)
         reply = None
+        pusher = None
         try:
             handler = service.completions if route == "completions" else service.chat
             reply = await handler(body)
             if type(reply) is SSEReply:
                 await send({"type": "http.response.start", "status": 200, "headers": reply.headers})
+                if reply.push is not None:
+                    # Plain tokens are now written from the worker's drain (serve/push.py);
+                    # this loop sends the rest, after any pushed send still in flight.
+                    pusher = reply.push(send)
                 message = {"type": "http.response.body", "body": b"", "more_body": True}
                 async for event in reply.events:
+                    if pusher is not None:
+                        await pusher.settle()
                     message["body"] = event
                     await send(message)
+                if pusher is not None:
+                    await pusher.settle()
                 await send(_END)
             else:
                 await _send_reply(send, reply)
@@ -169,6 +178,8 @@ class ServeApp:
         finally:
             state[0] = True
             watcher.cancel()
+            if pusher is not None:
+                pusher.cancel()
             if type(reply) is SSEReply:
                 await reply.events.aclose()
 
