@@ -55,7 +55,7 @@ class Region:
 
     def bind(self, rid: str, slot: int, ticket: int) -> None:
         self.reader.expect(slot, ticket)
-        assert self.writer.bind(rid.encode(), slot, ticket, False, FIN_DUPLICATE)
+        assert self.writer.bind(rid.encode(), slot, ticket, False, FIN_DUPLICATE, 0)
 
     def drain(self) -> tuple[list[int], int, int]:
         """Poll and flush until nothing moves: (tokens, finish, updates) of local slot 0."""
@@ -192,7 +192,7 @@ def test_every_slot_draining_its_spill_and_its_end_in_one_flush():
     readers = [r.reader, _native.Reader(r.map, 1, WORKERS, SPW, CAP, ENGINES)]
     for slot in range(total):
         readers[slot // SPW].expect(slot % SPW, slot + 1)
-        assert r.writer.bind(f"s{slot}".encode(), slot, slot + 1, False, FIN_DUPLICATE)
+        assert r.writer.bind(f"s{slot}".encode(), slot, slot + 1, False, FIN_DUPLICATE, 0)
     r.writer.ingest(frame([(f"s{slot}", list(range(CAP + 3)), "stop") for slot in range(total)]))
     assert r.writer.spilling() == total
     got = {slot: [] for slot in range(total)}

@@ -100,7 +100,8 @@ def orphans(loop: IOLoop, engine: Engine, frame: bytes) -> None:
         if engine.aborted.age(key, now) is not None:
             continue  # aborted already (by a worker of ours, or as an orphan)
         if known is None:
-            known = {r.rid for r in loop.records.values()}
+            # Bound here to another engine is not ours on this one: the predecessor sent it.
+            known = {r.rid for r in loop.records.values() if r.engine is engine}
         if key in known:
             continue
         loop._count("orphan_aborts")
