@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from tsfront import WireDecodeError, _native
-from tsfront.wire import BatchTokenIDOutSlim, encode_output
+from tsfront.wire import BatchTokenIDOutSlim, decode_output, encode_output
 
 WORKERS, SPW, CAP, ENGINES = 2, 8, 8, 4
 FIN_DUPLICATE = 18
@@ -181,6 +181,17 @@ def test_a_frame_with_more_than_the_row_limit_is_refused():
     r = Region()
     with pytest.raises(WireDecodeError, match="more rows than a frame may carry"):
         r.writer.ingest(data)
+
+
+def test_a_whole_frame_of_one_row_more_than_the_limit_is_refused_by_both_decoders():
+    # Every column as long as rids (8 MiB), so that only the row limit can refuse it.
+    n = 2**20 + 1
+    cols = [[""] * n, [[]] * n, [""] * n, [0] * n, [0] * n, [0] * n, [[]] * n, [[]] * n]
+    data = msgspec.msgpack.encode(["BatchTokenIDOutSlim", *cols, 0])
+    with pytest.raises(WireDecodeError, match="more rows than a frame may carry"):
+        Region().writer.ingest(data)
+    with pytest.raises(WireDecodeError, match="length <= 1048576"):
+        decode_output(data)
 
 
 def test_every_slot_draining_its_spill_and_its_end_in_one_flush():
