@@ -27,7 +27,7 @@ def bound(request):
     reader = _native.Reader(mem, 0, 1, rows, RING, 1)
     rids = make_rids("core", rows)
     for i, rid in enumerate(rids):
-        writer.bind(rid.encode(), i, i + 1, False, 18)
+        writer.bind(rid.encode(), i, i + 1, False, 18, 0)
         reader.expect(i, i + 1)
     frame = build_frames(rids, 0).running[0]
     yield rows, writer, reader, frame

@@ -17,7 +17,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define ABI_VERSION 2 /* 2: worker_ctl_t.rescan */
+#define ABI_VERSION 3 /* 2: worker_ctl_t.rescan; 3: Writer.bind takes the engine index */
 #define REGION_MAGIC 0x74736672696e6731ULL /* "tsfring1" */
 #define HEADER_BYTES 4096
 #define ENGINE_BYTES 64

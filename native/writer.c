@@ -2,7 +2,8 @@
  * writer.c: the I/O process's side of the slot region (tsfront._native.Writer).
  *
  * `ingest` decodes each BatchTokenIDOutSlim frame (frame.c, pass 1), then applies it (pass 2):
- * maps each rid to its slot (ridmap.c), appends the delta tokens to the slot's ring (spilling
+ * maps each rid to its slot (ridmap.c) if the rid was sent to the engine whose socket the frame
+ * came from, appends the delta tokens to the slot's ring (spilling
  * to private memory when a reader lags), queues the slot on its worker's notify ring once, and
  * `wake` writes a worker's eventfd only if that worker has published that it is parked.
  */
@@ -34,6 +35,10 @@ typedef struct {
     PyObject_HEAD region_t r;
     uint32_t total_slots;
     ridmap_t rids;
+    /* per slot: the engine its bound rid was sent to (-1: none). A row is applied only from
+     * that engine's socket, so one engine (or a peer on its output port) cannot write into
+     * another engine's streams. */
+    int32_t *owner;
     /* per-slot spill, list of slots that have one */
     spill_t *spill;
     uint32_t *spill_list;
@@ -65,6 +70,7 @@ static void writer_dealloc(Writer *self) {
         }
     }
     ridmap_free(&self->rids);
+    free(self->owner);
     free(self->spill);
     free(self->spill_list);
     free(self->frame.rows);
@@ -97,6 +103,7 @@ static int writer_init(Writer *self, PyObject *args, PyObject *kw) {
     }
     self->total_slots = (uint32_t)total;
     int map_ok = ridmap_init(&self->rids, self->total_slots) == 0;
+    self->owner = malloc(total * sizeof(int32_t));
     self->spill = calloc(total, sizeof(spill_t));
     self->spill_list = calloc(total, sizeof(uint32_t));
     self->touched = calloc(total, sizeof(uint32_t));
@@ -106,13 +113,14 @@ static int writer_init(Writer *self, PyObject *args, PyObject *kw) {
     self->worker_touched = calloc(w, 1);
     self->touched_workers = calloc(w, sizeof(uint32_t));
     self->pending_head = calloc(w, sizeof(uint64_t));
-    if (!map_ok || !self->spill || !self->spill_list ||
+    if (!map_ok || !self->owner || !self->spill || !self->spill_list ||
         !self->touched || !self->wake_fd || !self->worker_touched || !self->touched_workers ||
         !self->pending_head || !self->touched_mark || !self->tail_seen) {
         PyErr_NoMemory();
         return -1;
     }
     for (uint32_t i = 0; i < w; i++) self->wake_fd[i] = -1;
+    for (uint32_t i = 0; i < self->total_slots; i++) self->owner[i] = -1;
     memset(self->r.base + HEADER_BYTES, 0, self->r.l.slots_off - HEADER_BYTES);
     return 0;
 }
@@ -224,9 +232,15 @@ static PyObject *writer_bind(Writer *self, PyObject *args) {
     unsigned long long ticket;
     int with_logprobs;
     unsigned int dup_code;
-    if (!PyArg_ParseTuple(args, "y#LKpI", &rid, &rid_len, &slot, &ticket, &with_logprobs, &dup_code))
+    int engine_index;
+    if (!PyArg_ParseTuple(args, "y#LKpIi", &rid, &rid_len, &slot, &ticket, &with_logprobs,
+                          &dup_code, &engine_index))
         return NULL;
     if (!slot_in_range(self, slot)) return NULL;
+    if (engine_index < -1 || engine_index > FRAME_MAX_ENGINE_INDEX) {
+        PyErr_Format(PyExc_ValueError, "engine_index %d out of range [-1, 65535]", engine_index);
+        return NULL;
+    }
     if (ticket == 0) {
         PyErr_SetString(PyExc_ValueError, "ticket 0 is reserved");
         return NULL;
@@ -257,6 +271,7 @@ static PyObject *writer_bind(Writer *self, PyObject *args) {
     }
     if (ridmap_insert(&self->rids, (const uint8_t *)rid, (uint32_t)rid_len, s) < 0)
         return PyErr_NoMemory();
+    self->owner[s] = engine_index;
     Py_RETURN_TRUE;
 }
 
@@ -432,8 +447,10 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
     for (uint32_t i = 0; i < nrows; i++) {
         row_t *row = &self->frame.rows[i];
         int64_t bound = ridmap_lookup(&self->rids, row->rid, row->rid_len);
-        if (bound < 0) {
-            unknown++; /* aborted locally, or not ours: the engine may still be flushing it */
+        if (bound < 0 || self->owner[bound] != (int32_t)default_index) {
+            /* Aborted locally, or not ours (the engine may still be flushing it), or sent to
+             * another engine: a row from this socket never touches that engine's stream. */
+            unknown++;
             continue;
         }
         uint32_t slot = (uint32_t)bound;
@@ -637,8 +654,10 @@ static PyObject *writer_stats(Writer *self, PyObject *unused) {
 
 static PyMethodDef writer_methods[] = {
     {"bind", (PyCFunction)writer_bind, METH_VARARGS,
-     "bind(rid: bytes, slot, ticket, with_logprobs, dup_code) -> bool\n\nActivate a slot for a "
-     "request. False (and the slot finished with dup_code) if the rid is already bound."},
+     "bind(rid: bytes, slot, ticket, with_logprobs, dup_code, engine_index) -> bool\n\nActivate "
+     "a slot for a request sent to engine engine_index (-1: none): ingest applies its rows only "
+     "from that engine's socket. False (and the slot finished with dup_code) if the rid is "
+     "already bound."},
     {"unbind", (PyCFunction)writer_unbind, METH_O,
      "unbind(slot) -> bool: forget the slot's request (its worker aborted it)."},
     {"finish", (PyCFunction)writer_finish, METH_VARARGS,
@@ -646,8 +665,9 @@ static PyMethodDef writer_methods[] = {
     {"ingest", (PyCFunction)(void (*)(void))writer_ingest, METH_FASTCALL,
      "ingest(frame, engine_index=0) -> (engine_index, running, waiting, kv_active, kv_total, "
      "rows, unknown, finished_slots) | None\n\nApply one output frame; None for "
-     "ENGINE_CORE_DEAD. engine_index is the engine whose socket it came from, used when the "
-     "frame does not say (the 9-element form)."},
+     "ENGINE_CORE_DEAD. engine_index is the engine whose socket it came from: a row whose rid "
+     "was bound to another engine counts as unknown; also the index reported when the frame "
+     "does not say (the 9-element form)."},
     {"flush_spills", (PyCFunction)writer_flush_spills, METH_NOARGS,
      "flush_spills() -> int: move spilled tokens into rings with room; slots still spilling."},
     {"set_worker_fd", (PyCFunction)writer_set_worker_fd, METH_VARARGS,

@@ -43,11 +43,12 @@ class Region:
         self.reader = _native.Reader(self.map, 0, workers, spw, cap, engines)
         self.ticket = 0
 
-    def bind(self, rid: str, slot: int, *, logprobs: bool = False) -> int:
-        """Bind as a worker submission does: the reader expects first, then the writer binds."""
+    def bind(self, rid: str, slot: int, *, logprobs: bool = False, engine: int = 0) -> int:
+        """Bind as a worker submission does: the reader expects first, then the writer binds
+        (the request sent to ``engine``)."""
         self.ticket += 1
         self.reader.expect(slot, self.ticket)
-        assert self.writer.bind(rid.encode(), slot, self.ticket, logprobs, FIN_DUPLICATE)
+        assert self.writer.bind(rid.encode(), slot, self.ticket, logprobs, FIN_DUPLICATE, engine)
         return self.ticket
 
 
@@ -97,6 +98,46 @@ def test_rows_for_unknown_rids_are_counted_and_ignored():
     assert r.reader.poll() == [update(1, [2])]
 
 
+def test_rows_from_another_engines_socket_never_reach_a_stream():
+    r = Region()
+    r.bind("on0", 0, engine=0)
+    r.bind("on1", 1, engine=1)
+    # Engine 1's socket names engine 0's rid (its frame even claims to be engine 0): neither
+    # its tokens nor its finish reach that stream; the row counts as unknown.
+    lie = frame([("on0", [66, 67], "stop"), ("on1", [7], "")], engine=0)
+    assert r.writer.ingest(lie, 1)[5:] == (2, 1, [])
+    assert r.reader.poll() == [update(1, [7], engine=0)]
+    assert r.writer.stats()["unknown_rows"] == 1
+    assert r.writer.stats()["bound"] == 2
+    # Engine 0's own rows still stream and end it, and engine 1's rid is refused from engine 0.
+    result = r.writer.ingest(frame([("on0", [5], "length"), ("on1", [8], "stop")], engine=0), 0)
+    assert result[5:] == (2, 1, [0])
+    assert r.reader.poll() == [update(0, [5], _native.FIN_LENGTH, engine=0)]
+
+
+def test_a_rebound_rid_follows_its_new_engine_and_an_unsent_one_takes_no_rows():
+    r = Region()
+    r.bind("x", 0, engine=0)
+    assert r.writer.unbind(0)
+    r.bind("x", 0, engine=2)  # the same rid, sent to another engine (e.g. after a restart)
+    assert r.writer.ingest(frame([("x", [1], "")]), 0)[6] == 1
+    assert r.writer.ingest(frame([("x", [2], "")], engine=2), 2)[6] == 0
+    assert r.reader.poll() == [update(0, [2], engine=2)]
+    # Bound to no engine (refused before it was sent): no socket's rows reach it.
+    r.bind("none", 1, engine=-1)
+    for index in (0, 1, 2, 3):
+        assert r.writer.ingest(frame([("none", [9], "stop")], engine=index), index)[6] == 1
+    assert r.reader.poll() == []
+
+
+def test_bind_refuses_an_engine_index_out_of_range():
+    r = Region()
+    for index in (-2, 65536):
+        with pytest.raises(ValueError, match="engine_index"):
+            r.writer.bind(b"a", 0, 1, False, FIN_DUPLICATE, index)
+    assert r.writer.stats()["bound"] == 0
+
+
 def test_logprobs_are_delivered_as_float32_with_their_ids():
     r = Region()
     r.bind("lp", 2, logprobs=True)
@@ -136,7 +177,7 @@ def test_recycled_slot_never_shows_the_previous_requests_tokens():
     assert r.reader.read(0) is None
     assert r.reader.poll() == []  # the old notification names a slot of another generation
     r.writer.unbind(0)
-    assert r.writer.bind(b"new", 0, r.ticket, False, FIN_DUPLICATE)
+    assert r.writer.bind(b"new", 0, r.ticket, False, FIN_DUPLICATE, 0)
     assert r.reader.read(0) is None  # bound, nothing written yet
     r.writer.ingest(frame([("old", [4], ""), ("new", [9], "")]))
     assert r.reader.poll() == [update(0, [9])]
@@ -156,7 +197,7 @@ def test_duplicate_bind_finishes_the_second_slot_and_keeps_the_first():
     r.bind("same", 0)
     r.ticket += 1
     r.reader.expect(4, r.ticket)
-    assert r.writer.bind(b"same", 4, r.ticket, False, FIN_DUPLICATE) is False
+    assert r.writer.bind(b"same", 4, r.ticket, False, FIN_DUPLICATE, 0) is False
     assert r.reader.poll() == [update(4, [], FIN_DUPLICATE, prompt=0, completion=0, engine=-1)]
     r.writer.ingest(frame([("same", [5], "")]))
     assert r.reader.poll() == [update(0, [5])]
@@ -242,6 +283,34 @@ BAD_FRAMES = {
     "negative count": msgspec.msgpack.encode(
         ["BatchTokenIDOutSlim", ["a"], [[1]], [""], [-3], [1], [0], [[]], [[]], 1]
     ),
+    "count over u32": msgspec.msgpack.encode(
+        ["BatchTokenIDOutSlim", ["a"], [[1]], [""], [3], [1 << 32], [0], [[]], [[]], 1]
+    ),
+    "logprob id out of int32": msgspec.msgpack.encode(
+        ["BatchTokenIDOutSlim", ["a"], [[1]], [""], [3], [1], [0], [[-1.0]], [[-(1 << 31) - 1]], 1]
+    ),
+    "logprob ids without values": msgspec.msgpack.encode(
+        ["BatchTokenIDOutSlim", ["a"], [[1]], [""], [3], [1], [0], [[]], [[1]], 1]
+    ),
+    "engine_index over u16": msgspec.msgpack.encode(
+        ["BatchTokenIDOutSlim", [], [], [], [], [], [], [], [], 65536]
+    ),
+    "negative engine_index": msgspec.msgpack.encode(
+        ["BatchTokenIDOutSlim", ["a"], [[1]], [""], [3], [1], [0], [[]], [[]], -1]
+    ),
+    "negative load tail": msgspec.msgpack.encode(
+        ["BatchTokenIDOutSlim", [], [], [], [], [], [], [], [], 0, -1, 0, 0, 100]
+    ),
+    "load tail over u32": msgspec.msgpack.encode(
+        ["BatchTokenIDOutSlim", ["a"], [[1]], [""], [3], [1], [0], [[]], [[]], 0, 1, 0, 1 << 32, 9]
+    ),
+    "more rows than the limit": (
+        b"\x9e"
+        + msgspec.msgpack.encode("BatchTokenIDOutSlim")
+        + b"\xdd"
+        + (2**20 + 1).to_bytes(4, "big")
+        + b"\xa0" * 64
+    ),
     "string token": msgspec.msgpack.encode(
         ["BatchTokenIDOutSlim", ["a"], [["x"]], [""], [3], [1], [0], [[]], [[]], 1]
     ),
@@ -262,10 +331,6 @@ BAD_FRAMES = {
     ),
 }
 
-# Refused by the native parser only: it stores tokens as int32 and counts as u32, and a logprob
-# list that does not match its row's tokens would misattribute logprobs.
-NATIVE_ONLY = {"negative count", "ragged logprobs", "token out of int32"}
-
 
 @pytest.mark.parametrize("name", sorted(BAD_FRAMES))
 def test_malformed_frames_raise_wire_decode_error_and_change_nothing(name):
@@ -278,9 +343,8 @@ def test_malformed_frames_raise_wire_decode_error_and_change_nothing(name):
     assert r.writer.stats() == before
     assert r.reader.poll() == []
     assert r.reader.read(0) is None and r.reader.read(1) is None
-    if name not in NATIVE_ONLY:  # the python decoder refuses it too
-        with pytest.raises(WireDecodeError):
-            decode_output(BAD_FRAMES[name])
+    with pytest.raises(WireDecodeError):  # the Python decoder refuses it too
+        decode_output(BAD_FRAMES[name])
     # And the slot still works.
     r.writer.ingest(frame([("a", [42], "")]))
     assert r.reader.poll() == [update(0, [42])]
@@ -343,7 +407,7 @@ def test_wake_touches_only_the_notified_worker():
         assert r.reader.park() and other.park()
         r.bind("w0", 0)
         other.expect(0, 99)
-        assert r.writer.bind(b"w1", SPW + 0, 99, False, FIN_DUPLICATE)
+        assert r.writer.bind(b"w1", SPW + 0, 99, False, FIN_DUPLICATE, 0)
         r.writer.ingest(frame([("w1", [1], "")]))
         assert r.writer.wake() == 1
         assert [_eventfd_count(fd) for fd in fds] == [0, 1]

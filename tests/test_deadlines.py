@@ -229,7 +229,7 @@ class _Writer:
     def __init__(self) -> None:
         self.finishes: list[tuple[int, int]] = []
 
-    def bind(self, rid, slot, ticket, with_logprobs, dup_code) -> bool:
+    def bind(self, rid, slot, ticket, with_logprobs, dup_code, engine_index) -> bool:
         return True
 
     def finish(self, slot: int, code: int, engine_index: int) -> bool:

@@ -112,7 +112,7 @@ def test_writer_ingest_takes_any_frame(writer, frame):
     w, _region = writer
     for slot, rid in enumerate(RIDS[:4]):
         w.unbind(slot)
-        w.bind(rid.encode(), slot, slot + 1, bool(slot % 2), 18)
+        w.bind(rid.encode(), slot, slot + 1, bool(slot % 2), 18, 0)
     try:
         result = w.ingest(frame)
     except WireDecodeError:
@@ -157,7 +157,7 @@ def test_reader_survives_garbage_in_its_slots(garbage, tickets):
         reader = _native.Reader(region.map, 0, 2, 4, 16, 2)
         for slot, ticket in enumerate(tickets):
             ticket = ticket or 1
-            writer.bind(RIDS[slot].encode(), slot, ticket, bool(slot % 2), 18)
+            writer.bind(RIDS[slot].encode(), slot, ticket, bool(slot % 2), 18, 0)
             reader.expect(slot, ticket)
         writer.ingest(VALID_FRAME)  # real tokens in every slot, then garbage over them
         writer.wake()

@@ -333,7 +333,7 @@ g = Geometry(**saved["geometry"], max_engines=2)
 region = Region.create(g)
 w = _native.Writer(region.map, g.num_workers, g.slots_per_worker, g.ring_capacity, 2)
 for slot, rid in enumerate(rids[: g.slots_per_worker]):
-    w.bind(rid.encode(), slot, slot + 1, False, 18)
+    w.bind(rid.encode(), slot, slot + 1, False, 18, 0)
 for i, f in enumerate(frames):
     print("frame", i, flush=True)
     try:

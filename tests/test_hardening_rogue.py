@@ -25,6 +25,7 @@ from core_fixtures import (
     rig,
     wait_until,
 )
+from raw_engine import raw_rig
 
 from tsfront import control
 from tsfront.wire import (
@@ -273,3 +274,27 @@ async def test_load_tail_outside_u32_on_an_output_pull_keeps_the_io_process_serv
         assert [e.state for e in r.client.load()] == ["live", "live"]
         held.abort()
         rogue.close(linger=0)
+
+
+async def test_an_engine_naming_another_engines_rid_never_touches_that_stream():
+    # Rank 1's output socket (rank 1 lying, or anything connected to its port) sends rows for
+    # a rid sent to rank 0, in frames that even claim to come from rank 0: tokens, then a
+    # finish. They are unknown rows; rank 0's stream gets its tokens and its end from rank 0.
+    async with raw_rig(2) as (_io, (rank0, rank1), client, _ctx):
+        stream = await client.generate(request("on-rank-0", FOREVER, pin=0))
+        assert (await in_thread(rank0.recv_add)).rid == "on-rank-0"
+        before = client.metrics()
+        rank1.push(
+            rank0.tokens_frame("on-rank-0", [666, 667], 2),
+            rank0.tokens_frame("on-rank-0", [668], 3, "stop"),
+        )
+        await wait_until(lambda: client.metrics()["rows"] >= before["rows"] + 2, "rows ingested")
+        rank0.push(
+            rank0.tokens_frame("on-rank-0", [5, 6], 2),
+            rank0.tokens_frame("on-rank-0", [7], 3, "length"),
+        )
+        tokens, chunks = await collect(stream)
+        assert tokens == [5, 6, 7]
+        assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 3
+        assert {c.engine_index for c in chunks} == {0}
+        assert client.metrics()["unknown_rows"] == before["unknown_rows"] + 2

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import zmq
-from test_io_handlers import _Pull, loop  # noqa: F401
+from test_io_handlers import _Pull, _rows_frame, loop  # noqa: F401
 
+from tsfront import ClientConfig, _native
 from tsfront.io import adoption
+from tsfront.io.loop import IOLoop, Record
 from tsfront.io.state import SavedEngine
-from tsfront.region import ENGINE_DEAD, ENGINE_HANDSHAKING, ENGINE_LIVE
+from tsfront.region import ENGINE_DEAD, ENGINE_HANDSHAKING, ENGINE_LIVE, FIN_DUPLICATE
 from tsfront.wire import ENGINE_CORE_DEAD, EngineRegistration
 
 
@@ -42,3 +44,34 @@ def test_ranks_not_back_by_the_deadline_are_dead_and_the_live_ones_serve(loop): 
     assert loop.engines[0].state == ENGINE_DEAD and not loop.adopting
     assert "did not come back within handshake_timeout" in loop.engines[0].dead_reason
     assert loop.state == "failed"  # none live: the start fails as a handshake would
+
+
+def test_rows_of_an_adopted_engine_for_a_rid_bound_to_another_engine_are_its_orphans():
+    # The predecessor sent "x" to rank 1; this process bound a new "x" to rank 0. Rank 1's rows
+    # for it are unknown (they never reach rank 0's slot) and its "x" is aborted there alone.
+    io_loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0", num_engines=2), "adopt-2")
+    try:
+        saved = EngineRegistration(max_model_len=7)
+        adoption.load(io_loop, [SavedEngine(i, i, f"ipc://@x{i}", saved) for i in (0, 1)])
+        rank0, rank1 = io_loop.engines
+        g = io_loop.geometry
+        reader = _native.Reader(
+            io_loop.region.map, 0, g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines
+        )
+        reader.expect(0, 1)
+        assert io_loop.writer.bind(b"x", 0, 1, False, FIN_DUPLICATE, rank0.index)
+        io_loop.records[0] = Record(b"x", rank0, 1, sent=True)
+        rank1.pull = _Pull([_rows_frame("x", [666], 1)])
+        io_loop._on_output(rank1)
+        assert rank1.aborts == ["x"] and rank0.aborts == []
+        assert io_loop.counts["orphan_aborts"] == 1
+        assert reader.poll() == []
+        # Rank 0's own rows for it are its stream's, not orphans.
+        rank0.pull = _Pull([_rows_frame("x", [5], 1)])
+        io_loop._on_output(rank0)
+        assert rank0.aborts == [] and io_loop.counts["orphan_aborts"] == 1
+        assert [u[1] for u in reader.poll()] == [[5]]
+    finally:
+        io_loop.writer = None
+        io_loop.region.close()
+        io_loop.ctx.term()

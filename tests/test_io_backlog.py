@@ -64,7 +64,7 @@ def test_a_reused_slot_does_not_inherit_the_aborted_requests_send_deadline():
 class _Writer(_Finishes):
     """The Writer calls attach, submit and detach make."""
 
-    def bind(self, rid, slot, ticket, with_logprobs, dup_code) -> bool:
+    def bind(self, rid, slot, ticket, with_logprobs, dup_code, engine_index) -> bool:
         return True
 
     def unbind(self, slot: int) -> bool:

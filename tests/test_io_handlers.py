@@ -197,7 +197,7 @@ def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_decla
     engine = loop.engines[0]
     engine.state, engine.generation, engine.connections = ENGINE_LIVE, 1, {7: 1}
     reader.expect(0, 1)
-    assert loop.writer.bind(b"r", 0, 1, False, FIN_DUPLICATE)
+    assert loop.writer.bind(b"r", 0, 1, False, FIN_DUPLICATE, engine.index)
     loop.records[0] = Record(b"r", engine, 1)
     engine.in_flight = 1
     # More frames than one turn drains; the last finishes the request.

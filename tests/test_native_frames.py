@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from tsfront import WireDecodeError, _native
-from tsfront.wire import BatchTokenIDOutSlim, encode_output
+from tsfront.wire import BatchTokenIDOutSlim, decode_output, encode_output
 
 WORKERS, SPW, CAP, ENGINES = 2, 8, 8, 4
 FIN_DUPLICATE = 18
@@ -55,7 +55,7 @@ class Region:
 
     def bind(self, rid: str, slot: int, ticket: int) -> None:
         self.reader.expect(slot, ticket)
-        assert self.writer.bind(rid.encode(), slot, ticket, False, FIN_DUPLICATE)
+        assert self.writer.bind(rid.encode(), slot, ticket, False, FIN_DUPLICATE, 0)
 
     def drain(self) -> tuple[list[int], int, int]:
         """Poll and flush until nothing moves: (tokens, finish, updates) of local slot 0."""
@@ -183,6 +183,17 @@ def test_a_frame_with_more_than_the_row_limit_is_refused():
         r.writer.ingest(data)
 
 
+def test_a_whole_frame_of_one_row_more_than_the_limit_is_refused_by_both_decoders():
+    # Every column as long as rids (8 MiB), so that only the row limit can refuse it.
+    n = 2**20 + 1
+    cols = [[""] * n, [[]] * n, [""] * n, [0] * n, [0] * n, [0] * n, [[]] * n, [[]] * n]
+    data = msgspec.msgpack.encode(["BatchTokenIDOutSlim", *cols, 0])
+    with pytest.raises(WireDecodeError, match="more rows than a frame may carry"):
+        Region().writer.ingest(data)
+    with pytest.raises(WireDecodeError, match="length <= 1048576"):
+        decode_output(data)
+
+
 def test_every_slot_draining_its_spill_and_its_end_in_one_flush():
     """Every slot of the region spills, its end deferred behind the spill; one flush drains the
     tokens and publishes each end. Each slot is queued for notification once per flush (its
@@ -192,7 +203,7 @@ def test_every_slot_draining_its_spill_and_its_end_in_one_flush():
     readers = [r.reader, _native.Reader(r.map, 1, WORKERS, SPW, CAP, ENGINES)]
     for slot in range(total):
         readers[slot // SPW].expect(slot % SPW, slot + 1)
-        assert r.writer.bind(f"s{slot}".encode(), slot, slot + 1, False, FIN_DUPLICATE)
+        assert r.writer.bind(f"s{slot}".encode(), slot, slot + 1, False, FIN_DUPLICATE, 0)
     r.writer.ingest(frame([(f"s{slot}", list(range(CAP + 3)), "stop") for slot in range(total)]))
     assert r.writer.spilling() == total
     got = {slot: [] for slot in range(total)}

@@ -100,7 +100,7 @@ class Pair:
         assert self.line(30).strip() == "ready"
         rids = [f"t{t}".encode() for t in tickets]
         for local, (rid, ticket) in enumerate(zip(rids, tickets, strict=True)):
-            assert self.writer.bind(rid, local, ticket, False, FIN_DUPLICATE)
+            assert self.writer.bind(rid, local, ticket, False, FIN_DUPLICATE, 0)
         return rids
 
     def result(self) -> dict:
@@ -257,7 +257,7 @@ def test_a_writer_publishing_while_a_poll_is_half_way_loses_nothing():
     rids = [f"r{i}" for i in range(spw)]
     for local, rid in enumerate(rids):
         reader.expect(local, local + 1)
-        assert writer.bind(rid.encode(), local, local + 1, False, FIN_DUPLICATE)
+        assert writer.bind(rid.encode(), local, local + 1, False, FIN_DUPLICATE, 0)
     writer.ingest(encode([(rid, [0], "") for rid in rids]))  # 64 entries: the ring is full
     ended = range(0, spw, 2)
     writer.ingest(encode([(rids[i], [1], "stop") for i in ended]))  # already on the ring

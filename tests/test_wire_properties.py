@@ -37,6 +37,7 @@ FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCh
 
 u32 = st.integers(min_value=0, max_value=2**32 - 1)
 i64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+i32 = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 floats = st.floats(allow_nan=False, width=64)
 text = st.text(max_size=12)
 token_ids = st.lists(u32, max_size=12)
@@ -115,15 +116,24 @@ def batches(draw) -> BatchTokenIDOutSlim:
     def column(elements):
         return draw(st.lists(elements, min_size=n, max_size=n))
 
+    # Output ids are int32; a row's logprob lists are empty or as long as its ids.
+    ids = column(st.lists(i32, max_size=12))
+    lp = [draw(st.booleans()) for _ in ids]
     return BatchTokenIDOutSlim(
         rids=column(text),
-        output_ids=column(token_ids),
+        output_ids=ids,
         finished_reasons=column(st.sampled_from(["", "stop", "length", "abort"])),
         prompt_tokens=column(u32),
         completion_tokens=column(u32),
         cached_tokens=column(u32),
-        output_token_logprobs_val=column(st.lists(floats, max_size=3)),
-        output_token_logprobs_idx=column(token_ids),
+        output_token_logprobs_val=[
+            draw(st.lists(floats, min_size=len(x), max_size=len(x))) if on else []
+            for x, on in zip(ids, lp, strict=True)
+        ],
+        output_token_logprobs_idx=[
+            draw(st.lists(i32, min_size=len(x), max_size=len(x))) if on else []
+            for x, on in zip(ids, lp, strict=True)
+        ],
         engine_index=draw(st.integers(0, 65535)),
         num_running=draw(u32),
         num_waiting=draw(u32),

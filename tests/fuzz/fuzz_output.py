@@ -26,7 +26,7 @@ RIDS = ["r0", "r1", "r2", "r3"]
 def one(data: bytes) -> None:
     for slot, rid in enumerate(RIDS):
         WRITER.unbind(slot)
-        WRITER.bind(rid.encode(), slot, slot + 1, bool(slot % 2), 18)
+        WRITER.bind(rid.encode(), slot, slot + 1, bool(slot % 2), 18, 0)
     for decode in (WRITER.ingest, decode_output, decode_ready_message, decode_registration):
         try:
             decode(data)

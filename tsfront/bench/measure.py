@@ -255,7 +255,7 @@ def reader_poll_ns_per_token(rows: int, steps: int = 200, tokens_per_row: int = 
     r = _native.Reader(mem, 0, 1, spw, 256, 1)
     rids = make_rids("poll", rows)
     for i, rid in enumerate(rids):
-        w.bind(rid.encode(), i, i + 1, False, 18)
+        w.bind(rid.encode(), i, i + 1, False, 18, 0)
         r.expect(i, i + 1)
     batch = replay._batch(rids, [1000 + i for i in range(rows)], 1, "", 0)
     batch.output_ids = [[1000 + i + j for j in range(tokens_per_row)] for i in range(rows)]
@@ -324,7 +324,7 @@ async def _deliver_ns_per_token(rows: int, steps: int, consumers: bool) -> dict:
     streams = {}
     t0 = monotonic_ns()
     for i, rid in enumerate(rids):
-        w.bind(rid.encode(), i, i + 1, False, 18)
+        w.bind(rid.encode(), i, i + 1, False, 18, 0)
         r.expect(i, i + 1)
         streams[i] = RequestStream(att, rid, i, i + 1)
         rec.started(i, t0)
@@ -387,7 +387,7 @@ def ingest_us_per_frame(rows: int, steps: int = 500) -> float:
     r = _native.Reader(mem, 0, 1, spw, 256, 1)
     rids = make_rids("ing", rows)
     for i, rid in enumerate(rids):
-        w.bind(rid.encode(), i, i + 1, False, 18)
+        w.bind(rid.encode(), i, i + 1, False, 18, 0)
         r.expect(i, i + 1)
     frame = replay.build_frames(rids, 0).running[0]
     total = 0

@@ -16,8 +16,9 @@ after the start, an adopted engine that has not come back, or a rank that never 
 is declared dead (and its registration dropped); if by then no engine is live, the start
 fails as a normal handshake would.
 
-Orphans: rows of an adopted engine process for rids this I/O process never bound are
-requests of its predecessor, still decoding. Each such rid (its row not a finishing one) is
+Orphans: rows of an adopted engine process for rids this I/O process never bound to that
+engine are requests of its predecessor, still decoding (a rid bound here to another engine is
+one too: those rows never reach its slot). Each such rid (its row not a finishing one) is
 aborted on that engine once and remembered with the other aborts of that engine
 (`tsfront.aborts.RecentAborts`), so that an ADD reusing it within the engine's 300 s abort
 memory is refused with `StreamRejected` instead of being dropped by the engine unanswered.
@@ -83,7 +84,8 @@ def expire(loop: IOLoop) -> None:
 
 
 def orphans(loop: IOLoop, engine: Engine, frame: bytes) -> None:
-    """Abort, once each, the rids of ``frame`` (from an adopted engine) that we never bound."""
+    """Abort, once each, the rids of ``frame`` (from an adopted engine) that we never bound to
+    that engine."""
     try:
         batch = decode_output(frame)
     except WireDecodeError:
@@ -100,7 +102,8 @@ def orphans(loop: IOLoop, engine: Engine, frame: bytes) -> None:
         if engine.aborted.age(key, now) is not None:
             continue  # aborted already (by a worker of ours, or as an orphan)
         if known is None:
-            known = {r.rid for r in loop.records.values()}
+            # Bound here to another engine is not ours on this one: the predecessor sent it.
+            known = {r.rid for r in loop.records.values() if r.engine is engine}
         if key in known:
             continue
         loop._count("orphan_aborts")

@@ -510,7 +510,9 @@ class IOLoop:
                 self.affinity.note(engine, payload, hashes)
         else:
             engine = self.router.choose(self.serving, payload, hashes)
-        if not self.writer.bind(rid, slot, ticket, bool(with_lp), FIN_DUPLICATE):
+        # Bound to the engine it goes to: only rows from that engine's PULL reach its slot.
+        index = engine.index if engine is not None else -1
+        if not self.writer.bind(rid, slot, ticket, bool(with_lp), FIN_DUPLICATE, index):
             log.info(
                 "refused request %r: its rid is in flight already", rid.decode("utf-8", "replace")
             )

@@ -3,13 +3,17 @@
 Three engine generations put three array lengths on the wire (tag + fields): 9 (Aug3: the 8
 columns), 10 (Aug12: + ``engine_index``), 14 (0.1.1: + the 4-int load tail). One typed decoder
 reads all of them, defaulting the missing trailing fields to 0 and ignoring extra trailing
-elements a future engine may append. :func:`decode_output` is the hottest decoder of the
-frontend, so it does one msgspec decode and seven ``len()`` calls, with no per-row Python work.
+elements a future engine may append. :func:`decode_output` refuses what the native decoder
+(``native/frame.c``) refuses: integers outside their type's range (token and logprob ids int32,
+counts and the load tail u32, ``engine_index`` u16), more than 1,048,576 rows, and a row whose
+logprob lists are neither empty nor as long as its tokens. It does one msgspec decode (the
+ranges are checked inside it), seven ``len()`` calls, and a pass over the rows only when a
+frame carries logprobs.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Annotated, Final
 
 import msgspec
 
@@ -20,6 +24,13 @@ __all__ = ["ENGINE_DEAD", "BatchTokenIDOutSlim", "EngineCoreDead", "decode_outpu
 
 _TAG: Final = "BatchTokenIDOutSlim"
 
+# Most rows one frame may carry (the native decoder's limit, FRAME_MAX_ROWS).
+_MAX_ROWS: Final = 1 << 20
+# Ranges checked by the typed decoder, as the native one checks them.
+_I32 = Annotated[int, msgspec.Meta(ge=-(1 << 31), le=(1 << 31) - 1)]
+_U32 = Annotated[int, msgspec.Meta(ge=0, le=(1 << 32) - 1)]
+_U16 = Annotated[int, msgspec.Meta(ge=0, le=(1 << 16) - 1)]
+
 
 class BatchTokenIDOutSlim(msgspec.Struct, tag=_TAG, array_like=True):
     """One output frame: parallel per-request columns (all of ``len(rids)``) plus engine info.
@@ -28,22 +39,23 @@ class BatchTokenIDOutSlim(msgspec.Struct, tag=_TAG, array_like=True):
     ``cached_tokens`` are cumulative; ``finished_reasons[i]`` is ``""`` while running, else
     ``"stop"`` / ``"length"`` / ``"abort"``. The load tail (``num_running`` ..
     ``kv_total_pages``) is all zeros from engines older than 0.1.1 (``kv_total_pages == 0``
-    means "no load info").
+    means "no load info"). Decoding checks each integer's range: token and logprob ids int32,
+    counts and the load tail u32, ``engine_index`` u16 (an engine identity).
     """
 
-    rids: list[str]
-    output_ids: list[list[int]]
+    rids: Annotated[list[str], msgspec.Meta(max_length=_MAX_ROWS)]
+    output_ids: list[list[_I32]]
     finished_reasons: list[str]
-    prompt_tokens: list[int]
-    completion_tokens: list[int]
-    cached_tokens: list[int]
+    prompt_tokens: list[_U32]
+    completion_tokens: list[_U32]
+    cached_tokens: list[_U32]
     output_token_logprobs_val: list[list[float]]
-    output_token_logprobs_idx: list[list[int]]
-    engine_index: int = 0
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_active_pages: int = 0
-    kv_total_pages: int = 0
+    output_token_logprobs_idx: list[list[_I32]]
+    engine_index: _U16 = 0
+    num_running: _U32 = 0
+    num_waiting: _U32 = 0
+    kv_active_pages: _U32 = 0
+    kv_total_pages: _U32 = 0
 
 
 class EngineCoreDead:
@@ -71,8 +83,10 @@ def decode_output(frame: bytes | memoryview) -> BatchTokenIDOutSlim | EngineCore
     """Decode one output frame into a batch, or :data:`ENGINE_DEAD` for the raw sentinel.
 
     Raises:
-        WireDecodeError: not msgpack, wrong tag, a missing column, a type mismatch, or a
-            ragged batch (a column whose length differs from ``len(rids)``; the error names it).
+        WireDecodeError: not msgpack, wrong tag, a missing column, a type mismatch, an integer
+            out of its range, more than 1,048,576 rows, a ragged batch (a column whose length
+            differs from ``len(rids)``; the error names it), or a row whose logprob lists are
+            neither empty nor as long as its ``output_ids`` (the error names the row).
     """
     # The sentinel is not msgpack (0x45 would parse as fixint 69 + trailing bytes): compare
     # the raw bytes first.
@@ -98,6 +112,19 @@ def decode_output(frame: bytes | memoryview) -> BatchTokenIDOutSlim | EngineCore
         _ragged("output_token_logprobs_val", len(batch.output_token_logprobs_val), n)
     if len(batch.output_token_logprobs_idx) != n:
         _ragged("output_token_logprobs_idx", len(batch.output_token_logprobs_idx), n)
+    values, indices = batch.output_token_logprobs_val, batch.output_token_logprobs_idx
+    if any(values) or any(indices):
+        # A logprob list that does not match its row's tokens would misattribute logprobs.
+        # Fast path (every row with logprobs); else find the row that breaks the rule.
+        lengths = list(map(len, values))
+        if lengths == list(map(len, indices)) and lengths == list(map(len, batch.output_ids)):
+            return batch
+        for i, (ids, v, x) in enumerate(zip(batch.output_ids, values, indices, strict=True)):
+            if len(x) != len(v) or (v and len(v) != len(ids)):
+                raise WireDecodeError(
+                    f"ragged logprobs in row {i}: {len(v)} values and {len(x)} ids for "
+                    f"{len(ids)} output_ids (each must be empty or as long as output_ids)"
+                )
     return batch
 
 
