@@ -159,6 +159,15 @@ def test_io_handshake_failure_is_reported_once(procs) -> None:
         (["generate", *LOCAL, "--input-ids", "1", "--concurrency", "0"], "--concurrency=0"),
         (["generate", *LOCAL, "--input-ids", "1", "--rank", "1"], "--rank=1: ranks are 0..0"),
         (["io", *LOCAL, "--max-workers", "0"], "--max-workers=0"),
+        (["serve", "--model", "m", *LOCAL, "--workers", "0"], "--workers=0"),
+        (
+            ["serve", "--model", "m", *LOCAL, "--slots-per-worker", "0"],
+            "--slots-per-worker=0: must be 1..65536",
+        ),
+        (
+            ["serve", "--model", "m", "--attach", "unix:@x", "--slots-per-worker", "8"],
+            "--slots-per-worker belongs to the I/O process",
+        ),
         (["io", *LOCAL, "--heartbeat-timeout", "-1"], "--heartbeat-timeout=-1"),
         (["sim", "--handshake", "tcp://127.0.0.1:1", "--bogus"], "unrecognized arguments"),
     ],

@@ -91,6 +91,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the engines' registrations in DIR; if the I/O process dies, a new one takes "
         "the running engines over and the workers start again on it (needs fixed addresses)",
     )
+    engines.add_argument(
+        "--slots-per-worker",
+        type=int,
+        default=2048,
+        metavar="S",
+        help="requests one worker may have in flight; one more is answered 503 (2048)",
+    )
     http = parser.add_argument_group("HTTP")
     http.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes (1)")
     http.add_argument("--host", default="127.0.0.1", help="address to serve on (127.0.0.1)")
@@ -162,12 +169,22 @@ def _stop_workers(procs: list) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the server until SIGINT/SIGTERM; returns the exit status."""
-    from tsfront.cli import CommandError
+    from tsfront.cli import CommandError, UsageError
     from tsfront.io.process import IOProcess
     from tsfront.serve.worker import WorkerOptions, listening_socket, worker_main
 
+    # A bad command line exits 2 pointing at --help, as every command's does.
     if not 1 <= args.workers <= 256:
-        raise CommandError(f"--workers={args.workers}: must be between 1 and 256")
+        raise UsageError("tsfront serve", f"--workers={args.workers}: must be between 1 and 256")
+    if not 1 <= args.slots_per_worker <= 65536:
+        raise UsageError(
+            "tsfront serve", f"--slots-per-worker={args.slots_per_worker}: must be 1..65536"
+        )
+    if args.attach is not None and args.slots_per_worker != 2048:
+        raise UsageError(
+            "tsfront serve",
+            "--slots-per-worker belongs to the I/O process: give it to `tsfront io` with --attach",
+        )
     try:
         from tsfront.text import TextError, TextModel
     except ImportError as exc:
@@ -181,7 +198,9 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or text.name
 
     if args.state_dir is not None and args.attach is not None:
-        raise CommandError("--state-dir belongs to the I/O process: give it to `tsfront io`")
+        raise UsageError(
+            "tsfront serve", "--state-dir belongs to the I/O process: give it to `tsfront io`"
+        )
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     ctx = multiprocessing.get_context("spawn")
@@ -198,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
                 first_engine_index=args.first_engine_index,
                 handshake_timeout=args.handshake_timeout,
                 max_workers=args.workers,
+                slots_per_worker=args.slots_per_worker,
                 input_address=args.input_address,
                 output_address=args.output_address,
                 state_dir=args.state_dir,
