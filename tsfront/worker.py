@@ -53,6 +53,10 @@ ABORTED_RIDS_REMEMBERED = 1 << 16
 # Deadline heap size from which entries of ended streams are compacted away.
 DEADLINES_COMPACT_AT = 64
 
+# Flags of a submission's frames, as plain ints (an enum OR per frame costs microseconds).
+_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_LAST = int(zmq.NOBLOCK)
+
 # What a worker logs is also raised to its caller (HandshakeTimeout, IOProcessDied, ...), so it
 # logs at INFO: visible when asked for, never a second report of one failure.
 log = logging.getLogger("tsfront.worker")
@@ -290,10 +294,17 @@ class Attachment:
         header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs, expires, bootstrap_at)
         header += rid.encode()
         try:
-            frames = [SUBMIT_ADD, header, payload]
-            if hashes is not None:
-                frames.append(hashes)
-            self.dealer.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            # Frame by frame with plain int flags: send_multipart costs ~7 µs more per request
+            # (an enum OR per frame). Only the first frame can meet a full queue: ZMQ takes the
+            # rest of a message it has started.
+            send = self.dealer.send
+            send(SUBMIT_ADD, _MORE)
+            send(header, _MORE)
+            if hashes is None:
+                send(payload, _LAST, copy=False)
+            else:
+                send(payload, _MORE, copy=False)
+                send(hashes, _LAST)
         except zmq.Again:
             self.reader.release(slot)
             self.free.append(slot)

@@ -255,6 +255,11 @@ def _byte_alphabet() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
+#: The incremental UTF-8 decoder class, looked up once (a codec registry lookup per stream
+#: showed in the server's profile).
+_UTF8 = codecs.getincrementaldecoder("utf-8")
+
+
 class TableDetokenizer(Detokenizer):
     """A stream decoded by table lookups and a C incremental UTF-8 decoder: no ``tokenizers``
     call per token. For the decoders :func:`token_table` supports."""
@@ -265,7 +270,7 @@ class TableDetokenizer(Detokenizer):
         self._table = table
         self._pieces = table.pieces
         self._n = len(table.pieces)
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(table.errors)
+        self._utf8 = _UTF8(table.errors)
         self._decode = self._utf8.decode
         self._at_start = (table.first is not None or table.strip_space) and table.at_start(
             prompt_ids
@@ -318,7 +323,7 @@ class TableDetokenizer(Detokenizer):
         other._pieces = self._pieces
         other._n = self._n
         other._at_start = self._at_start
-        other._utf8 = codecs.getincrementaldecoder("utf-8")(self._table.errors)
+        other._utf8 = _UTF8(self._table.errors)
         other._utf8.setstate(self._utf8.getstate())
         other._decode = other._utf8.decode
         return other
