@@ -169,3 +169,35 @@ async def test_a_rid_aborted_on_an_engine_is_refused_there_from_any_worker_and_s
 
 async def _metric(r, name: str) -> int:
     return await wait_until(lambda: r.client.metrics()[name], f"metric {name}")
+
+
+async def test_busy_when_the_local_queue_is_full_and_everything_queued_before_is_served():
+    # The I/O process is stopped (SIGSTOP), so nothing reads the worker's submissions: the
+    # DEALER's queue of submit_queue_depth fills (ZMQ's I/O thread may move some on to the
+    # kernel's socket buffers first), and the next generate() raises Busy, handing back the
+    # slot it took. Once the I/O process runs again, every submission queued before the
+    # refusal is served in full.
+    import os
+    import signal
+
+    depth = 8
+    prompt = list(range(3, 2003))  # ~8 KB per ADD: the kernel buffers fill after a few dozen
+    async with rig(1, config={"submit_queue_depth": depth}, max_model_len=4096) as r:
+        c = r.client
+        free_before = len(r.client._att.free)
+        os.kill(r.io.pid, signal.SIGSTOP)
+        streams = []
+        try:
+            with pytest.raises(Busy, match="submission queue"):
+                for i in range(2000):
+                    streams.append(await c.generate(request(f"q{i}", 2, prompt=prompt)))
+        finally:
+            os.kill(r.io.pid, signal.SIGCONT)
+        assert depth <= len(streams) < 2000
+        # The refused request's slot went back; each queued one holds its own.
+        assert len(r.client._att.free) == free_before - len(streams)
+        for i, stream in enumerate(streams):
+            tokens, chunks = await collect(stream, timeout=DEADLINE * 3)
+            assert tokens == expected_tokens(f"q{i}", 2)
+            assert chunks[-1].finish_reason == "length"
+        assert len(r.client._att.free) == free_before
