@@ -257,13 +257,52 @@ def test_a_client_that_stops_reading_gets_every_token_once_in_order(fast_served)
     assert "".join(texts) == expected_text(n)
 
 
-def _dechunk(raw: bytes) -> bytes:
-    out = bytearray()
+def _chunks(raw: bytes) -> list[bytes]:
+    out = []
     while raw:
         size, _, raw = raw.partition(b"\r\n")
         n = int(size, 16)
         if n == 0:
             break
-        out += raw[:n]
+        out.append(raw[:n])
         raw = raw[n + 2 :]
-    return bytes(out)
+    return out
+
+
+def _dechunk(raw: bytes) -> bytes:
+    return b"".join(_chunks(raw))
+
+
+def _stream_raw(served, body: dict) -> bytes:
+    host, port = served.url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    with socket.create_connection((host, int(port)), timeout=DEADLINE) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(data), data)
+        )
+        out = bytearray()
+        while not out.endswith(b"0\r\n\r\n"):
+            chunk = sock.recv(1 << 16)
+            assert chunk, "the server closed the connection early"
+            out += chunk
+    return bytes(out).partition(b"\r\n\r\n")[2]
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_the_last_event_usage_and_done_travel_in_one_chunk(fast_served, usage: bool) -> None:
+    body = {"model": "tiny-words", "prompt": "w5", "max_tokens": 5, "stream": True}
+    if usage:
+        body["stream_options"] = {"include_usage": True}
+    chunks = _chunks(_stream_raw(fast_served, body))
+    last = chunks[-1]
+    assert last.endswith(b"data: [DONE]\n\n")
+    assert b'"finish_reason":"length"' in last
+    assert (b'"usage":{' in last) is usage
+    texts = [
+        json.loads(line[6:])["choices"][0]["text"]
+        for c in chunks
+        for line in c.split(b"\n")
+        if line.startswith(b"data: {") and b'"choices":[{' in line
+    ]
+    assert "".join(texts) == expected_text(5)

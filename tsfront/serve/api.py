@@ -98,8 +98,16 @@ class Reply:
         self.headers = headers or _JSON_HEADERS
 
 
+class Final(bytes):
+    """The last bytes of a streamed response (its last events and ``[DONE]``): the server
+    sends them together with the end of the body, in one write."""
+
+    __slots__ = ()
+
+
 class SSEReply:
-    """A streamed response (status 200, ``text/event-stream``): iterate ``events``.
+    """A streamed response (status 200, ``text/event-stream``): iterate ``events``; the last
+    item is a `Final`.
 
     Closing the iterator early (``aclose``) aborts every engine request still running.
     """
@@ -619,9 +627,7 @@ class OpenAIService:
         try:
             async for event in self._many(plan, fmt, choices, first):
                 yield event
-            if plan.include_usage:
-                yield fmt.usage_event(choices)
-            yield _DONE
+            yield Final(fmt.usage_event(choices) + _DONE if plan.include_usage else _DONE)
         finally:
             for ch in choices:
                 ch.stream.abort()
@@ -643,6 +649,7 @@ class OpenAIService:
         head = fmt.head(index)
         tail = fmt.tail
         encode = _JSON.encode
+        last: bytes | None = None  # the event with the finish reason, or the error event
         try:
             opening = fmt.opening(index)
             if opening:
@@ -655,7 +662,7 @@ class OpenAIService:
                         break
                 text = ch.text(chunk)
                 if ch.finish is not None:
-                    yield fmt.last(ch, text, chunk if lp else None)
+                    last = fmt.last(ch, text, chunk if lp else None)
                     break
                 if lp:
                     yield fmt.with_logprobs(index, text, chunk)
@@ -663,15 +670,20 @@ class OpenAIService:
                     yield head + encode(text) + tail
                 chunk = None
         except StreamError as exc:
-            yield fmt.error_event(exc)
+            last = fmt.error_event(exc)
         finally:
             if whole:
                 stream.abort()
                 stream.set_sink(None)  # the sink refers back to this choice
         if whole:
+            # The last event, the usage and [DONE] in one write, with the end of the body.
+            ending = [last] if last else []
             if plan.include_usage:
-                yield fmt.usage_event([ch])
-            yield _DONE
+                ending.append(fmt.usage_event([ch]))
+            ending.append(_DONE)
+            yield Final(b"".join(ending))
+        elif last:
+            yield last
 
     async def _many(
         self, plan: _Plan, fmt: Format, choices: list[_Choice], first: OutputChunk | None

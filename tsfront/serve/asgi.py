@@ -18,7 +18,7 @@ import logging
 import os
 from typing import Any
 
-from tsfront.serve.api import ApiError, OpenAIService, Reply, SSEReply
+from tsfront.serve.api import ApiError, Final, OpenAIService, Reply, SSEReply
 
 __all__ = ["ServeApp", "app_from_env"]
 
@@ -153,14 +153,20 @@ class ServeApp:
                     # this loop sends the rest, after any pushed send still in flight.
                     pusher = reply.push(send)
                 message = {"type": "http.response.body", "body": b"", "more_body": True}
+                ended = False
                 async for event in reply.events:
                     if pusher is not None:
                         await pusher.settle()
-                    message["body"] = event
-                    await send(message)
+                    if type(event) is Final:  # with the end of the body, in one write
+                        await send({"type": "http.response.body", "body": event})
+                        ended = True
+                    else:
+                        message["body"] = event
+                        await send(message)
                 if pusher is not None:
                     await pusher.settle()
-                await send(_END)
+                if not ended:
+                    await send(_END)
             else:
                 await _send_reply(send, reply)
         except asyncio.CancelledError:
