@@ -48,7 +48,8 @@ def measure_floor(
     connections: int = 64, events: int = 32_000, step_ms: float = 2.0, event_bytes: int = 190
 ) -> dict:
     """CPU µs per event ``send`` to a loopback client; ``{"us_per_event", "sys_us_per_event",
-    "connections", "event_bytes", "events"}``."""
+    "connections", "event_bytes", "events"}``. The user/system split is the kernel's
+    tick-sampled one (coarse); the sum is exact."""
     payload = b"x" * event_bytes
     rounds = max(1, events // connections)
     events = rounds * connections
