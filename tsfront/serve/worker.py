@@ -122,7 +122,8 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
         lifespan="off",
         access_log=False,
         log_level="warning",
-        timeout_graceful_shutdown=GRACE_S,
+        # uvicorn annotates int, but passes it to asyncio.timeout, which takes seconds as float.
+        timeout_graceful_shutdown=GRACE_S,  # type: ignore[arg-type]
         server_header=False,
         date_header=False,
     )
