@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 import zmq
@@ -43,6 +43,7 @@ from tsfront.wire import ENGINE_DEAD, decode_output
 from tsfront.wire.request import BOOTSTRAP_PLACEHOLDER
 
 if TYPE_CHECKING:
+    from tsfront.config import EngineGroup
     from tsfront.io.engines import Engine
     from tsfront.io.loop import IOLoop, Record
 
@@ -70,7 +71,8 @@ class Disaggregated:
 
     def __init__(self, loop: IOLoop, prefill: list[Engine]) -> None:
         self.loop = loop
-        self.group = loop.config.routing.prefill
+        # The loop makes a Disaggregated only when its routing has a prefill group.
+        self.group = cast("EngineGroup", loop.config.routing.prefill)
         self.prefill = prefill
         self.by_identity = {e.identity: e for e in prefill}
         # (prefill row, rid) → slot, while the prefill engine holds the request.
@@ -176,7 +178,7 @@ class Disaggregated:
     def forget(self, record: Record, *, abort: bool) -> None:
         """The request ended (or went): release its prefill half, aborting it if sent."""
         self.rooms.discard(record.room)
-        engine = record.prefill
+        engine = cast("Engine", record.prefill)  # the loop calls this only for a prefill half
         if self.pending.pop((engine.row, record.rid), None) is None:
             return  # the prefill engine finished its part already
         engine.in_flight -= 1
@@ -208,7 +210,7 @@ class Disaggregated:
         loop = self.loop
         for _ in range(limit):
             try:
-                frame = engine.pull.recv(zmq.NOBLOCK)
+                frame = cast(zmq.Socket, engine.pull).recv(zmq.NOBLOCK)  # bound in bind()
             except zmq.Again:
                 return
             try:
