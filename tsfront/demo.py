@@ -24,7 +24,7 @@ import secrets
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from tsfront.cli import UsageError, progress
 from tsfront.client import EngineClient
@@ -298,8 +298,8 @@ def run(args: argparse.Namespace) -> int:
         failed = sum(len(r["errors"]) for r in stats.values())
     finally:
         _stop_workers(procs)
-        if client is not None:
-            loop.run_until_complete(client.close())
+        if client is not None:  # attached on this loop
+            cast(asyncio.AbstractEventLoop, loop).run_until_complete(client.close())
         if loop is not None:
             loop.close()
         if io is not None:

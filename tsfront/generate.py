@@ -155,7 +155,7 @@ def parse_requests(args: argparse.Namespace) -> list[TokenizedGenerateReqInput]:
         with open(args.requests, encoding="utf-8") as f:
             lines = f.read().splitlines()
         name = args.requests
-    out = []
+    out: list[TokenizedGenerateReqInput] = []
     rids: set[str] = set()
     for number, line in enumerate(lines, 1):
         if not line.strip():

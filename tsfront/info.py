@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from tsfront.wire import EngineRegistration
 
 
-class EngineInfo(EngineRegistration, kw_only=True, frozen=True):
+# mypy reads msgspec's Struct as a dataclass and refuses a frozen subclass of a non-frozen
+# one; msgspec itself allows it.
+class EngineInfo(EngineRegistration, kw_only=True, frozen=True):  # type: ignore[misc]
     """An engine that completed the handshake: its index, rank, output endpoint, and every
     field of its registration (`tsfront.wire.EngineRegistration`: ``max_model_len``,
     ``data_parallel_rank``, ``vllm_version``, ...).
