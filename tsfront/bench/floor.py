@@ -34,7 +34,8 @@ def _drain(port: int, connections: int, total: int, ready) -> None:
     while got < total:
         for key, _ in sel.select(timeout=10):
             try:
-                data = key.fileobj.recv(1 << 20)
+                # Only sockets are registered; typeshed's SelectorKey.fileobj is not generic.
+                data = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
             except BlockingIOError:
                 continue
             if not data:

@@ -37,11 +37,15 @@ import threading
 import time
 import tracemalloc
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from tsfront import _native
 from tsfront.bench import baselines, replay
 from tsfront.bench.replay import make_rids, stamp_age_ns
 from tsfront.io.process import hold_sigint, ignore_sigint
+
+if TYPE_CHECKING:
+    from tsfront.worker import Attachment
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -326,7 +330,7 @@ async def _deliver_ns_per_token(rows: int, steps: int, consumers: bool) -> dict:
     for i, rid in enumerate(rids):
         w.bind(rid.encode(), i, i + 1, False, 18, 0)
         r.expect(i, i + 1)
-        streams[i] = RequestStream(att, rid, i, i + 1)
+        streams[i] = RequestStream(cast("Attachment", att), rid, i, i + 1)  # a stand-in
         rec.started(i, t0)
     consumed = [0]
 
@@ -864,6 +868,7 @@ def _bursts(s: Session, rows: int, p: Params) -> dict:
         ):
             acc[key] += r[key]
         acc["wakes"] += r["wakes_per_worker_step"] * per
+    assert acc is not None  # the loop runs at least once
     acc["wakes_per_worker_step"] = acc["wakes"] / acc["steps"]
     return acc
 

@@ -38,9 +38,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 from tsfront.config import ClientConfig, LoadBalance, Routing
@@ -190,7 +191,7 @@ async def _replay_tsfront(trace, p: RoutingParams, policy: LoadBalance, ideal: b
 
 def _interleaved(trace) -> list[list[int]]:
     """The trace's prompts in an order like the replay's: turn by turn across sessions."""
-    out = []
+    out: list[list[int]] = []
     for t in range(max(len(s) for s in trace)):
         out.extend(s[t] for s in trace if t < len(s))
     return out
@@ -244,7 +245,8 @@ def routing_cpu(trace, p: RoutingParams, policy: LoadBalance, repeat: int = 3) -
             for e in engines:
                 router.affinity.registered(e)
         window: collections.deque = collections.deque()
-        choose = router.choose
+        # Every engine is live: choose never returns None here (typed so, nothing per call).
+        choose = cast("Callable[..., Engine]", router.choose)
         t = time.thread_time()
         for payload, h in zip(payloads, hashes):
             e = choose(engines, payload, h if with_hashes else None)
@@ -271,7 +273,7 @@ def write_word_model(folder: Path) -> None:
     """A model folder whose tokenizer maps the word ``w<id>`` to token ``id`` (and nothing
     else), so a prompt sent as text reaches the engine as exactly the trace's ids."""
     vocab = {f"w{i}": i for i in range(VOCAB)}
-    tokenizer = {
+    tokenizer: dict[str, Any] = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
@@ -416,7 +418,8 @@ def replay_smg(trace, p: RoutingParams, smg: str) -> dict:
             return figures
     except Exception as exc:
         log = folder / "smg.log"
-        exc.smg_log = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        # Carried to the caller (read with getattr) on whatever was raised.
+        exc.smg_log = log.read_text(errors="replace")[-3000:] if log.exists() else ""  # type: ignore[attr-defined]
         raise
     finally:
         if sim is not None:
