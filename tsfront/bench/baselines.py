@@ -21,6 +21,7 @@ import collections
 import os
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import cast
 
 import zmq
@@ -41,7 +42,7 @@ def _bind_pull(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
     return pull, pull.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
-def receiver_main(conn, mode: str, options: dict) -> None:
+def receiver_main(conn: Connection, mode: str, options: dict) -> None:
     """Process body of the ``recv``, ``decode``, ``recv_lat``, ``forward`` and sink modes."""
     ctx = zmq.Context(1)
     if mode == "forward_sink":
@@ -96,7 +97,9 @@ def receiver_main(conn, mode: str, options: dict) -> None:
         ctx.term()
 
 
-def _forward(recv, pushes: list[zmq.Socket], owner: dict[str, int], frames: int) -> None:
+def _forward(
+    recv: Callable[[], bytes], pushes: list[zmq.Socket], owner: dict[str, int], frames: int
+) -> None:
     """Decode, split per worker, re-encode, send: what a per-batch forwarding I/O does."""
     nw = len(pushes)
     for _ in range(frames):
@@ -131,7 +134,9 @@ def _forward(recv, pushes: list[zmq.Socket], owner: dict[str, int], frames: int)
 class _Chunk:
     __slots__ = ("completion_tokens", "finish_reason", "output_ids", "rid")
 
-    def __init__(self, rid, output_ids, finish_reason, completion_tokens) -> None:
+    def __init__(
+        self, rid: str, output_ids: list[int], finish_reason: str | None, completion_tokens: int
+    ) -> None:
         self.rid = rid
         self.output_ids = output_ids
         self.finish_reason = finish_reason
@@ -143,7 +148,7 @@ class _Stream:
 
     __slots__ = ("done", "loop", "pending", "waiter")
 
-    def __init__(self, loop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.pending: collections.deque = collections.deque()
         self.waiter: asyncio.Future[None] | None = None
@@ -166,7 +171,7 @@ class _Stream:
             self.waiter = None
 
 
-def single_main(conn, rids: list[str], use_uvloop: bool) -> None:
+def single_main(conn: Connection, rids: list[str], use_uvloop: bool) -> None:
     """Process body of the single-process baseline."""
     if use_uvloop:
         import uvloop
@@ -175,7 +180,7 @@ def single_main(conn, rids: list[str], use_uvloop: bool) -> None:
     asyncio.run(_single(conn, rids))
 
 
-async def _single(conn, rids: list[str]) -> None:
+async def _single(conn: Connection, rids: list[str]) -> None:
     loop = asyncio.get_running_loop()
     ctx = zmq.Context(1)
     pull, address = _bind_pull(ctx)
@@ -192,7 +197,7 @@ async def _single(conn, rids: list[str]) -> None:
             streams = {rid: _Stream(loop) for rid in rids}
             counts = [0, 0]
 
-            def on_readable(streams=streams) -> None:
+            def on_readable(streams: dict[str, _Stream] = streams) -> None:
                 while True:
                     try:
                         frame = pull.recv(zmq.NOBLOCK)
@@ -209,7 +214,7 @@ async def _single(conn, rids: list[str]) -> None:
                         if fin:
                             s.done = True
 
-            async def consume(s: _Stream, counts=counts) -> None:
+            async def consume(s: _Stream, counts: list[int] = counts) -> None:
                 while True:
                     c = await s.next()
                     if c is None:

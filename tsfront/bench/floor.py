@@ -17,11 +17,12 @@ import resource
 import selectors
 import socket
 import time
+from multiprocessing.connection import Connection
 
 __all__ = ["measure_floor"]
 
 
-def _drain(port: int, connections: int, total: int, ready) -> None:
+def _drain(port: int, connections: int, total: int, ready: Connection) -> None:
     sel = selectors.DefaultSelector()
     socks = []
     for _ in range(connections):

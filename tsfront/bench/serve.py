@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 
@@ -122,7 +122,12 @@ def _role(cmdline: str) -> str:
 class _Proc:
     """A child in a session of its own, its stdout lines readable with a deadline."""
 
-    def __init__(self, cmd: list[str], env: dict | None = None, stdout=subprocess.PIPE) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict | None = None,
+        stdout: int | IO[Any] | None = subprocess.PIPE,
+    ) -> None:
         self.cmd = cmd
         self.proc = subprocess.Popen(
             cmd,

@@ -39,7 +39,7 @@ from tsfront.region import (
     FIN_RID_ABORTED,
     FIN_SEND_TIMEOUT,
 )
-from tsfront.wire import ENGINE_DEAD, decode_output
+from tsfront.wire import ENGINE_DEAD, BatchTokenIDOutSlim, decode_output
 from tsfront.wire.request import BOOTSTRAP_PLACEHOLDER
 
 if TYPE_CHECKING:
@@ -218,13 +218,13 @@ class Disaggregated:
                 if batch is ENGINE_DEAD:
                     loop._kill(engine, "sent ENGINE_CORE_DEAD")
                     return
-                self._apply(engine, batch)
+                self._apply(engine, cast(BatchTokenIDOutSlim, batch))  # not ENGINE_DEAD
             except WireDecodeError as exc:
                 loop.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
             except Exception as exc:
                 loop._handler_failed(f"prefill engine {engine.index}: output frame", exc)
 
-    def _apply(self, engine: Engine, batch) -> None:
+    def _apply(self, engine: Engine, batch: BatchTokenIDOutSlim) -> None:
         loop = self.loop
         loop.dirty.add(engine.row)
         tail = (batch.num_running, batch.num_waiting, batch.kv_active_pages, batch.kv_total_pages)

@@ -22,7 +22,7 @@ import os
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -40,6 +40,10 @@ from tsfront.serve.push import Pusher
 from tsfront.serve.schema import ChatRequest, CompletionRequest
 from tsfront.stream import OutputChunk, RequestStream
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
+
+if TYPE_CHECKING:
+    from tsfront.text.detok import Detokenizer
+    from tsfront.text.stop import StopMatcher
 
 __all__ = ["ApiError", "OpenAIService", "Reply", "SSEReply"]
 
@@ -136,8 +140,13 @@ class ApiError(Exception):
     """A request the server answers with an OpenAI error object instead of a completion."""
 
     def __init__(
-        self, status: int, message: str, *, kind: str = "invalid_request_error", param=None
-    ):
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+    ) -> None:
         self.status = status
         self.kind = kind
         self.param = param
@@ -186,7 +195,14 @@ class _Choice:
         "tokens",
     )
 
-    def __init__(self, index: int, stream: RequestStream, detok, stop, prompt_tokens: int):
+    def __init__(
+        self,
+        index: int,
+        stream: RequestStream,
+        detok: Detokenizer,
+        stop: StopMatcher | None,
+        prompt_tokens: int,
+    ) -> None:
         self.index = index
         self.stream = stream
         self.detok = detok
@@ -359,7 +375,7 @@ class OpenAIService:
 
     # ------------------------------------------------------------------ request → plan
 
-    def _common(self, req, plan: _Plan) -> None:
+    def _common(self, req: CompletionRequest | ChatRequest, plan: _Plan) -> None:
         if req.model is not None and req.model != self.model_name:
             raise ApiError(
                 404,

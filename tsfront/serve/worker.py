@@ -129,7 +129,7 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
     )
 
     class Server(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if not self.should_exit:
                 events.put(("ready", index, os.getpid()))
