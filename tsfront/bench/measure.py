@@ -49,6 +49,7 @@ from tsfront.io.process import hold_sigint, ignore_sigint
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnContext
 
+    from tsfront.client import EngineClient
     from tsfront.stream import RequestStream
     from tsfront.wire import TokenizedGenerateReqInput
     from tsfront.worker import Attachment
@@ -126,7 +127,7 @@ def _request(rid: str, rank: int | None) -> TokenizedGenerateReqInput:
     )
 
 
-async def _generate(client, request):
+async def _generate(client: EngineClient, request: TokenizedGenerateReqInput) -> RequestStream:
     from tsfront.errors import Busy
 
     while True:
