@@ -23,7 +23,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tsfront.config import ClientConfig, LoadBalance, Routing
 from tsfront.errors import ConfigError, Error
@@ -421,7 +421,7 @@ def _run_sim(args: argparse.Namespace) -> int:
     return sim_cli.cli_main(args.argv)
 
 
-def _resolve(target: str):
+def _resolve(target: str) -> Any:
     import importlib
 
     module, _, name = target.partition(":")

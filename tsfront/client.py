@@ -17,6 +17,7 @@ import asyncio
 import logging
 import math
 import time
+from typing import cast
 
 from tsfront import region as shm
 from tsfront.config import ClientConfig, LoadBalance
@@ -169,7 +170,7 @@ class EngineClient:
             bool(request.return_logprob),
             deadline,
             bootstrap_at,
-            self._prompt_hashes(request.input_ids),
+            self._prompt_hashes(cast("list[int]", request.input_ids)),  # validated: a list
         )
 
     def _prompt_hashes(self, input_ids: list[int]) -> bytes | None:
@@ -184,7 +185,7 @@ class EngineClient:
 
     def _context_limit(self, pin: int | None) -> int | None:
         att = self._att
-        table = att.region.engines
+        table = cast(shm.Region, att.region).engines  # mapped while attached
         # The group requests are placed on (its decode group under disaggregated serving),
         # rows 0..num_engines-1; prefill engines follow it.
         n = att.config.num_engines

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import cast
 
 from tsfront.errors import ConfigError
 from tsfront.io.addresses import MAX_PORT, check_endpoint, split_tcp
@@ -327,9 +328,10 @@ class ClientConfig:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["routing"] = self.routing.load_balance.value
         if self.routing.is_disaggregated:
+            # Disaggregated: both groups are set (Routing.disaggregated).
             out["routing"] = {
-                "prefill": self.routing.prefill.to_dict(),
-                "decode": self.routing.decode.to_dict(),
+                "prefill": cast(EngineGroup, self.routing.prefill).to_dict(),
+                "decode": cast(EngineGroup, self.routing.decode).to_dict(),
             }
         return out
 
@@ -364,7 +366,7 @@ def _adopt_decode_group(config: ClientConfig) -> None:
 
 
 def _check_prefill_group(config: ClientConfig) -> None:
-    p = config.routing.prefill
+    p = cast(EngineGroup, config.routing.prefill)  # called only when disaggregated
     for name in ("handshake_address", "input_address", "output_address"):
         value = getattr(p, name)
         if not isinstance(value, str) or "://" not in value:

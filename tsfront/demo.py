@@ -24,7 +24,7 @@ import secrets
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from tsfront.cli import UsageError, progress
 from tsfront.client import EngineClient
@@ -148,7 +148,9 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("tsfront demo", f"--step-ms={args.step_ms}: must be positive")
 
 
-def _collect(results, procs, want: str, count: int, timeout: float) -> dict[int, Any]:
+def _collect(
+    results: multiprocessing.queues.Queue[Any], procs: list, want: str, count: int, timeout: float
+) -> dict[int, Any]:
     """Wait for ``count`` messages of kind ``want``; raise on a failure or a dead worker."""
     got: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
@@ -172,7 +174,7 @@ def _collect(results, procs, want: str, count: int, timeout: float) -> dict[int,
     return got
 
 
-def _summary(results: dict[int, dict], client: EngineClient, args) -> list[str]:
+def _summary(results: dict[int, dict], client: EngineClient, args: argparse.Namespace) -> list[str]:
     start = min(r["start"] for r in results.values())
     end = max(r["end"] for r in results.values())
     elapsed = max(end - start, 1e-9)
@@ -298,8 +300,8 @@ def run(args: argparse.Namespace) -> int:
         failed = sum(len(r["errors"]) for r in stats.values())
     finally:
         _stop_workers(procs)
-        if client is not None:
-            loop.run_until_complete(client.close())
+        if client is not None:  # attached on this loop
+            cast(asyncio.AbstractEventLoop, loop).run_until_complete(client.close())
         if loop is not None:
             loop.close()
         if io is not None:

@@ -23,6 +23,7 @@ from typing import Any
 from tsfront.cli import CommandError, UsageError, config_from_args, one_line, progress
 from tsfront.client import ClientListener, EngineClient
 from tsfront.errors import Error, InvalidRequest
+from tsfront.stream import OutputChunk
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput, validate_request
 
 __all__ = ["parse_ids", "parse_requests", "run"]
@@ -155,7 +156,7 @@ def parse_requests(args: argparse.Namespace) -> list[TokenizedGenerateReqInput]:
         with open(args.requests, encoding="utf-8") as f:
             lines = f.read().splitlines()
         name = args.requests
-    out = []
+    out: list[TokenizedGenerateReqInput] = []
     rids: set[str] = set()
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -193,7 +194,9 @@ class _Run:
         if not self.args.quiet:
             progress("generate", message)
 
-    async def one(self, client: EngineClient, request: TokenizedGenerateReqInput, gate) -> None:
+    async def one(
+        self, client: EngineClient, request: TokenizedGenerateReqInput, gate: asyncio.Semaphore
+    ) -> None:
         async with gate:
             try:
                 stream = await client.generate(request)
@@ -216,7 +219,7 @@ class _Run:
             finally:
                 self.done += 1
 
-    def _print_chunk(self, chunk) -> None:
+    def _print_chunk(self, chunk: OutputChunk) -> None:
         if self.args.json:
             self.emit(
                 json.dumps(
@@ -259,7 +262,9 @@ class _Run:
             )
 
 
-async def _wait_engines(listener: ClientListener, run: _Run, n: int, timeout: float):
+async def _wait_engines(
+    listener: ClientListener, run: _Run, n: int, timeout: float
+) -> EngineClient:
     accept = asyncio.ensure_future(listener.accept())
     start = time.monotonic()
     while True:

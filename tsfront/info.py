@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tsfront.wire import EngineRegistration
 
+if TYPE_CHECKING:
+    import numpy as np
 
-class EngineInfo(EngineRegistration, kw_only=True, frozen=True):
+
+# mypy reads msgspec's Struct as a dataclass and refuses a frozen subclass of a non-frozen
+# one; msgspec itself allows it.
+class EngineInfo(EngineRegistration, kw_only=True, frozen=True):  # type: ignore[misc]
     """An engine that completed the handshake: its index, rank, output endpoint, and every
     field of its registration (`tsfront.wire.EngineRegistration`: ``max_model_len``,
     ``data_parallel_rank``, ``vllm_version``, ...).
@@ -80,7 +86,7 @@ class EngineLoad:
 STATE_NAMES = {0: "absent", 1: "handshaking", 2: "live", 3: "dead"}
 
 
-def load_from_row(info: EngineInfo, row, load_ms: int) -> EngineLoad:
+def load_from_row(info: EngineInfo, row: np.ndarray, load_ms: int) -> EngineLoad:
     """Read engine ``info``'s row of the engine table (a numpy view of shared memory)."""
     from tsfront import region as r
 

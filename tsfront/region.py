@@ -75,7 +75,7 @@ IO_METRICS = (
 )
 IO_METRICS_OFFSET = 2048
 
-FINISH_REASONS = {
+FINISH_REASONS: dict[int, str] = {
     _native.FIN_STOP: "stop",
     _native.FIN_LENGTH: "length",
     _native.FIN_ABORT: "abort",
@@ -168,8 +168,9 @@ class Region:
 
     def close(self) -> None:
         """Unmap and close the fd (views must be dropped first)."""
-        self.engines = None
-        self.io_metrics = None
+        # Closed: the views are gone, and a use after close fails on None.
+        self.engines = None  # type: ignore[assignment]
+        self.io_metrics = None  # type: ignore[assignment]
         for view in self._views:
             view.release()
         self._views.clear()

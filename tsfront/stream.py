@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tsfront import region
 from tsfront.errors import (
@@ -95,7 +95,9 @@ class OutputChunk:
         self.output_ids.extend(later.output_ids)
         if self.output_token_logprobs_val is not None and later.output_token_logprobs_val:
             self.output_token_logprobs_val.extend(later.output_token_logprobs_val)
-            self.output_token_logprobs_idx.extend(later.output_token_logprobs_idx or [])
+            # A chunk with logprobs has both lists (val and idx).
+            idx = cast("list[int]", self.output_token_logprobs_idx)
+            idx.extend(later.output_token_logprobs_idx or [])
         self.finish_reason = later.finish_reason
         self.prompt_tokens = later.prompt_tokens
         self.completion_tokens = later.completion_tokens

@@ -17,6 +17,7 @@ import os
 import socket
 import time
 import weakref
+from typing import Any, cast
 
 import zmq
 
@@ -83,14 +84,14 @@ class Attachment:
         self.sock: socket.socket | None = None
         self.eventfd = -1
         self.region: Region | None = None
-        self.reader = None
+        self.reader: Any = None  # this worker's _native.Reader (no stub), once attached
         self.ctx: zmq.Context | None = None
         self.dealer: zmq.Socket | None = None
         self.recorder: Recorder | None = None  # this worker's request metrics (shared memory)
         # Deadlines of the streams that have one: a heap of (monotonic time, ticket, stream
         # reference) and one loop timer for the earliest, never one timer per stream or token.
         # Entries of streams that ended stay until their time comes (popped unread).
-        self._deadlines: list[tuple[float, int, weakref.ref]] = []
+        self._deadlines: list[tuple[float, int, weakref.ref[RequestStream]]] = []
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._deadline_at = 0.0
 
@@ -297,7 +298,7 @@ class Attachment:
             # Frame by frame with plain int flags: send_multipart costs ~7 µs more per request
             # (an enum OR per frame). Only the first frame can meet a full queue: ZMQ takes the
             # rest of a message it has started.
-            send = self.dealer.send
+            send = cast(zmq.Socket, self.dealer).send  # set at attach (submit needs one)
             send(SUBMIT_ADD, _MORE)
             send(header, _MORE)
             if hashes is None:

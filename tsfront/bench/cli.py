@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import sys
+from typing import Any
 
 from tsfront.bench.measure import Params, run_suite
 
@@ -72,7 +73,7 @@ def params_from(args: argparse.Namespace) -> Params:
     return p
 
 
-def _clean(x):
+def _clean(x: Any) -> Any:
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):

@@ -17,11 +17,12 @@ import resource
 import selectors
 import socket
 import time
+from multiprocessing.connection import Connection
 
 __all__ = ["measure_floor"]
 
 
-def _drain(port: int, connections: int, total: int, ready) -> None:
+def _drain(port: int, connections: int, total: int, ready: Connection) -> None:
     sel = selectors.DefaultSelector()
     socks = []
     for _ in range(connections):
@@ -34,7 +35,8 @@ def _drain(port: int, connections: int, total: int, ready) -> None:
     while got < total:
         for key, _ in sel.select(timeout=10):
             try:
-                data = key.fileobj.recv(1 << 20)
+                # Only sockets are registered; typeshed's SelectorKey.fileobj is not generic.
+                data = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
             except BlockingIOError:
                 continue
             if not data:

@@ -36,12 +36,23 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any, cast
 
 from tsfront import _native
 from tsfront.bench import baselines, replay
 from tsfront.bench.replay import make_rids, stamp_age_ns
 from tsfront.io.process import hold_sigint, ignore_sigint
+
+if TYPE_CHECKING:
+    from multiprocessing.context import SpawnContext
+
+    from tsfront.client import EngineClient
+    from tsfront.stream import RequestStream
+    from tsfront.wire import TokenizedGenerateReqInput
+    from tsfront.worker import Attachment
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -104,7 +115,7 @@ def steps_for(design: str, rows: int, target_s: float, minimum: int = 100) -> in
 # ----------------------------------------------------------------------------- worker process
 
 
-def _request(rid: str, rank: int | None):
+def _request(rid: str, rank: int | None) -> TokenizedGenerateReqInput:
     from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 
     return TokenizedGenerateReqInput(
@@ -116,7 +127,7 @@ def _request(rid: str, rank: int | None):
     )
 
 
-async def _generate(client, request):
+async def _generate(client: EngineClient, request: TokenizedGenerateReqInput) -> RequestStream:
     from tsfront.errors import Busy
 
     while True:
@@ -126,7 +137,7 @@ async def _generate(client, request):
             await asyncio.sleep(0.0005)
 
 
-async def _consume(stream, stats: list[int], lat: list[int] | None) -> None:
+async def _consume(stream: RequestStream, stats: list[int], lat: list[int] | None) -> None:
     from tsfront.errors import StreamError
 
     chunks = tokens = 0
@@ -142,7 +153,7 @@ async def _consume(stream, stats: list[int], lat: list[int] | None) -> None:
     stats[1] += tokens
 
 
-def worker_main(conn, address: str, use_uvloop: bool) -> None:
+def worker_main(conn: Connection, address: str, use_uvloop: bool) -> None:
     """Process body of one bench worker: attach, then run the driver's commands."""
     if use_uvloop:
         import uvloop
@@ -151,7 +162,7 @@ def worker_main(conn, address: str, use_uvloop: bool) -> None:
     asyncio.run(_worker(conn, address))
 
 
-async def _worker(conn, address: str) -> None:
+async def _worker(conn: Connection, address: str) -> None:
     from tsfront.client import EngineClient
 
     client = await EngineClient.attach(address, timeout=60)
@@ -278,13 +289,13 @@ def reader_poll_ns_per_token(rows: int, steps: int = 200, tokens_per_row: int = 
 class _Attachment:
     """What a `RequestStream` needs of its attachment, for the in-process measure."""
 
-    def __init__(self, loop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
 
-    def _release(self, stream) -> None:
+    def _release(self, stream: RequestStream) -> None:
         pass
 
-    def _abort(self, stream) -> None:
+    def _abort(self, stream: RequestStream) -> None:
         pass
 
 
@@ -326,11 +337,11 @@ async def _deliver_ns_per_token(rows: int, steps: int, consumers: bool) -> dict:
     for i, rid in enumerate(rids):
         w.bind(rid.encode(), i, i + 1, False, 18, 0)
         r.expect(i, i + 1)
-        streams[i] = RequestStream(att, rid, i, i + 1)
+        streams[i] = RequestStream(cast("Attachment", att), rid, i, i + 1)  # a stand-in
         rec.started(i, t0)
     consumed = [0]
 
-    async def consume(stream) -> None:
+    async def consume(stream: RequestStream) -> None:
         async for chunk in stream:
             consumed[0] += len(chunk.output_ids)
 
@@ -404,7 +415,7 @@ def ingest_us_per_frame(rows: int, steps: int = 500) -> float:
 # ----------------------------------------------------------------------------- sessions
 
 
-def _child_main(target, conn, *args) -> None:
+def _child_main(target: Callable[..., None], conn: Connection, *args: Any) -> None:
     """Entry of every bench child: ignore SIGINT (the driver answers it), then run."""
     ignore_sigint()
     target(conn, *args)
@@ -413,7 +424,7 @@ def _child_main(target, conn, *args) -> None:
 class _Child:
     """A spawned process and the driver's end of its pipe."""
 
-    def __init__(self, ctx, target, *args) -> None:
+    def __init__(self, ctx: SpawnContext, target: Callable[..., None], *args: Any) -> None:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_child_main, args=(target, child, *args), daemon=True)
         # Ctrl-C reaches the whole process group; the driver alone answers it (it tears the
@@ -434,12 +445,12 @@ class _Child:
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return cast(int, self.proc.pid)  # started in __init__
 
-    def send(self, *msg) -> None:
+    def send(self, *msg: Any) -> None:
         self.conn.send(msg)
 
-    def recv(self, timeout: float = 120.0):
+    def recv(self, timeout: float = 120.0) -> Any:
         if not self.conn.poll(timeout):
             raise TimeoutError(f"bench child {self.pid} did not answer in {timeout}s")
         return self.conn.recv()
@@ -864,6 +875,7 @@ def _bursts(s: Session, rows: int, p: Params) -> dict:
         ):
             acc[key] += r[key]
         acc["wakes"] += r["wakes_per_worker_step"] * per
+    assert acc is not None  # the loop runs at least once
     acc["wakes_per_worker_step"] = acc["wakes"] / acc["steps"]
     return acc
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 
 import zmq
 
@@ -164,7 +165,7 @@ def registration(rank: int, size: int) -> EngineRegistration:
 class ReplayEngine:
     """One engine rank (handshaking) or a plain pusher (baselines), in the current process."""
 
-    def __init__(self, conn) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.ctx = zmq.Context(1)
         self.inp: zmq.Socket | None = None
@@ -287,7 +288,7 @@ class ReplayEngine:
         self.ctx.term()
 
 
-def engine_main(conn, handshake: tuple[str, int, int, int] | None) -> None:
+def engine_main(conn: Connection, handshake: tuple[str, int, int, int] | None) -> None:
     """Process body: handshake (if ``handshake`` = (address, index, rank, size)), then serve."""
     engine = ReplayEngine(conn)
     try:

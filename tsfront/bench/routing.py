@@ -38,12 +38,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 from tsfront.config import ClientConfig, LoadBalance, Routing
+
+if TYPE_CHECKING:
+    from tsfront.sim import SimGroup
 
 POLICIES = (LoadBalance.LEAST_IN_FLIGHT, LoadBalance.ROUND_ROBIN, LoadBalance.PREFIX_AFFINITY)
 VOCAB = 32000
@@ -107,7 +111,7 @@ def _sim_options(p: RoutingParams) -> dict:
     }
 
 
-def _settled_counters(sim, finished: int, timeout: float = 10.0) -> list[dict]:
+def _settled_counters(sim: SimGroup, finished: int, timeout: float = 10.0) -> list[dict]:
     """The ranks' counters once they count ``finished`` requests in all (a rank counts a
     request just after sending its last frame, so the client may see the end first)."""
     deadline = time.monotonic() + timeout
@@ -118,7 +122,7 @@ def _settled_counters(sim, finished: int, timeout: float = 10.0) -> list[dict]:
         time.sleep(0.01)
 
 
-def _figures(sim, p: RoutingParams, wall: float, finished: int) -> dict:
+def _figures(sim: SimGroup, p: RoutingParams, wall: float, finished: int) -> dict:
     counters = _settled_counters(sim, finished)
     prompt = sum(c["prompt_tokens"] for c in counters)
     cached = sum(c["cached_tokens"] for c in counters)
@@ -134,7 +138,9 @@ def _figures(sim, p: RoutingParams, wall: float, finished: int) -> dict:
     }
 
 
-async def _replay_tsfront(trace, p: RoutingParams, policy: LoadBalance, ideal: bool) -> dict:
+async def _replay_tsfront(
+    trace: list[list[list[int]]], p: RoutingParams, policy: LoadBalance, ideal: bool
+) -> dict:
     from tsfront.client import EngineClient
     from tsfront.io.process import IOProcess
     from tsfront.sim import SimGroup
@@ -188,15 +194,17 @@ async def _replay_tsfront(trace, p: RoutingParams, policy: LoadBalance, ideal: b
 # ---------------------------------------------------------------------- routing CPU
 
 
-def _interleaved(trace) -> list[list[int]]:
+def _interleaved(trace: list[list[list[int]]]) -> list[list[int]]:
     """The trace's prompts in an order like the replay's: turn by turn across sessions."""
-    out = []
+    out: list[list[int]] = []
     for t in range(max(len(s) for s in trace)):
         out.extend(s[t] for s in trace if t < len(s))
     return out
 
 
-def routing_cpu(trace, p: RoutingParams, policy: LoadBalance, repeat: int = 3) -> dict:
+def routing_cpu(
+    trace: list[list[list[int]]], p: RoutingParams, policy: LoadBalance, repeat: int = 3
+) -> dict:
     """µs of `Router.choose` per request on this trace (best of ``repeat``), with
     ``p.concurrency`` requests kept in flight; for `PREFIX_AFFINITY` also the worker's hashing
     and the I/O-side hashing alternative."""
@@ -244,7 +252,8 @@ def routing_cpu(trace, p: RoutingParams, policy: LoadBalance, repeat: int = 3) -
             for e in engines:
                 router.affinity.registered(e)
         window: collections.deque = collections.deque()
-        choose = router.choose
+        # Every engine is live: choose never returns None here (typed so, nothing per call).
+        choose = cast("Callable[..., Engine]", router.choose)
         t = time.thread_time()
         for payload, h in zip(payloads, hashes):
             e = choose(engines, payload, h if with_hashes else None)
@@ -271,7 +280,7 @@ def write_word_model(folder: Path) -> None:
     """A model folder whose tokenizer maps the word ``w<id>`` to token ``id`` (and nothing
     else), so a prompt sent as text reaches the engine as exactly the trace's ids."""
     vocab = {f"w{i}": i for i in range(VOCAB)}
-    tokenizer = {
+    tokenizer: dict[str, Any] = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
@@ -354,7 +363,7 @@ def _complete(
         return json.loads(r.read())
 
 
-def replay_smg(trace, p: RoutingParams, smg: str) -> dict:
+def replay_smg(trace: list[list[list[int]]], p: RoutingParams, smg: str) -> dict:
     """The trace through SMG's cache_aware policy, in front of the same simulated ranks."""
     from tsfront.sim import SimGroup
 
@@ -416,7 +425,8 @@ def replay_smg(trace, p: RoutingParams, smg: str) -> dict:
             return figures
     except Exception as exc:
         log = folder / "smg.log"
-        exc.smg_log = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+        # Carried to the caller (read with getattr) on whatever was raised.
+        exc.smg_log = log.read_text(errors="replace")[-3000:] if log.exists() else ""  # type: ignore[attr-defined]
         raise
     finally:
         if sim is not None:

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import IO, Any, cast
 
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 
@@ -121,7 +122,12 @@ def _role(cmdline: str) -> str:
 class _Proc:
     """A child in a session of its own, its stdout lines readable with a deadline."""
 
-    def __init__(self, cmd: list[str], env: dict | None = None, stdout=subprocess.PIPE) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        env: dict | None = None,
+        stdout: int | IO[Any] | None = subprocess.PIPE,
+    ) -> None:
         self.cmd = cmd
         self.proc = subprocess.Popen(
             cmd,
@@ -136,13 +142,14 @@ class _Proc:
         deadline = time.monotonic() + timeout
         import selectors
 
+        stdout = cast("IO[str]", self.proc.stdout)  # line() is for a child with stdout=PIPE
         sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        sel.register(stdout, selectors.EVENT_READ)
         try:
             while time.monotonic() < deadline:
                 if not sel.select(max(0.0, deadline - time.monotonic())):
                     continue
-                raw = self.proc.stdout.readline()
+                raw = stdout.readline()
                 if not raw:
                     break
                 match = re.search(pattern, raw)
@@ -346,7 +353,7 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tsfront-bench-serve-") as tmp:
         model = str(make_test_model(Path(tmp) / "model", "wordlevel"))
-        targets: list[tuple[str, object]] = []
+        targets: list[tuple[str, tuple[str, int] | None]] = []  # None: SMG
         for w in p.workers:
             targets.append((f"tsfront serve W={w}", ("uvicorn", w)))
         for stack in p.stacks:
@@ -364,7 +371,7 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
                 say(f"bench serve: {name} ...")
                 try:
                     if how is None:
-                        with _smg(smg, model, p) as (url, session):
+                        with _smg(cast(str, smg), model, p) as (url, session):  # found
                             fig = _measure(name, url, session, model, p)
                     else:
                         stack, w = how
@@ -409,7 +416,7 @@ def _floor(p: ServeParams, say: Callable[[str], None]) -> dict:
 
 def _ratios(results: list[Figures]) -> dict:
     """CPU-per-token ratios of the targets' medians (against SMG; W=2 against W=1)."""
-    by = {}
+    by: dict[str, list[float]] = {}
     for f in results:
         by.setdefault(f.target, []).append(f.cpu_us_per_token)
     # Medians over --repeat runs: the machine is shared, single runs are noisy.

@@ -15,15 +15,19 @@ import asyncio
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["main"]
 
 _DECODE = msgspec.json.Decoder()
 
 
-async def _one(session, url: str, body: bytes, out: dict) -> None:
+async def _one(session: aiohttp.ClientSession, url: str, body: bytes, out: dict) -> None:
     start = time.perf_counter()
     first = None
     tokens = events = 0

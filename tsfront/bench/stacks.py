@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
+from typing import cast
 
 from tsfront.config import ClientConfig
 from tsfront.io.process import IOProcess
@@ -36,14 +37,14 @@ async def _aiohttp(args: argparse.Namespace, address: str) -> None:
     from aiohttp import web
 
     from tsfront.client import EngineClient
-    from tsfront.serve.api import OpenAIService, SSEReply
+    from tsfront.serve.api import OpenAIService, Reply, SSEReply
     from tsfront.text import TextModel
 
     text = TextModel.load(args.model)
     client = await EngineClient.attach(address)
     service = OpenAIService(client, text, text.name)
 
-    def plain(reply) -> web.Response:
+    def plain(reply: Reply) -> web.Response:
         headers = {k.decode(): v.decode() for k, v in reply.headers}
         return web.Response(status=reply.status, body=reply.body, headers=headers)
 
@@ -52,7 +53,7 @@ async def _aiohttp(args: argparse.Namespace, address: str) -> None:
         handler = service.chat if request.path.endswith("chat/completions") else service.completions
         reply = await handler(body)
         if type(reply) is not SSEReply:
-            return plain(reply)
+            return plain(cast(Reply, reply))
         response = web.StreamResponse(
             status=200, headers={k.decode(): v.decode() for k, v in reply.headers}
         )

@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tsfront.errors import WireDecodeError
 from tsfront.io.engines import Engine
 from tsfront.io.state import SavedEngine
 from tsfront.region import ENGINE_ABSENT, ENGINE_HANDSHAKING, ENGINE_LIVE
-from tsfront.wire import decode_output
+from tsfront.wire import BatchTokenIDOutSlim, decode_output
 
 if TYPE_CHECKING:
     from tsfront.io.loop import IOLoop
@@ -95,7 +95,8 @@ def orphans(loop: IOLoop, engine: Engine, frame: bytes) -> None:
         return
     now = time.monotonic()
     known: set[bytes] | None = None
-    for rid, reason in zip(rids, batch.finished_reasons, strict=False):
+    reasons = cast(BatchTokenIDOutSlim, batch).finished_reasons  # it has rids: not ENGINE_DEAD
+    for rid, reason in zip(rids, reasons, strict=False):
         if reason or not isinstance(rid, str):
             continue  # ended on the engine already: nothing to stop
         key = rid.encode("utf-8", "surrogatepass")

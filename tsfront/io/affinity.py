@@ -38,10 +38,14 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tsfront import _native
 from tsfront.io.engines import Engine
 from tsfront.region import ENGINE_LIVE
+
+if TYPE_CHECKING:
+    import zmq
 
 #: Granularity assumed for an engine whose registration carries none (prefix_granularity 0).
 DEFAULT_GRANULARITY = 64
@@ -195,12 +199,13 @@ class AffinityRouter:
         """The engine died or restarted: nothing it was sent is cached any more."""
         self.index.forget(engine.row)
 
-    def hashes(self, payload: object, packed: object = None) -> list[int]:
+    def hashes(self, payload: object, packed: zmq.Frame | bytes | None = None) -> list[int]:
         """The prompt's block hashes: from the worker's ``packed`` frame
         (`tsfront._native.packed_block_hashes`) when it used our block size, else from the
         ADD payload (bytes or a ``zmq.Frame``)."""
         if packed is not None:
-            view = memoryview(packed)
+            # A zmq.Frame is a buffer, but pyzmq's stub does not say so.
+            view = memoryview(packed)  # type: ignore[arg-type]
             n = len(view)
             if n >= 8 and n % 8 == 0 and n <= 8 * (MAX_BLOCKS + 1):
                 words = view.cast("Q")
@@ -209,12 +214,14 @@ class AffinityRouter:
             self.hashed_here += 1  # a block size from another registration, or a bad frame
         return _native.block_hashes(payload, self.block_tokens, MAX_BLOCKS)
 
-    def note(self, engine: Engine, payload: object, packed: object = None) -> None:
+    def note(
+        self, engine: Engine, payload: object, packed: zmq.Frame | bytes | None = None
+    ) -> None:
         """Record a prompt sent to ``engine`` without choosing it (a pinned request)."""
         self.index.record(engine.row, self.hashes(payload, packed))
 
     def choose(
-        self, engines: Sequence[Engine], payload: object, packed: object = None
+        self, engines: Sequence[Engine], payload: object, packed: zmq.Frame | bytes | None = None
     ) -> Engine | None:
         """The engine for this ADD payload (``packed``: its block hashes from the worker, if
         sent), or None if no engine is live; records the prompt in the chosen engine's

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 import zmq
@@ -39,10 +39,11 @@ from tsfront.region import (
     FIN_RID_ABORTED,
     FIN_SEND_TIMEOUT,
 )
-from tsfront.wire import ENGINE_DEAD, decode_output
+from tsfront.wire import ENGINE_DEAD, BatchTokenIDOutSlim, decode_output
 from tsfront.wire.request import BOOTSTRAP_PLACEHOLDER
 
 if TYPE_CHECKING:
+    from tsfront.config import EngineGroup
     from tsfront.io.engines import Engine
     from tsfront.io.loop import IOLoop, Record
 
@@ -70,7 +71,8 @@ class Disaggregated:
 
     def __init__(self, loop: IOLoop, prefill: list[Engine]) -> None:
         self.loop = loop
-        self.group = loop.config.routing.prefill
+        # The loop makes a Disaggregated only when its routing has a prefill group.
+        self.group = cast("EngineGroup", loop.config.routing.prefill)
         self.prefill = prefill
         self.by_identity = {e.identity: e for e in prefill}
         # (prefill row, rid) → slot, while the prefill engine holds the request.
@@ -176,7 +178,7 @@ class Disaggregated:
     def forget(self, record: Record, *, abort: bool) -> None:
         """The request ended (or went): release its prefill half, aborting it if sent."""
         self.rooms.discard(record.room)
-        engine = record.prefill
+        engine = cast("Engine", record.prefill)  # the loop calls this only for a prefill half
         if self.pending.pop((engine.row, record.rid), None) is None:
             return  # the prefill engine finished its part already
         engine.in_flight -= 1
@@ -208,7 +210,7 @@ class Disaggregated:
         loop = self.loop
         for _ in range(limit):
             try:
-                frame = engine.pull.recv(zmq.NOBLOCK)
+                frame = cast(zmq.Socket, engine.pull).recv(zmq.NOBLOCK)  # bound in bind()
             except zmq.Again:
                 return
             try:
@@ -216,13 +218,13 @@ class Disaggregated:
                 if batch is ENGINE_DEAD:
                     loop._kill(engine, "sent ENGINE_CORE_DEAD")
                     return
-                self._apply(engine, batch)
+                self._apply(engine, cast(BatchTokenIDOutSlim, batch))  # not ENGINE_DEAD
             except WireDecodeError as exc:
                 loop.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
             except Exception as exc:
                 loop._handler_failed(f"prefill engine {engine.index}: output frame", exc)
 
-    def _apply(self, engine: Engine, batch) -> None:
+    def _apply(self, engine: Engine, batch: BatchTokenIDOutSlim) -> None:
         loop = self.loop
         loop.dirty.add(engine.row)
         tail = (batch.num_running, batch.num_waiting, batch.kv_active_pages, batch.kv_total_pages)

@@ -29,7 +29,7 @@ class PendingSend:
 
     slot: int
     ticket: int  # the request's, so a reused slot is never mistaken for it
-    payload: zmq.Frame
+    payload: zmq.Frame | bytes  # bytes: a disaggregated ADD with its bootstrap fields
     deadline: float  # send_timeout's
     expires: float = 0.0  # the request's own deadline (0: none); never sent after it
     prefill: bool = False  # the prefill half of a disaggregated request

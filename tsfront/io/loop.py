@@ -18,13 +18,14 @@ import os
 import socket
 import struct
 import time
+from typing import cast
 
 import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from tsfront import _native, control
-from tsfront.config import ClientConfig
+from tsfront.config import ClientConfig, EngineGroup
 from tsfront.errors import WireDecodeError
 from tsfront.io import adoption
 from tsfront.io.addresses import advertised, bind_socket, output_address_for
@@ -192,10 +193,14 @@ class IOLoop:
             Engine(row=i, index=config.first_engine_index + i, role=role)
             for i in range(config.num_engines)
         ]
-        prefill = [
-            Engine(row=config.num_engines + i, index=pd.first_engine_index + i, role=PREFILL)
-            for i in range(num_prefill)
-        ]
+        prefill = (
+            [
+                Engine(row=config.num_engines + i, index=pd.first_engine_index + i, role=PREFILL)
+                for i in range(num_prefill)
+            ]
+            if pd is not None
+            else []
+        )
         self.engines = self.serving + prefill
         self.pd = Disaggregated(self, prefill) if pd is not None else None
         self.by_identity = {e.identity: e for e in self.serving}
@@ -252,7 +257,8 @@ class IOLoop:
             pull.setsockopt(zmq.HEARTBEAT_IVL, int(c.heartbeat_interval * 1000))
             pull.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(c.heartbeat_timeout * 1000))
             pull.setsockopt(zmq.HEARTBEAT_TTL, int(c.heartbeat_timeout * 1000))
-            group = c.routing.prefill if e.role == PREFILL else c
+            # Prefill engines exist only under disaggregated routing (a prefill group).
+            group = cast(EngineGroup, c.routing.prefill) if e.role == PREFILL else c
             rank = e.index - group.first_engine_index
             bound = bind_socket(pull, output_address_for(group.output_address, rank))
             e.pull = pull
@@ -310,7 +316,7 @@ class IOLoop:
         poll = self.poller.poll
         pulls = self.pull_engine
         monitors = self.monitor_engine
-        listener_fd = self._listener.fileno()
+        listener_fd = cast(socket.socket, self._listener).fileno()  # bound in bind()
         writer = self.writer
         self.running = True
         while True:
@@ -396,9 +402,10 @@ class IOLoop:
 
     def _on_output(self, engine: Engine, limit: int = DRAIN) -> None:
         if engine.role == PREFILL:
-            self.pd.on_output(engine, limit)  # never written to a slot
+            # A prefill engine exists only with a prefill group (self.pd).
+            cast(Disaggregated, self.pd).on_output(engine, limit)  # never written to a slot
             return
-        recv = engine.pull.recv
+        recv = cast(zmq.Socket, engine.pull).recv  # every engine's PULL is bound in bind()
         ingest = self.writer.ingest
         index = engine.index
         records = self.records
@@ -496,7 +503,8 @@ class IOLoop:
             )
             return
         rid = header[SUBMIT_HEADER.size :]
-        slot = worker.worker * self.spw + local
+        # Submissions come only from attached workers (by_submit_identity), which have a number.
+        slot = cast(int, worker.worker) * self.spw + local
         if slot in self.records:
             # The worker reused a slot whose request we still hold: its ABORT for the old one
             # is behind this ADD (a worker flushes aborts once per loop iteration). Forget the
@@ -540,11 +548,13 @@ class IOLoop:
             # ends its stream; this end reaches a worker whose timer is late).
             self._fail(slot, FIN_DEADLINE, engine.index)
             return
+        out: zmq.Frame | bytes = payload
         if self.pd is not None:
-            payload = self.pd.add(record, slot, payload, bootstrap_at, expires)
-            if payload is None:
+            filled = self.pd.add(record, slot, payload, bootstrap_at, expires)
+            if filled is None:
                 return  # ended already
-        self._send_add(engine, slot, record, payload, expires)
+            out = filled
+        self._send_add(engine, slot, record, out, expires)
 
     def _send_add(
         self,
@@ -621,7 +631,7 @@ class IOLoop:
                 )
                 code = FIN_SEND_TIMEOUT
                 if pending.prefill:
-                    code = self.pd.fail_code(code)
+                    code = cast(Disaggregated, self.pd).fail_code(code)
                 self._fail(pending.slot, code, engine.index)
                 continue
             try:
@@ -647,7 +657,7 @@ class IOLoop:
         for local, ticket in ABORT_ENTRY.iter_unpack(data[:usable]):
             if local >= self.spw:
                 continue
-            slot = worker.worker * self.spw + local
+            slot = cast(int, worker.worker) * self.spw + local  # an attached worker (see _add)
             record = self.records.get(slot)
             if record is None or record.ticket != ticket:
                 continue  # finished already (or never bound): nothing to tell the engine
@@ -663,8 +673,8 @@ class IOLoop:
         self.dirty.add(engine.row)
         if abort and record.sent:
             self._queue_abort(engine, record.rid)
-        if record.prefill is not None:
-            self.pd.forget(record, abort=abort)
+        if record.prefill is not None:  # a prefill half: there is a prefill group
+            cast(Disaggregated, self.pd).forget(record, abort=abort)
 
     def _queue_abort(self, engine: Engine, rid: bytes) -> None:
         # Sent at the end of the turn (one frame per engine); remembered from now on, so that
@@ -726,7 +736,8 @@ class IOLoop:
             if frame is not None:
                 # Where the engine dialled from: a prefill engine's default bootstrap host.
                 try:
-                    engine.peer_host = frame.get("Peer-Address") or ""
+                    # pyzmq's stub types get() as int | str; a string property is a str.
+                    engine.peer_host = frame.get("Peer-Address") or ""  # type: ignore[assignment]
                 except zmq.ZMQError:
                     engine.peer_host = ""
             if engine.state in (ENGINE_LIVE,):
@@ -825,7 +836,7 @@ class IOLoop:
     def _on_monitor(self, engine: Engine) -> None:
         while True:
             try:
-                event = recv_monitor_message(engine.monitor, zmq.NOBLOCK)
+                event = recv_monitor_message(cast(zmq.Socket, engine.monitor), zmq.NOBLOCK)
             except zmq.Again:
                 return
             except Exception:  # a malformed monitor message cannot come from a peer
@@ -883,8 +894,8 @@ class IOLoop:
         self.stats.engine_died(engine.row)
         engine.state = ENGINE_DEAD
         engine.dead_reason = reason
-        if engine.role == PREFILL:
-            self.pd.kill(engine)
+        if engine.role == PREFILL:  # a prefill engine: there is a prefill group
+            cast(Disaggregated, self.pd).kill(engine)
         engine.adopting = False  # e.g. its ENGINE_CORE_DEAD, queued in the gap, came first
         # The records are the one account of what is in flight where; a death is rare enough
         # to find its requests by a scan rather than keep a second per-engine set.
@@ -894,7 +905,7 @@ class IOLoop:
             if record.sent:
                 self._queue_abort(engine, record.rid)
             if record.prefill is not None:
-                self.pd.forget(record, abort=True)
+                cast(Disaggregated, self.pd).forget(record, abort=True)
         engine.backlog.clear()
         engine.in_flight = 0
         engine.tail = (0, 0, 0, 0)
@@ -931,7 +942,7 @@ class IOLoop:
     def _on_accept(self) -> None:
         while True:
             try:
-                sock, _ = self._listener.accept()
+                sock, _ = cast(socket.socket, self._listener).accept()  # bound in bind()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:

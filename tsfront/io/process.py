@@ -133,6 +133,7 @@ class IOProcess:
         try:
             # A Ctrl-C that came while SIGINT was held is raised here; the child is reaped.
             hold.release()
+            assert proc.stdin is not None  # stdin=subprocess.PIPE
             proc.stdin.write(json.dumps({"config": config.to_dict(), "token": token}).encode())
             proc.stdin.write(b"\n")
             proc.stdin.close()
@@ -185,6 +186,7 @@ class IOProcess:
 
 
 def _read_line(proc: subprocess.Popen, timeout: float) -> bytes:
+    assert proc.stdout is not None  # started with stdout=subprocess.PIPE
     deadline = time.monotonic() + timeout
     buf = b""
     with selectors.DefaultSelector() as sel:

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from tsfront.config import ClientConfig, LoadBalance
 from tsfront.io.affinity import AffinityRouter
 from tsfront.io.engines import Engine
 from tsfront.region import ENGINE_LIVE
+
+if TYPE_CHECKING:
+    import zmq
 
 
 class Router:
@@ -36,7 +40,10 @@ class Router:
             )
 
     def choose(
-        self, engines: Sequence[Engine], payload: object = b"", hashes: object = None
+        self,
+        engines: Sequence[Engine],
+        payload: object = b"",
+        hashes: zmq.Frame | bytes | None = None,
     ) -> Engine | None:
         """The engine for the next request (its ADD ``payload``, and the prompt's packed block
         hashes if the worker sent them), or None if no engine is live."""

@@ -21,8 +21,8 @@ import itertools
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -40,6 +40,10 @@ from tsfront.serve.push import Pusher
 from tsfront.serve.schema import ChatRequest, CompletionRequest
 from tsfront.stream import OutputChunk, RequestStream
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
+
+if TYPE_CHECKING:
+    from tsfront.text.detok import Detokenizer
+    from tsfront.text.stop import StopMatcher
 
 __all__ = ["ApiError", "OpenAIService", "Reply", "SSEReply"]
 
@@ -98,6 +102,10 @@ class Reply:
         self.headers = headers or _JSON_HEADERS
 
 
+#: An ASGI ``send``: `Pusher` steps the coroutine it returns by hand.
+_Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
+
+
 class Final(bytes):
     """The last bytes of a streamed response (its last events and ``[DONE]``): the server
     sends them together with the end of the body, in one write."""
@@ -119,8 +127,8 @@ class SSEReply:
 
     def __init__(
         self,
-        events: AsyncIterator[bytes],
-        push: Callable[[Callable[[dict[str, Any]], Awaitable[None]]], Pusher] | None = None,
+        events: AsyncGenerator[bytes, None],
+        push: Callable[[_Send], Pusher] | None = None,
     ) -> None:
         self.events = events
         #: For a response that can take the hot path: given the ASGI ``send`` (after the
@@ -132,8 +140,13 @@ class ApiError(Exception):
     """A request the server answers with an OpenAI error object instead of a completion."""
 
     def __init__(
-        self, status: int, message: str, *, kind: str = "invalid_request_error", param=None
-    ):
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+    ) -> None:
         self.status = status
         self.kind = kind
         self.param = param
@@ -182,7 +195,14 @@ class _Choice:
         "tokens",
     )
 
-    def __init__(self, index: int, stream: RequestStream, detok, stop, prompt_tokens: int):
+    def __init__(
+        self,
+        index: int,
+        stream: RequestStream,
+        detok: Detokenizer,
+        stop: StopMatcher | None,
+        prompt_tokens: int,
+    ) -> None:
         self.index = index
         self.stream = stream
         self.detok = detok
@@ -243,6 +263,19 @@ class _Plan:
         "stop",
         "stream",
     )
+
+    # Set by _plan_completion / _plan_chat and _common before the plan is used.
+    chat: bool
+    include_stop: bool
+    include_usage: bool
+    logprobs: bool
+    max_tokens: int | None
+    n: int
+    prompts: list[list[int]]
+    sampling: dict[str, Any]
+    skip_special: bool
+    stop: list[str] | None
+    stream: bool
 
 
 class OpenAIService:
@@ -342,7 +375,7 @@ class OpenAIService:
 
     # ------------------------------------------------------------------ request → plan
 
-    def _common(self, req, plan: _Plan) -> None:
+    def _common(self, req: CompletionRequest | ChatRequest, plan: _Plan) -> None:
         if req.model is not None and req.model != self.model_name:
             raise ApiError(
                 404,
@@ -521,7 +554,7 @@ class OpenAIService:
             push = None
             if ch.stop is None and not plan.logprobs and _PUSH:
 
-                def push(send: Callable[[dict[str, Any]], Awaitable[None]]) -> Pusher:
+                def push(send: _Send) -> Pusher:
                     pusher = Pusher(ch.plain, fmt.head(ch.index), fmt.tail, send)
                     ch.stream.set_sink(pusher)
                     return pusher
@@ -623,7 +656,7 @@ class OpenAIService:
 
     async def _events(
         self, plan: _Plan, fmt: Format, choices: list[_Choice], first: OutputChunk | None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         try:
             async for event in self._many(plan, fmt, choices, first):
                 yield event
@@ -640,7 +673,7 @@ class OpenAIService:
         chunk: OutputChunk | None,
         *,
         whole: bool = False,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         # The hot path: one event per chunk, built from pre-encoded fragments. With ``whole``
         # it is the response's entire event stream (one choice: no wrapper generator per token).
         stream = ch.stream
@@ -687,7 +720,7 @@ class OpenAIService:
 
     async def _many(
         self, plan: _Plan, fmt: Format, choices: list[_Choice], first: OutputChunk | None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
         async def pump(ch: _Choice, chunk: OutputChunk | None) -> None:

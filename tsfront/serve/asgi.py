@@ -16,9 +16,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tsfront.serve.api import ApiError, Final, OpenAIService, Reply, SSEReply
+
+if TYPE_CHECKING:
+    from tsfront.client import EngineClient
 
 __all__ = ["ServeApp", "app_from_env"]
 
@@ -58,7 +61,7 @@ class ServeApp:
         self._attach = attach
         self._model = model
         self._model_name = model_name
-        self._owned = None
+        self._owned: EngineClient | None = None
         self._routes = {
             ("POST", "/v1/completions"): "completions",
             ("POST", "/v1/chat/completions"): "chat",
@@ -131,7 +134,8 @@ class ServeApp:
         if body is None:
             await _send_reply(send, _TOO_LARGE)
             return
-        task = asyncio.current_task()
+        # A request handler always runs in a task (the server's, per connection).
+        task = cast("asyncio.Task[Any]", asyncio.current_task())
         state = [False, False]  # [handler finished, client disconnected]
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
 
@@ -168,7 +172,7 @@ class ServeApp:
                 if not ended:
                     await send(_END)
             else:
-                await _send_reply(send, reply)
+                await _send_reply(send, cast(Reply, reply))
         except asyncio.CancelledError:
             if not state[1]:
                 raise

@@ -22,9 +22,18 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
+
+if TYPE_CHECKING:
+    from multiprocessing.context import SpawnContext
+    from multiprocessing.queues import Queue
+
+    from tsfront.io.process import IOProcess
+    from tsfront.serve.worker import WorkerOptions
 
 __all__ = ["add_arguments", "run"]
 
@@ -116,7 +125,14 @@ def _note(message: str) -> None:
     sys.stderr.flush()
 
 
-def _start_workers(ctx, worker_main, opts, events, count: int, addresses: list) -> list:
+def _start_workers(
+    ctx: SpawnContext,
+    worker_main: Callable[..., None],
+    opts: WorkerOptions,
+    events: Queue[Any],
+    count: int,
+    addresses: list,
+) -> list:
     procs = []
     for index in range(count):
         proc = ctx.Process(
@@ -129,7 +145,14 @@ def _start_workers(ctx, worker_main, opts, events, count: int, addresses: list) 
     return procs
 
 
-def _wait_ready(events, procs: list, io, stop: threading.Event, args, what: str = "ready") -> bool:
+def _wait_ready(
+    events: Queue[Any],
+    procs: list,
+    io: IOProcess | None,
+    stop: threading.Event,
+    args: argparse.Namespace,
+    what: str = "ready",
+) -> bool:
     """Wait until every worker says ``what`` (listens, or re-attached); False if told to stop
     meanwhile."""
     deadline = time.monotonic() + args.handshake_timeout + READY_MARGIN_S

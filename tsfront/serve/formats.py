@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+if TYPE_CHECKING:
+    from tsfront.serve.api import _Choice
+    from tsfront.stream import OutputChunk
 
 __all__ = ["ChatFormat", "CompletionFormat", "Format"]
 
@@ -106,11 +110,11 @@ class Format:
     def _tail(self) -> bytes:
         raise NotImplementedError
 
-    def last(self, ch, text: str, chunk) -> bytes:
+    def last(self, ch: _Choice, text: str, chunk: OutputChunk | None) -> bytes:
         """The event with ``finish_reason`` (and the last text and logprobs, if any)."""
         raise NotImplementedError
 
-    def with_logprobs(self, index: int, text: str, chunk) -> bytes:
+    def with_logprobs(self, index: int, text: str, chunk: OutputChunk) -> bytes:
         """A text event that carries the logprobs of ``chunk``'s tokens."""
         raise NotImplementedError
 
@@ -132,7 +136,7 @@ class CompletionFormat(Format):
     def _tail(self) -> bytes:
         return b',"logprobs":null,"finish_reason":null}]}\n\n'
 
-    def _logprobs(self, pairs) -> dict[str, Any] | None:
+    def _logprobs(self, pairs: list[tuple[int, float]] | None) -> dict[str, Any] | None:
         if pairs is None:
             return None
         token_text = self.text.token_text
@@ -143,7 +147,7 @@ class CompletionFormat(Format):
             "text_offset": None,
         }
 
-    def last(self, ch, text: str, chunk) -> bytes:
+    def last(self, ch: _Choice, text: str, chunk: OutputChunk | None) -> bytes:
         pairs = _pairs(chunk) if chunk is not None else None
         return self.event(
             {
@@ -154,7 +158,7 @@ class CompletionFormat(Format):
             }
         )
 
-    def with_logprobs(self, index: int, text: str, chunk) -> bytes:
+    def with_logprobs(self, index: int, text: str, chunk: OutputChunk) -> bytes:
         return self.event(
             {
                 "index": index,
@@ -208,7 +212,7 @@ class ChatFormat(Format):
             }
         )
 
-    def _logprobs(self, pairs) -> dict[str, Any] | None:
+    def _logprobs(self, pairs: list[tuple[int, float]] | None) -> dict[str, Any] | None:
         if pairs is None:
             return None
         token_text = self.text.token_text
@@ -224,7 +228,7 @@ class ChatFormat(Format):
         ]
         return {"content": content}
 
-    def last(self, ch, text: str, chunk) -> bytes:
+    def last(self, ch: _Choice, text: str, chunk: OutputChunk | None) -> bytes:
         pairs = _pairs(chunk) if chunk is not None else None
         return self.event(
             {
@@ -235,7 +239,7 @@ class ChatFormat(Format):
             }
         )
 
-    def with_logprobs(self, index: int, text: str, chunk) -> bytes:
+    def with_logprobs(self, index: int, text: str, chunk: OutputChunk) -> bytes:
         return self.event(
             {
                 "index": index,
@@ -266,6 +270,6 @@ class ChatFormat(Format):
         )
 
 
-def _pairs(chunk) -> list[tuple[int, float]]:
+def _pairs(chunk: OutputChunk) -> list[tuple[int, float]]:
     values = chunk.output_token_logprobs_val or []
     return list(zip(chunk.output_ids, values, strict=False))

@@ -18,7 +18,7 @@ response's task (`tsfront.serve.asgi`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -46,7 +46,7 @@ class Pusher:
         text: Callable[[list[int]], str],
         head: bytes,
         tail: bytes,
-        send: Callable[[dict[str, Any]], Awaitable[None]],
+        send: Callable[[dict[str, Any]], Coroutine[Any, Any, None]],
     ) -> None:
         self._text = text
         self._head = head
@@ -59,7 +59,7 @@ class Pusher:
         }
         #: The task finishing a send that the server suspended (back-pressure), or None.
         self.inflight: asyncio.Task | None = None
-        self._coro: Generator | None = None  # that send
+        self._coro: Coroutine[Any, Any, None] | None = None  # that send
         #: What a pushed send raised (a broken connection): the response ends with it.
         self.error: BaseException | None = None
 
@@ -73,7 +73,7 @@ class Pusher:
         message["body"] = self._head + _JSON.encode(text) + self._tail
         coro = self._send(message)
         try:
-            waiting = coro.send(None)  # type: ignore[attr-defined]
+            waiting = coro.send(None)
         except StopIteration:
             return True
         except Exception as exc:  # consumed: never raise from here (RequestStream.set_sink)
@@ -85,7 +85,7 @@ class Pusher:
         self.inflight = asyncio.ensure_future(self._finish(coro, waiting))
         return True
 
-    async def _finish(self, coro: Generator, waiting: Any) -> None:
+    async def _finish(self, coro: Coroutine[Any, Any, None], waiting: Any) -> None:
         # Drive the suspended send to its end: await what it waits for, then resume it.
         try:
             while True:

@@ -122,13 +122,14 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
         lifespan="off",
         access_log=False,
         log_level="warning",
-        timeout_graceful_shutdown=GRACE_S,
+        # uvicorn annotates int, but passes it to asyncio.timeout, which takes seconds as float.
+        timeout_graceful_shutdown=GRACE_S,  # type: ignore[arg-type]
         server_header=False,
         date_header=False,
     )
 
     class Server(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if not self.should_exit:
                 events.put(("ready", index, os.getpid()))

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -320,7 +320,8 @@ class SimEngine:
 
     def aborts(self) -> list[str]:
         """The rids of every ABORT received so far (one entry per rid)."""
-        return [entry.rid for entry in self.log() if entry.kind == "abort"]
+        # An abort entry always has its rid.
+        return [cast(str, entry.rid) for entry in self.log() if entry.kind == "abort"]
 
     def counters(self) -> dict[str, int]:
         """A snapshot of ``adds``, ``aborts``, ``dropped``, ``rejected``, ``steps``,
@@ -499,7 +500,8 @@ class SimEngine:
         """Log when the frontend's input ROUTER goes away (and when ZMQ redials it)."""
         while True:
             try:
-                event = recv_monitor_message(self._frontend, zmq.NOBLOCK)
+                # Set in _run before _serve, whose loop calls this.
+                event = recv_monitor_message(cast(zmq.Socket, self._frontend), zmq.NOBLOCK)
             except zmq.Again:
                 return
             address = self.init_addresses[0] if self.init_addresses else "?"

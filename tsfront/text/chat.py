@@ -46,7 +46,8 @@ def _generation_extension() -> type:
     ext = require("jinja2.ext")
     nodes = require("jinja2.nodes")
 
-    class Generation(ext.Extension):
+    # jinja2 is imported at run time (an optional dependency): mypy cannot follow the base.
+    class Generation(ext.Extension):  # type: ignore[name-defined]
         tags = frozenset({"generation"})
 
         def parse(self, parser: Any) -> Any:

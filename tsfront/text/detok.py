@@ -378,7 +378,7 @@ class StreamDetokenizer(Detokenizer):
         self._list_step = True
         # None: the prefix/read-offset algorithm in Python (no DecodeStream in this version
         # of tokenizers, or DecodeStream refused this stream's window).
-        self._stream = None
+        self._stream: Any = None  # a tokenizers DecodeStream (untyped), or None
         if decode_stream is not None:
             try:
                 self._stream = decode_stream(
