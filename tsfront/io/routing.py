@@ -75,12 +75,19 @@ class Router:
         best_key: tuple = ()
         for k in range(n):
             e = engines[(start + k) % n]
-            if e.state != ENGINE_LIVE:
+            # Inline `not e.placeable`: a stalled engine still holding requests is skipped.
+            if e.state != ENGINE_LIVE or (e.stalled_since and e.in_flight):
                 continue
-            # A stalled engine still holding requests sorts after every placeable one.
-            key = (not e.placeable, *self._key(e, now))
+            key = self._key(e, now)
             if best is None or key < best_key:
                 best, best_key = e, key
+        if best is None:  # every live engine is stalled (or none is live)
+            for k in range(n):
+                e = engines[(start + k) % n]
+                if e.state == ENGINE_LIVE:
+                    key = self._key(e, now)
+                    if best is None or key < best_key:
+                        best, best_key = e, key
         return best
 
     def _key(self, e: Engine, now: float) -> tuple:
