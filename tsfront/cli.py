@@ -342,6 +342,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"seconds of silence before an engine is dead ({defaults.heartbeat_timeout:g})",
     )
     tune.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=defaults.stall_timeout,
+        help="seconds an engine with requests in flight may send no output before it is "
+        f"marked stalled and new requests go elsewhere ({defaults.stall_timeout:g}; 0: never)",
+    )
+    tune.add_argument(
         "--state-dir",
         default=None,
         metavar="DIR",

@@ -195,7 +195,7 @@ class EngineClient:
                     f"data_parallel_rank={pin!r}: this group has ranks 0..{n - 1} (engines "
                     f"{att.config.first_engine_index}..{att.config.first_engine_index + n - 1})"
                 )
-            if table[pin][shm.E_STATE] != shm.ENGINE_LIVE:
+            if table[pin][shm.E_STATE] not in shm.SERVING_STATES:
                 raise EngineUnavailable(
                     f"data_parallel_rank={pin}: engine {att.engines[pin].index} is not live; "
                     "send unpinned or wait for it to restart"
@@ -204,7 +204,7 @@ class EngineClient:
         limits = [
             e.context_limit
             for i, e in enumerate(att.engines[:n])
-            if table[i][shm.E_STATE] == shm.ENGINE_LIVE
+            if table[i][shm.E_STATE] in shm.SERVING_STATES  # a stalled rank still takes some
         ]
         if not limits:
             raise EngineUnavailable("no engine of the group is live; requests cannot be served")

@@ -189,6 +189,14 @@ class ClientConfig:
             (``None``, the default: no deadline). A request still unfinished when it passes
             is aborted on its engine and its stream ends with `DeadlineExceeded`;
             ``generate(..., deadline=...)`` overrides it per request.
+        stall_timeout: seconds an engine with requests in flight may send no output frame
+            before the I/O process marks it *stalled* (``None``: never): no `LoadBalance`
+            policy places on it while it still holds requests, `EngineClient.load` and the
+            metrics say so, and its first output frame clears it. Its streams are not ended
+            (they end by their deadline, or when the engine dies). 30 s, the default, is
+            longer than any engine step should take (a chunked prefill sends rows for the
+            other requests of each step); a false alarm (one huge unchunked prefill on an
+            otherwise idle rank) only steers new requests elsewhere until its first token.
         prefix_index_blocks: `LoadBalance.PREFIX_AFFINITY` only: block hashes remembered per
             engine (least recently used go first; fewer if the engine's registered KV cache
             holds fewer blocks). At most 400 bytes each in the I/O process: the default, 8,192
@@ -225,6 +233,7 @@ class ClientConfig:
     max_message_size: int = 1 << 20
     load_ttl: float = 2.0
     request_deadline: float | None = None
+    stall_timeout: float | None = 30.0
     prefix_index_blocks: int = 8192
     prefix_block_tokens: int = 256
     affinity_abs_threshold: int = 8
@@ -274,6 +283,15 @@ class ClientConfig:
         ):
             raise ConfigError(
                 f"request_deadline={self.request_deadline!r}: must be None (no deadline) or a "
+                "positive number of seconds"
+            )
+        if self.stall_timeout is not None and not (
+            isinstance(self.stall_timeout, (int, float))
+            and not isinstance(self.stall_timeout, bool)
+            and self.stall_timeout > 0
+        ):
+            raise ConfigError(
+                f"stall_timeout={self.stall_timeout!r}: must be None (no stall detection) or a "
                 "positive number of seconds"
             )
         counts = (

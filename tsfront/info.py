@@ -60,6 +60,11 @@ class EngineLoad:
     output frame (0.1.1 engines; zeros for older engines or before any output); ``age`` is how
     long ago that was, or None if never. ``in_flight`` is tsfront's own exact count. ``role``
     is the engine's (see `EngineInfo`).
+
+    ``state`` is ``"absent"``, ``"handshaking"``, ``"live"``, ``"stalled"`` or ``"dead"``;
+    ``alive`` is true for ``"live"`` and ``"stalled"`` (connected: a stalled engine holds
+    requests but sent no output for ``ClientConfig.stall_timeout``, so new requests go to the
+    live ones; it is ``"live"`` again with its next output).
     """
 
     index: int
@@ -83,7 +88,7 @@ class EngineLoad:
         return self.kv_active_pages / self.kv_total_pages
 
 
-STATE_NAMES = {0: "absent", 1: "handshaking", 2: "live", 3: "dead"}
+STATE_NAMES = {0: "absent", 1: "handshaking", 2: "live", 3: "dead", 4: "stalled"}
 
 
 def load_from_row(info: EngineInfo, row: np.ndarray, load_ms: int) -> EngineLoad:
@@ -95,7 +100,7 @@ def load_from_row(info: EngineInfo, row: np.ndarray, load_ms: int) -> EngineLoad
     return EngineLoad(
         index=info.index,
         rank=info.rank,
-        alive=state == r.ENGINE_LIVE,
+        alive=state in r.SERVING_STATES,
         state=STATE_NAMES.get(state, "unknown"),
         in_flight=int(row[r.E_IN_FLIGHT]),
         num_running=int(row[r.E_RUNNING]),

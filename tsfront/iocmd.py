@@ -75,6 +75,7 @@ async def _main(args: argparse.Namespace) -> int:
         slots_per_worker=args.slots_per_worker,
         send_timeout=args.send_timeout,
         heartbeat_timeout=args.heartbeat_timeout,
+        stall_timeout=args.stall_timeout or None,
         state_dir=args.state_dir,
     )
     loop = asyncio.get_running_loop()

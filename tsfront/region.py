@@ -25,6 +25,11 @@ E_STATE, E_INDEX, E_IN_FLIGHT, E_RUNNING, E_WAITING, E_KV_ACTIVE, E_KV_TOTAL = r
 E_LOAD_MS_LO, E_LOAD_MS_HI, E_REQUESTS_LO, E_REQUESTS_HI = 7, 8, 9, 10
 
 ENGINE_ABSENT, ENGINE_HANDSHAKING, ENGINE_LIVE, ENGINE_DEAD = 0, 1, 2, 3
+# Published only: a live engine that holds requests and sent no output frame for
+# ``stall_timeout`` (in the I/O process its state stays ENGINE_LIVE; see tsfront.io.engines).
+ENGINE_STALLED = 4
+# The published states an engine serves in (pins and context limits accept both).
+SERVING_STATES = (ENGINE_LIVE, ENGINE_STALLED)
 
 # Local terminal codes a slot can end with, beside the engine's own (native FIN_*).
 FIN_ENGINE_DEAD = 16

@@ -234,12 +234,23 @@ class AffinityRouter:
         self._turn += 1
         live = 0
         least: Engine | None = None
+        stalled = 0  # live engines that are stalled with requests in flight (not placeable)
+        least_stalled: Engine | None = None
         for k in range(n):
             e = engines[(start + k) % n]
-            if e.state == ENGINE_LIVE:
+            if e.state != ENGINE_LIVE:
+                continue
+            if e.placeable:
                 live |= 1 << e.row
                 if least is None or e.in_flight < least.in_flight:
                     least = e
+            else:
+                stalled |= 1 << e.row
+                if least_stalled is None or e.in_flight < least_stalled.in_flight:
+                    least_stalled = e
+        if least is None:
+            # Every live engine is stalled: place on them anyway (see tsfront.io.routing).
+            live, least = stalled, least_stalled
         if least is None:
             return None
         hashes = self.hashes(payload, packed)

@@ -4,6 +4,14 @@ An `Engine` is one attention-DP rank. It moves HANDSHAKING (HELLO seen, INIT sen
 (registration received) → DEAD (ENGINE_CORE_DEAD, a lost output connection, a missed
 heartbeat or an unreachable input), and back to HANDSHAKING if the same identity says HELLO
 again (a restarted rank).
+
+A LIVE engine may also be *stalled* (`Engine.stalled_since` set): it holds requests and has
+sent no output frame for ``stall_timeout`` seconds (`stalled_after` is the rule; the I/O loop
+applies it about once a second, never per frame). It stays LIVE (its sockets are up, its
+streams go on, ABORTs still reach it) and is published as ``ENGINE_STALLED``. The policies do
+not place on it while it holds requests (`placeable`); with none left it takes one at a time,
+the probe that shows whether it recovered. Any output frame from it clears the stall; so do
+its death and a new handshake.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from tsfront.aborts import RecentAborts
-from tsfront.region import ENGINE_ABSENT
+from tsfront.region import ENGINE_ABSENT, ENGINE_LIVE
 from tsfront.wire import EngineRegistration, engine_identity
 
 # Per engine; at 1,000 aborts a second that is 262 s of the engine's 300 s memory. Past it the
@@ -79,14 +87,38 @@ class Engine:
     adopting: bool = False
     adopted: bool = False
     input_pending: bool = False
+    # Stall detection: when the engine last sent an output frame, when it last went from no
+    # request in flight to one, and since when it is stalled (0.0: it is not); see
+    # `stalled_after` and `placeable`.
+    output_at: float = 0.0
+    busy_since: float = 0.0
+    stalled_since: float = 0.0
 
     @property
     def identity(self) -> bytes:
         """The engine's ZMQ identity: its index as a 2-byte little-endian u16."""
         return engine_identity(self.index)
 
+    @property
+    def placeable(self) -> bool:
+        """Whether a `LoadBalance` policy may choose this engine: live, and not stalled with
+        requests still in flight (a stalled engine holding none takes one: the probe)."""
+        return self.state == ENGINE_LIVE and not (self.stalled_since and self.in_flight)
+
     def tail_fresh(self, ttl: float, now: float | None = None) -> bool:
         """Whether the load tail is recent enough to route on (and carries data)."""
         if self.tail[3] == 0 or self.tail_at == 0.0:
             return False
         return ((now or time.monotonic()) - self.tail_at) <= ttl
+
+
+def stalled_after(
+    in_flight: int, output_at: float, busy_since: float, now: float, timeout: float
+) -> bool:
+    """The stall rule: an engine with requests in flight whose last output frame, and the
+    moment it last became busy, are both at least ``timeout`` seconds before ``now``.
+
+    Measuring from the later of the two means that an engine idle for an hour is not stalled
+    the moment it gets a request: it has ``timeout`` seconds to answer it.
+    """
+    return in_flight > 0 and now - max(output_at, busy_since) >= timeout

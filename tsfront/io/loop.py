@@ -30,7 +30,7 @@ from tsfront.errors import WireDecodeError
 from tsfront.io import adoption
 from tsfront.io.addresses import advertised, bind_socket, output_address_for
 from tsfront.io.disagg import DECODE, PREFILL, Disaggregated
-from tsfront.io.engines import Engine, PendingSend
+from tsfront.io.engines import Engine, PendingSend, stalled_after
 from tsfront.io.routing import Router
 from tsfront.io.state import StateDir
 from tsfront.metrics.recorder import IOStats
@@ -49,6 +49,7 @@ from tsfront.region import (
     ENGINE_DEAD,
     ENGINE_HANDSHAKING,
     ENGINE_LIVE,
+    ENGINE_STALLED,
     FIN_DEADLINE,
     FIN_DUPLICATE,
     FIN_ENGINE_DEAD,
@@ -98,6 +99,9 @@ DRAIN = 256
 LOST_DRAIN = 64 * DRAIN
 # Bytes of control messages a worker may leave unread before it is detached.
 MAX_CONTROL_BACKLOG = 4 << 20
+# Seconds between two applications of the stall rule (at most; a quarter of stall_timeout if
+# that is shorter), so that a stall is seen within stall_timeout + this.
+STALL_CHECK_S = 1.0
 
 U32_MAX = 0xFFFFFFFF
 
@@ -229,6 +233,11 @@ class IOLoop:
         self.state_dir = StateDir(config) if config.state_dir else None
         self.adopting = False
         self.running = False  # the loop has started serving (a stop may clear state_dir)
+        # Stall detection (tsfront.io.engines.stalled_after), applied at the end of a turn
+        # once every `stall_every` seconds: nothing per frame but a clock reading per drain.
+        self.stall_timeout = config.stall_timeout
+        self.stall_every = min(STALL_CHECK_S, (config.stall_timeout or 4.0) / 4)
+        self.stall_check_at = 0.0
 
     # ------------------------------------------------------------------ setup
 
@@ -350,6 +359,9 @@ class IOLoop:
             return 10  # ABORTs the socket did not take (e.g. an input still reconnecting)
         if self.state == "handshaking" or self.adopting:
             return max(0, min(1000, int((self.deadline - time.monotonic()) * 1000) + 1))
+        if self.records and self.stall_timeout is not None:
+            # Requests in flight: turn in time for the next stall check.
+            return max(0, min(1000, int((self.stall_check_at - time.monotonic()) * 1000) + 1))
         return 1000
 
     def _after_turn(self) -> None:
@@ -369,6 +381,9 @@ class IOLoop:
                 self._handler_failed(f"engine {e.index}: sending its queued frames", exc)
         if self.writer.spilling():
             self.writer.flush_spills()
+        if now >= self.stall_check_at and self.stall_timeout is not None:
+            self.stall_check_at = now + self.stall_every
+            self._check_stalls(now, self.stall_timeout)
         self._publish_dirty()
         affinity = self.affinity
         if affinity is not None and (
@@ -381,6 +396,34 @@ class IOLoop:
         if self._counts_dirty:
             self._counts_dirty = False
             self.region.io_metrics[:] = list(self.counts.values())
+
+    def _check_stalls(self, now: float, timeout: float) -> None:
+        # The engines requests are placed on; a prefill engine's place is fixed by the
+        # request's bootstrap room, so its stall would change nothing.
+        for e in self.serving:
+            if e.stalled_since or e.state != ENGINE_LIVE:
+                continue  # cleared only by an output frame, a death or a new handshake
+            if stalled_after(e.in_flight, e.output_at, e.busy_since, now, timeout):
+                e.stalled_since = now
+                self.stats.engine_stalled(e.row)
+                self.dirty.add(e.row)
+                log.warning(
+                    "engine %d is stalled: %d request(s) in flight and no output for %.1fs; "
+                    "placing new requests elsewhere until it sends output",
+                    e.index,
+                    e.in_flight,
+                    now - max(e.output_at, e.busy_since),
+                )
+
+    def _unstall(self, engine: Engine, why: str) -> None:
+        log.warning(
+            "engine %d is no longer stalled (%s after %.1fs)",
+            engine.index,
+            why,
+            time.monotonic() - engine.stalled_since,
+        )
+        engine.stalled_since = 0.0
+        self.dirty.add(engine.row)
 
     def _count(self, name: str) -> None:
         self.counts[name] += 1
@@ -409,11 +452,16 @@ class IOLoop:
         ingest = self.writer.ingest
         index = engine.index
         records = self.records
-        for _ in range(limit):
+        for n in range(limit):
             try:
                 frame = recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            if n == 0:
+                # Any frame says the engine steps (the stall rule's clock; one reading a drain).
+                engine.output_at = time.monotonic()
+                if engine.stalled_since:
+                    self._unstall(engine, "it sent output")
             try:
                 result = ingest(frame, index)
                 if result is None:
@@ -541,6 +589,8 @@ class IOLoop:
             return
         record = self.records[slot] = Record(rid, engine, ticket, sent=False)
         engine.in_flight += 1
+        if engine.in_flight == 1:
+            engine.busy_since = time.monotonic()  # the stall rule counts from here (or output)
         engine.requests_total += 1
         self.dirty.add(engine.row)
         if expires and time.monotonic() >= expires:
@@ -773,6 +823,7 @@ class IOLoop:
         if self.affinity is not None:
             self.affinity.forget(engine)  # nor is anything in its (new) prefix cache
         engine.adopting = engine.adopted = engine.input_pending = False
+        engine.stalled_since = 0.0  # a new process
         self._forget_registration(engine)  # the old process's; the new one's is saved when it comes
         self.dirty.add(engine.row)
 
@@ -908,6 +959,7 @@ class IOLoop:
                 cast(Disaggregated, self.pd).forget(record, abort=True)
         engine.backlog.clear()
         engine.in_flight = 0
+        engine.stalled_since = 0.0  # dead now, which says more
         engine.tail = (0, 0, 0, 0)
         if self.affinity is not None:
             self.affinity.forget(engine)
@@ -1139,7 +1191,8 @@ class IOLoop:
         row[E_LOAD_MS_HI] = load_ms >> 32
         row[E_REQUESTS_LO] = e.requests_total & 0xFFFFFFFF
         row[E_REQUESTS_HI] = e.requests_total >> 32
-        row[E_STATE] = e.state
+        # A stall is published as a state of its own; here it is a condition of a LIVE engine.
+        row[E_STATE] = ENGINE_STALLED if e.stalled_since and e.state == ENGINE_LIVE else e.state
 
     # ------------------------------------------------------------------ shutdown
 

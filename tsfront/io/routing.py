@@ -1,6 +1,10 @@
 """Placement of unpinned requests: the `LoadBalance` policies, pure functions of engine state.
 
-Ties are broken by rotating the scan start, so no policy favours rank 0.
+Ties are broken by rotating the scan start, so no policy favours rank 0. Every policy
+prefers a `placeable` engine (live, and not stalled with requests in flight: see
+`tsfront.io.engines`); only when every live engine is stalled does it place on one of those
+anyway (the least loaded, under the policy's own rule), so that a false alarm on every rank
+never refuses service: the request's deadline bounds what a truly stuck rank costs.
 """
 
 from __future__ import annotations
@@ -57,6 +61,11 @@ class Router:
             # would hand a dead engine's turns to the live engine after it.
             for k in range(n):
                 i = (self._next + k) % n
+                if engines[i].placeable:
+                    self._next = i + 1
+                    return engines[i]
+            for k in range(n):  # every live engine is stalled
+                i = (self._next + k) % n
                 if engines[i].state == ENGINE_LIVE:
                     self._next = i + 1
                     return engines[i]
@@ -66,11 +75,19 @@ class Router:
         best_key: tuple = ()
         for k in range(n):
             e = engines[(start + k) % n]
-            if e.state != ENGINE_LIVE:
+            # Inline `not e.placeable`: a stalled engine still holding requests is skipped.
+            if e.state != ENGINE_LIVE or (e.stalled_since and e.in_flight):
                 continue
             key = self._key(e, now)
             if best is None or key < best_key:
                 best, best_key = e, key
+        if best is None:  # every live engine is stalled (or none is live)
+            for k in range(n):
+                e = engines[(start + k) % n]
+                if e.state == ENGINE_LIVE:
+                    key = self._key(e, now)
+                    if best is None or key < best_key:
+                        best, best_key = e, key
         return best
 
     def _key(self, e: Engine, now: float) -> tuple:

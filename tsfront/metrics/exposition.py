@@ -150,6 +150,11 @@ def _engine_families(m: FrontendMetrics) -> Iterator[Metric]:
         return CounterMetricFamily(PREFIX + name, doc, labels=["engine"])
 
     up = gauge("engine_up", "1 if the engine is live (registered and connected), else 0.")
+    stalled = gauge(
+        "engine_stalled",
+        "1 while the engine is stalled (requests in flight, no output for stall_timeout; "
+        "new requests go elsewhere), else 0. Sum it for the engines stalled now.",
+    )
     running = gauge("num_requests_running", "Requests the engine's scheduler is running.")
     waiting = gauge("num_requests_waiting", "Requests waiting in the engine's scheduler.")
     usage = gauge("kv_cache_usage_perc", "KV-cache usage of the engine: 1 means 100 percent.")
@@ -160,9 +165,11 @@ def _engine_families(m: FrontendMetrics) -> Iterator[Metric]:
     routed = counter("engine_requests", "Requests tsfront sent to the engine.")
     restarts = counter("engine_restarts", "Times the engine registered again (a new process).")
     deaths = counter("engine_deaths", "Times the engine was declared dead.")
+    stalls = counter("engine_stalls", "Times the engine was marked stalled (stall episodes).")
     for e in m.engines:
         label = [str(e.index)]
         up.add_metric(label, 1 if e.alive else 0)
+        stalled.add_metric(label, 1 if e.state == "stalled" else 0)
         running.add_metric(label, e.num_running)
         waiting.add_metric(label, e.num_waiting)
         if e.kv_total_pages:
@@ -175,8 +182,9 @@ def _engine_families(m: FrontendMetrics) -> Iterator[Metric]:
         routed.add_metric(label, e.requests_total)
         restarts.add_metric(label, e.restarts)
         deaths.add_metric(label, e.deaths)
-    yield from (up, running, waiting, usage, used, total, age, in_flight, routed)
-    yield from (restarts, deaths)
+        stalls.add_metric(label, e.stalls)
+    yield from (up, stalled, running, waiting, usage, used, total, age, in_flight, routed)
+    yield from (restarts, deaths, stalls)
 
 
 def _reader(source: Any) -> Callable[[], FrontendMetrics]:

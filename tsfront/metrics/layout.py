@@ -134,8 +134,11 @@ HIST_WORDS = _hist_offsets()
 WORKER_WORDS = max(s for _, s in HIST_WORDS.values()) + 1
 
 # I/O process block, in u64 words: per worker place its attached pid (0: none), then per
-# engine its registrations after the first (restarts) and its deaths.
+# engine its registrations after the first (restarts), then per engine its deaths, then per
+# engine its stall episodes (each time it was marked stalled).
 IO_WORKER_PID = 0
+#: Per-engine counters of the I/O block: restarts, deaths, stalls (one array of each).
+IO_ENGINE_WORDS = 3
 
 
 def _align(value: int, to: int) -> int:
@@ -159,7 +162,7 @@ class MetricsLayout:
         offset = _align(native_total, mmap.PAGESIZE)
         worker_bytes = _align(WORKER_WORDS * 8, 64)
         io_offset = offset + num_workers * worker_bytes
-        io_bytes = _align((num_workers + 2 * max_engines) * 8, 64)
+        io_bytes = _align((num_workers + IO_ENGINE_WORDS * max_engines) * 8, 64)
         total = _align(io_offset + io_bytes, mmap.PAGESIZE)
         return cls(offset, num_workers, max_engines, worker_bytes, io_offset, total)
 
@@ -170,7 +173,7 @@ class MetricsLayout:
     @property
     def io_words(self) -> int:
         """u64 words of the I/O process's block."""
-        return self.num_workers + 2 * self.max_engines
+        return self.num_workers + IO_ENGINE_WORDS * self.max_engines
 
     def io_restarts_word(self, row: int) -> int:
         """Word of engine row ``row``'s restart count in the I/O block."""
@@ -179,3 +182,7 @@ class MetricsLayout:
     def io_deaths_word(self, row: int) -> int:
         """Word of engine row ``row``'s death count in the I/O block."""
         return self.num_workers + self.max_engines + row
+
+    def io_stalls_word(self, row: int) -> int:
+        """Word of engine row ``row``'s stall count in the I/O block."""
+        return self.num_workers + 2 * self.max_engines + row

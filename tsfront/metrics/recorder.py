@@ -212,7 +212,8 @@ monotonic_ns = time.monotonic_ns
 
 
 class IOStats:
-    """The I/O process's block: which worker places are attached, engine restarts and deaths."""
+    """The I/O process's block: which worker places are attached, engine restarts, deaths and
+    stalls."""
 
     def __init__(self, region: shm.Region) -> None:
         ml = region.metrics_layout
@@ -235,3 +236,7 @@ class IOStats:
     def engine_died(self, row: int) -> None:
         """Engine ``row`` was declared dead."""
         self.words[self.layout.io_deaths_word(row)] += 1
+
+    def engine_stalled(self, row: int) -> None:
+        """Engine ``row`` was marked stalled (one more stall episode)."""
+        self.words[self.layout.io_stalls_word(row)] += 1

@@ -80,7 +80,9 @@ class EngineMetrics:
     """One engine's liveness and load, as the I/O process publishes them.
 
     ``load_age`` is seconds since its last load report (None: never); ``restarts`` counts its
-    registrations after the first, ``deaths`` the times it was declared dead.
+    registrations after the first, ``deaths`` the times it was declared dead, ``stalls`` the
+    times it was marked stalled. ``state`` is ``"stalled"`` while it is (``alive`` stays
+    true: it is connected, only silent).
     """
 
     index: int
@@ -96,6 +98,7 @@ class EngineMetrics:
     requests_total: int
     restarts: int
     deaths: int
+    stalls: int = 0
 
 
 class FrontendMetrics(Mapping[str, int]):
@@ -195,7 +198,7 @@ def read_metrics(region: shm.Region) -> FrontendMetrics:
                 index=e[shm.E_INDEX],
                 rank=row,
                 state=_STATE_NAMES.get(state, "unknown"),
-                alive=state == shm.ENGINE_LIVE,
+                alive=state in shm.SERVING_STATES,
                 in_flight=e[shm.E_IN_FLIGHT],
                 num_running=e[shm.E_RUNNING],
                 num_waiting=e[shm.E_WAITING],
@@ -205,9 +208,10 @@ def read_metrics(region: shm.Region) -> FrontendMetrics:
                 requests_total=e[shm.E_REQUESTS_LO] | (e[shm.E_REQUESTS_HI] << 32),
                 restarts=io_block[ml.io_restarts_word(row)],
                 deaths=io_block[ml.io_deaths_word(row)],
+                stalls=io_block[ml.io_stalls_word(row)],
             )
         )
     return FrontendMetrics(io_counters, requests, engines, workers)
 
 
-_STATE_NAMES = {0: "absent", 1: "handshaking", 2: "live", 3: "dead"}
+_STATE_NAMES = {0: "absent", 1: "handshaking", 2: "live", 3: "dead", 4: "stalled"}

@@ -30,6 +30,7 @@ from tsfront.client import EngineClient
 from tsfront.errors import (
     Busy,
     ClientClosed,
+    DeadlineExceeded,
     EngineUnavailable,
     Error,
     InvalidRequest,
@@ -171,6 +172,14 @@ def _unavailable(message: str) -> ApiError:
     return ApiError(503, message, kind="service_unavailable_error")
 
 
+def _stream_failed(exc: StreamError) -> ApiError:
+    """A stream that ended with an error before the response began: 504 for the server's
+    request timeout (``--request-timeout``), else 503 (an engine died, ...)."""
+    if isinstance(exc, DeadlineExceeded):
+        return ApiError(504, str(exc), kind="timeout_error")
+    return _unavailable(str(exc))
+
+
 def _refusal(exc: Error) -> ApiError:
     """tsfront's refusals of ``generate`` as API errors (their messages passed through)."""
     if isinstance(exc, InvalidRequest):
@@ -286,10 +295,20 @@ class OpenAIService:
         text: the model's `TextModel` (tokenizer, chat template, stop ids).
         model_name: the name ``/v1/models`` lists and requests may give as ``model``.
         worker: this worker's number (in request ids and the ``x-worker`` header).
+        request_timeout: every request's deadline in seconds (``None``: none): past it the
+            engine request is aborted and the response ends with a timeout error (504).
     """
 
-    def __init__(self, client: EngineClient, text: Any, model_name: str, worker: int = 0) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        text: Any,
+        model_name: str,
+        worker: int = 0,
+        request_timeout: float | None = None,
+    ) -> None:
         self.client = client
+        self.request_timeout = request_timeout
         self.text = text
         self.model_name = model_name
         self.worker = worker
@@ -315,7 +334,8 @@ class OpenAIService:
         return Reply(200, _JSON.encode({"object": "list", "data": [card]}))
 
     def health(self) -> Reply:
-        """``GET /health``: 200 while at least one engine is live, else 503."""
+        """``GET /health``: 200 while at least one engine is live (``"live"``: a stalled or
+        dead rank does not count), else 503."""
         if self.client.closed:
             return _unavailable("the I/O process is gone").reply()
         engines = [
@@ -587,7 +607,7 @@ class OpenAIService:
                         sampling_params=SamplingParams(**values),
                     )
                     try:
-                        stream = await self.client.generate(request)
+                        stream = await self.client.generate(request, deadline=self.request_timeout)
                     except Error as exc:
                         raise _refusal(exc) from None
                     stop = (
@@ -611,7 +631,7 @@ class OpenAIService:
         except StopAsyncIteration:
             return None
         except StreamError as exc:
-            raise _unavailable(str(exc)) from None
+            raise _stream_failed(exc) from None
         if chunk.finish_reason == "abort" and not chunk.output_ids:
             raise _bad(
                 "the engine refused the request (it breaks a rule the engine checks, e.g. "
@@ -649,7 +669,7 @@ class OpenAIService:
                     break
                 chunk = None
         except StreamError as exc:
-            raise _unavailable(str(exc)) from None
+            raise _stream_failed(exc) from None
         return "".join(parts)
 
     # ------------------------------------------------------------------ streamed

@@ -107,7 +107,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="requests one worker may have in flight; one more is answered 503 (2048)",
     )
+    engines.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=ClientConfig().stall_timeout,
+        metavar="S",
+        help="seconds a rank with requests in flight may send no output before it is marked "
+        "stalled: new requests go to the other ranks and /health reports it (30; 0: never)",
+    )
     http = parser.add_argument_group("HTTP")
+    http.add_argument(
+        "--request-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a request may take from submission to its last token; past it the "
+        "engine request is aborted and the client gets a timeout error (default: none)",
+    )
     http.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes (1)")
     http.add_argument("--host", default="127.0.0.1", help="address to serve on (127.0.0.1)")
     http.add_argument(
@@ -203,6 +219,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "tsfront serve", f"--slots-per-worker={args.slots_per_worker}: must be 1..65536"
         )
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise UsageError(
+            "tsfront serve", f"--request-timeout={args.request_timeout:g}: must be > 0 seconds"
+        )
+    if not args.stall_timeout >= 0:
+        raise UsageError(
+            "tsfront serve", f"--stall-timeout={args.stall_timeout:g}: must be >= 0 (0: never)"
+        )
+    if args.attach is not None and args.stall_timeout != ClientConfig().stall_timeout:
+        raise UsageError(
+            "tsfront serve",
+            "--stall-timeout belongs to the I/O process: give it to `tsfront io` with --attach",
+        )
     if args.attach is not None and args.slots_per_worker != 2048:
         raise UsageError(
             "tsfront serve",
@@ -244,6 +273,7 @@ def run(args: argparse.Namespace) -> int:
                 input_address=args.input_address,
                 output_address=args.output_address,
                 state_dir=args.state_dir,
+                stall_timeout=args.stall_timeout or None,
             )
             io = IOProcess.start(config)
             address = io.address
@@ -263,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
             port=port,
             address=address,
             attach_timeout=args.handshake_timeout + READY_MARGIN_S,
+            request_timeout=args.request_timeout,
         )
         # With a state directory the workers outlive an I/O process: each gets its successor's
         # address on a queue of its own.

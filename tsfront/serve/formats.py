@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from tsfront.errors import DeadlineExceeded
+
 if TYPE_CHECKING:
     from tsfront.serve.api import _Choice
     from tsfront.stream import OutputChunk
@@ -98,8 +100,11 @@ class Format:
 
     @staticmethod
     def error_event(exc: Exception) -> bytes:
-        """An error after the stream began (an engine died): an OpenAI error object."""
-        body = {"error": {"message": str(exc), "type": "server_error", "param": None, "code": 503}}
+        """An error after the stream began (an engine died; the request timeout passed): an
+        OpenAI error object, with the status the response would have had before it began."""
+        timeout = isinstance(exc, DeadlineExceeded)
+        kind, code = ("timeout_error", 504) if timeout else ("server_error", 503)
+        body = {"error": {"message": str(exc), "type": kind, "param": None, "code": code}}
         return b"data: " + _JSON.encode(body) + b"\n\n"
 
     # -- shape-specific ------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class WorkerOptions:
     port: int
     address: str
     attach_timeout: float
+    request_timeout: float | None = None  # every request's deadline (None: none)
 
 
 def listening_socket(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -113,7 +114,7 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
 
     text = TextModel.load(opts.model)
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
-    service = OpenAIService(client, text, opts.model_name, index)
+    service = OpenAIService(client, text, opts.model_name, index, opts.request_timeout)
     app = ServeApp(service)
     heap.settle()
     config = uvicorn.Config(

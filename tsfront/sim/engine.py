@@ -84,7 +84,8 @@ class EngineOptions:
     ``exit_after_steps`` vanishes without it (the rank closes its sockets, then
     ``os._exit(1)`` when ``hard_exit``, as in process mode and ``tsfront sim``);
     ``silent_after_steps`` stops emitting and stepping but keeps its sockets open and keeps
-    receiving.
+    receiving. A rank that is stuck for a while and then recovers is `SimEngine.stall` /
+    `SimEngine.resume` (a control of the running rank, not an option).
     ``handshake_timeout_s`` is how long to wait for INIT (the engine's 600 s).
 
     Disaggregated serving (CONTRACT §6): ``disaggregation_mode`` ``"prefill"`` makes the rank
@@ -243,6 +244,9 @@ class SimEngine:
         # Summed over finished requests: what the prefix cache saved (``cached_tokens``).
         self._counters.update(prompt_tokens=0, cached_tokens=0)
         self._silent = False
+        # stall(): the serving loop freezes (sets _frozen) until resume() clears _stall.
+        self._stall = threading.Event()
+        self._frozen = threading.Event()
         self._sentinel_on_stop = True
         self._thread: threading.Thread | None = None
         self._out: zmq.Socket | None = None
@@ -275,6 +279,26 @@ class SimEngine:
         """Tell the rank to shut down without waiting (safe from a signal handler)."""
         self._sentinel_on_stop = sentinel
         self._stop.set()
+
+    def stall(self, timeout: float = 5.0) -> None:
+        """Freeze the rank as a stuck engine is frozen (a hung kernel, a wedged scheduler):
+        from now on it reads no input, steps no request and sends nothing, while its sockets
+        stay connected and libzmq's I/O thread keeps answering the frontend's heartbeats, so
+        nothing at the connection level says it is stuck. Returns once the serving loop has
+        frozen (no frame leaves after that); raises ``TimeoutError`` if it does not within
+        ``timeout``. `resume` lets it go on where it stopped."""
+        self._stall.set()
+        if not self._frozen.wait(timeout):
+            raise TimeoutError(f"engine {self.engine_index} did not freeze in {timeout}s")
+
+    def resume(self) -> None:
+        """End a `stall`: the rank reads what queued meanwhile and steps again."""
+        self._stall.clear()
+
+    @property
+    def stalled(self) -> bool:
+        """Whether the rank is frozen by `stall`."""
+        return self._frozen.is_set()
 
     @property
     def alive(self) -> bool:
@@ -468,6 +492,14 @@ class SimEngine:
         next_step = time.monotonic()
         while True:
             self._check_stop()
+            if self._stall.is_set():
+                self._frozen.set()
+                while self._stall.is_set():
+                    self._check_stop()
+                    self._stop.wait(_POLL_SLICE_S)
+                self._frozen.clear()
+                next_step = time.monotonic()
+                continue
             self._watch_frontend()
             if self.scheduler.busy and not self._silent:
                 timeout = max(0.0, min(next_step - time.monotonic(), _POLL_SLICE_S))
