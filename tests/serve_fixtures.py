@@ -24,12 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 class ServeProcess:
     """A ``tsfront serve`` process (its own session) and its printed lines."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, **popen: object) -> None:
+        # ``popen``: more `subprocess.Popen` arguments, e.g. ``stderr=`` a file.
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tsfront", "serve", *args],
             stdout=subprocess.PIPE,
             env={**os.environ, "TSFRONT_LOG": "ERROR", **(env or {})},
             start_new_session=True,
+            **popen,  # type: ignore[call-overload]
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()

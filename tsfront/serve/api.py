@@ -43,6 +43,7 @@ from tsfront.stream import OutputChunk, RequestStream
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 
 if TYPE_CHECKING:
+    from tsfront.serve.record import RequestRecord, Summary
     from tsfront.text.detok import Detokenizer
     from tsfront.text.stop import StopMatcher
 
@@ -162,6 +163,13 @@ class ApiError(Exception):
         if self.status == 503:
             headers = [*_JSON_HEADERS, (b"retry-after", str(RETRY_AFTER_S).encode())]
         return Reply(self.status, body, headers)
+
+
+def _summary(fmt: Format, choices: list[_Choice]) -> Summary:
+    """A response's ``(prompt_tokens, completion_tokens, finish_reason)`` for its log line."""
+    usage = fmt.usage(choices)
+    reasons = sorted({ch.finish or "none" for ch in choices})
+    return usage["prompt_tokens"], usage["completion_tokens"], ",".join(reasons)
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -357,15 +365,17 @@ class OpenAIService:
 
     # ------------------------------------------------------------------ generation routes
 
-    async def completions(self, body: bytes) -> Reply | SSEReply:
-        """``POST /v1/completions``."""
+    async def completions(
+        self, body: bytes, record: RequestRecord | None = None
+    ) -> Reply | SSEReply:
+        """``POST /v1/completions`` (``record``: the request's id, filled with its outcome)."""
         return await self._generate(
-            body, _COMPLETION, self._plan_completion, self._completion_format
+            body, _COMPLETION, self._plan_completion, self._completion_format, record
         )
 
-    async def chat(self, body: bytes) -> Reply | SSEReply:
-        """``POST /v1/chat/completions``."""
-        return await self._generate(body, _CHAT, self._plan_chat, self._chat_format)
+    async def chat(self, body: bytes, record: RequestRecord | None = None) -> Reply | SSEReply:
+        """``POST /v1/chat/completions`` (``record`` as for `completions`)."""
+        return await self._generate(body, _CHAT, self._plan_chat, self._chat_format, record)
 
     async def _generate(
         self,
@@ -373,6 +383,7 @@ class OpenAIService:
         decoder: msgspec.json.Decoder,
         plan_of: Callable[[Any], _Plan],
         format_of: Callable[[_Plan], Format],
+        record: RequestRecord | None = None,
     ) -> Reply | SSEReply:
         # Body → typed request → plan (refusals as ApiError) → engine requests → reply.
         try:
@@ -383,7 +394,7 @@ class OpenAIService:
             return _bad(f"the body is not valid JSON: {exc}").reply()
         try:
             plan = plan_of(req)
-            return await self._run(plan, format_of(plan))
+            return await self._run(plan, format_of(plan), record)
         except ApiError as exc:
             return exc.reply()
 
@@ -557,14 +568,20 @@ class OpenAIService:
 
     # ------------------------------------------------------------------ submit
 
-    async def _run(self, plan: _Plan, fmt: Format) -> Reply | SSEReply:
-        choices = await self._submit(plan)
+    async def _run(
+        self, plan: _Plan, fmt: Format, record: RequestRecord | None = None
+    ) -> Reply | SSEReply:
+        choices = await self._submit(plan, None if record is None else record.request_id)
+        if record is not None:
+            record.summary = lambda: _summary(fmt, choices)
         try:
             if not plan.stream:
-                return await self._collect(plan, fmt, choices)
+                return await self._collect(plan, fmt, choices, record)
             # Wait for the first output before answering, so that a request the engine
             # refuses outright gets a status instead of a stream that says "abort".
             first = await self._first(choices[0])
+            if record is not None:
+                record.output_began()
         except BaseException:
             for ch in choices:
                 ch.stream.abort()
@@ -582,11 +599,14 @@ class OpenAIService:
             return SSEReply(self._one(plan, fmt, ch, first, whole=True), push)
         return SSEReply(self._events(plan, fmt, choices, first))
 
-    async def _submit(self, plan: _Plan) -> list[_Choice]:
+    async def _submit(self, plan: _Plan, request_id: str | None = None) -> list[_Choice]:
         from tsfront.text import StopMatcher
 
         text = self.text
+        # Unique by the worker's prefix and count; the HTTP request id (bounded) follows.
         base = f"{self._prefix}-{next(self._ids)}"
+        if request_id:
+            base = f"{base}-{request_id}"
         choices: list[_Choice] = []
         total = len(plan.prompts) * plan.n
         if total > MAX_CHOICES:
@@ -641,8 +661,16 @@ class OpenAIService:
 
     # ------------------------------------------------------------------ non-streamed
 
-    async def _collect(self, plan: _Plan, fmt: Format, choices: list[_Choice]) -> Reply:
+    async def _collect(
+        self,
+        plan: _Plan,
+        fmt: Format,
+        choices: list[_Choice],
+        record: RequestRecord | None = None,
+    ) -> Reply:
         first = await self._first(choices[0])
+        if record is not None:
+            record.output_began()
         texts = await asyncio.gather(
             *(self._gather(plan, ch, first if i == 0 else None) for i, ch in enumerate(choices))
         )

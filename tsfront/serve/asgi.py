@@ -9,6 +9,10 @@ read aborts its engine request.
 Made with a service (`tsfront serve`'s workers), or with ``attach=`` and ``model=``: then the
 ASGI lifespan attaches to the I/O process at startup and detaches at shutdown, which is how a
 server that runs its own workers (granian, ``uvicorn --workers``) embeds it.
+
+With a `tsfront.serve.gate.Gate` (``tsfront serve`` gives one) every request first passes the
+edge: API keys, request ids, CORS; its responses carry the edge's headers, and its end writes
+the access-log line.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tsfront.serve.api import ApiError, Final, OpenAIService, Reply, SSEReply
 
 if TYPE_CHECKING:
     from tsfront.client import EngineClient
+    from tsfront.serve.gate import Exchange, Gate
 
 __all__ = ["ServeApp", "app_from_env"]
 
@@ -47,6 +52,7 @@ class ServeApp:
         attach: the I/O process address to attach to at startup (when ``service`` is None).
         model: the model folder for `tsfront.text.TextModel.load` (when ``service`` is None).
         model_name: the served model name (default: the model's own).
+        gate: the HTTP edge's rules (keys, request ids, CORS, access log); None for none.
     """
 
     def __init__(
@@ -56,8 +62,10 @@ class ServeApp:
         attach: str | None = None,
         model: str | None = None,
         model_name: str | None = None,
+        gate: Gate | None = None,
     ) -> None:
         self.service = service
+        self.gate = gate
         self._attach = attach
         self._model = model
         self._model_name = model_name
@@ -116,23 +124,39 @@ class ServeApp:
     # ------------------------------------------------------------------ requests
 
     async def _http(self, scope: dict, receive: Any, send: Any) -> None:
+        gate = self.gate
+        if gate is None:
+            await self._request(scope, receive, send, None)
+            return
+        ex = gate.open(scope)
+        try:
+            if ex.refusal is not None:
+                await _send_reply(send, ex.refusal, ex)
+            else:
+                await self._request(scope, receive, send, ex)
+        finally:
+            ex.close()
+
+    async def _request(self, scope: dict, receive: Any, send: Any, ex: Exchange | None) -> None:
         route = self._routes.get((scope["method"], scope["path"]))
         service = self.service
         if route is None or service is None:
-            await _send_reply(send, _NOT_FOUND if route is None else _unready())
+            await _send_reply(send, _NOT_FOUND if route is None else _unready(), ex)
             return
         if route == "models":
-            await _send_reply(send, service.models())
+            await _send_reply(send, service.models(), ex)
             return
         if route == "health":
-            await _send_reply(send, service.health())
+            await _send_reply(send, service.health(), ex)
             return
         try:
             body = await _read_body(receive)
         except _Disconnected:
+            if ex is not None:
+                ex.client_gone()
             return
         if body is None:
-            await _send_reply(send, _TOO_LARGE)
+            await _send_reply(send, _TOO_LARGE, ex)
             return
         # A request handler always runs in a task (the server's, per connection).
         task = cast("asyncio.Task[Any]", asyncio.current_task())
@@ -149,9 +173,10 @@ class ServeApp:
         pusher = None
         try:
             handler = service.completions if route == "completions" else service.chat
-            reply = await handler(body)
+            reply = await handler(body, None if ex is None else ex.record)
             if type(reply) is SSEReply:
-                await send({"type": "http.response.start", "status": 200, "headers": reply.headers})
+                headers = reply.headers if ex is None else ex.head(200, reply.headers)[0]
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
                 if reply.push is not None:
                     # Plain tokens are now written from the worker's drain (serve/push.py);
                     # this loop sends the rest, after any pushed send still in flight.
@@ -172,18 +197,22 @@ class ServeApp:
                 if not ended:
                     await send(_END)
             else:
-                await _send_reply(send, cast(Reply, reply))
+                await _send_reply(send, cast(Reply, reply), ex)
         except asyncio.CancelledError:
             if not state[1]:
                 raise
             task.uncancel()  # our own cancellation: the client left, the request is aborted
+            if ex is not None:
+                ex.client_gone()
         except OSError:
-            pass  # the connection broke while sending; the events' close aborts the request
+            # The connection broke while sending; the events' close aborts the request.
+            if ex is not None:
+                ex.client_gone()
         except Exception:
             log.exception("request on %s failed", scope["path"])
             if reply is None:
                 await _send_reply(
-                    send, ApiError(500, "internal server error", kind="server_error").reply()
+                    send, ApiError(500, "internal server error", kind="server_error").reply(), ex
                 )
         finally:
             state[0] = True
@@ -222,9 +251,12 @@ async def _wait_disconnect(receive: Any) -> None:
             return
 
 
-async def _send_reply(send: Any, reply: Reply) -> None:
-    await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
-    await send({"type": "http.response.body", "body": reply.body})
+async def _send_reply(send: Any, reply: Reply, ex: Exchange | None = None) -> None:
+    headers, body = reply.headers, reply.body
+    if ex is not None:
+        headers, body = ex.head(reply.status, headers, body)
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def app_from_env() -> ServeApp:

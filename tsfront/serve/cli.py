@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
+from tsfront.serve.edge import add_edge_arguments, edge_settings
 
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnContext
@@ -129,6 +130,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument(
         "--port", type=int, default=8000, metavar="P", help="port; 0 picks a free one (8000)"
     )
+    add_edge_arguments(parser)
 
 
 def _say(line: str) -> None:
@@ -238,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
             "--slots-per-worker belongs to the I/O process: give it to `tsfront io` with --attach",
         )
     try:
+        edge = edge_settings(args)
+    except ValueError as exc:
+        raise UsageError("tsfront serve", str(exc)) from None
+    try:
         from tsfront.text import TextError, TextModel
     except ImportError as exc:
         raise CommandError(
@@ -294,6 +300,7 @@ def run(args: argparse.Namespace) -> int:
             address=address,
             attach_timeout=args.handshake_timeout + READY_MARGIN_S,
             request_timeout=args.request_timeout,
+            edge=edge,
         )
         # With a state directory the workers outlive an I/O process: each gets its successor's
         # address on a queue of its own.

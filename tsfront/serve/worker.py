@@ -21,8 +21,10 @@ import queue
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from tsfront.serve.edge import EdgeSettings
 
 __all__ = ["WorkerOptions", "listening_socket", "worker_main"]
 
@@ -43,6 +45,8 @@ class WorkerOptions:
     address: str
     attach_timeout: float
     request_timeout: float | None = None  # every request's deadline (None: none)
+    #: The HTTP edge: timeouts, limits, keys, CORS, logs (tsfront.serve.edge).
+    edge: EdgeSettings = field(default_factory=EdgeSettings)
 
 
 def listening_socket(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -110,19 +114,23 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
     from tsfront.client import EngineClient
     from tsfront.serve.api import OpenAIService
     from tsfront.serve.asgi import ServeApp
+    from tsfront.serve.edge import setup_worker_edge
     from tsfront.text import TextModel
 
+    protocol, gate, _ = setup_worker_edge(opts.edge)
     text = TextModel.load(opts.model)
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
     service = OpenAIService(client, text, opts.model_name, index, opts.request_timeout)
-    app = ServeApp(service)
+    app = ServeApp(service, gate=gate)
     heap.settle()
     config = uvicorn.Config(
         app,
-        http="httptools",
+        http=protocol,  # uvicorn's httptools protocol with the edge's limits
         lifespan="off",
         access_log=False,
-        log_level="warning",
+        log_level=opts.edge.log_level,
+        # uvicorn annotates int; it is only given to call_later, which takes seconds as float.
+        timeout_keep_alive=opts.edge.timeout_keep_alive,  # type: ignore[arg-type]
         # uvicorn annotates int, but passes it to asyncio.timeout, which takes seconds as float.
         timeout_graceful_shutdown=GRACE_S,  # type: ignore[arg-type]
         server_header=False,

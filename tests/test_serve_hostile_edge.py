@@ -1,0 +1,375 @@
+"""Hostile clients at ``tsfront serve``'s HTTP edge (tsfront/serve/protocol.py), with raw sockets.
+
+One server (one worker, two `SimGroup` ranks at 2 ms a step) with short deadlines
+(``--timeout-header 1 --timeout-body 1``): idle and trickling clients are closed after the
+header deadline, a body that stops coming gets a 408, huge headers a 431 in bounded CPU,
+pipelined requests whose client leaves are aborted at the engine at once (streamed ones
+without a traceback in the server's stderr). A second server starts with a low fd limit and
+takes an idle-connection flood. Every wait has a deadline; nothing sleeps to synchronise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_fixtures import ServeProcess
+
+from tsfront.sim import SimGroup
+
+FIRST = 100
+DEADLINE = 15.0
+
+
+def token_fn(rid: str, position: int) -> int:
+    return FIRST + position
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tsfront.text.testing import make_test_model
+
+    return str(make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel"))
+
+
+class Edge:
+    def __init__(self, server: ServeProcess, group: SimGroup, url: str, stderr: Path) -> None:
+        self.server = server
+        self.group = group
+        self.url = url
+        self.stderr = stderr
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        self.addr = (host, int(port))
+
+    def aborts(self) -> int:
+        return sum(c["aborts"] for c in self.group.counters().values())
+
+    def in_flight(self) -> int:
+        body = httpx.get(f"{self.url}/health", timeout=5).json()
+        return sum(e["in_flight"] for e in body["engines"])
+
+    def wait(self, what: str, predicate, timeout: float = DEADLINE) -> float:
+        t0 = time.monotonic()
+        while not predicate():
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.01)
+        return time.monotonic() - t0
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(self.addr, timeout=DEADLINE)
+
+
+def start_edge(model_dir: str, tmp: Path, *extra: str, **popen: object) -> Edge:
+    stderr = tmp / "stderr.txt"
+    server = ServeProcess(
+        ["--model", model_dir, "--handshake", "tcp://127.0.0.1:0", "--num-engines", "2",
+         "--workers", "1", "--port", "0", "--handshake-timeout", "30", *extra],
+        stderr=stderr.open("wb"), **popen,
+    )  # fmt: skip
+    group = None
+    try:
+        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
+        group = SimGroup(handshake, 2, token_fn=token_fn, max_model_len=8192).start()
+        url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
+    except BaseException:
+        server.stop()
+        if group is not None:
+            group.stop()
+        raise
+    return Edge(server, group, url, stderr)
+
+
+@pytest.fixture(scope="module")
+def edge(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
+    e = start_edge(
+        model_dir,
+        tmp_path_factory.mktemp("edge"),
+        "--timeout-header", "1", "--timeout-body", "1", "--timeout-keep-alive", "30",
+    )  # fmt: skip
+    yield e
+    assert e.server.stop() == 0
+    e.group.stop()
+
+
+def closed_within(sock: socket.socket, timeout: float) -> tuple[bool, bytes]:
+    """Read until EOF or ``timeout``: (closed, what was read)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False, data
+        ready, _, _ = select.select([sock], [], [], remaining)
+        if not ready:
+            continue
+        try:
+            chunk = sock.recv(65536)
+        except ConnectionResetError:
+            return True, data
+        if not chunk:
+            return True, data
+        data += chunk
+
+
+def request(path: str, body: dict | None = None, headers: str = "") -> bytes:
+    if body is None:
+        return f"GET {path} HTTP/1.1\r\nhost: x\r\n{headers}\r\n".encode()
+    data = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(data)}\r\n{headers}\r\n"
+    )
+    return head.encode() + data
+
+
+def worker_pid(e: Edge) -> int:
+    """The pid of the server's process that listens on its port (its one worker)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == e.addr[1]:
+                inodes.add(fields[9])
+    for pid in e.server.group_pids():
+        try:
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        if any(f"socket:[{inode}]" in links for inode in inodes):
+            return pid
+    raise AssertionError("no process of the server listens on its port")
+
+
+def cpu_seconds(pid: int) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------------- header deadline
+
+
+def test_idle_connection_closed_before_its_first_byte(edge: Edge) -> None:
+    sock = edge.connect()
+    t0 = time.monotonic()
+    closed, data = closed_within(sock, 8)
+    assert closed and data == b""
+    assert time.monotonic() - t0 < 6  # --timeout-header 1, with room for a loaded machine
+    sock.close()
+
+
+def test_slowloris_trickling_headers_is_closed(edge: Edge) -> None:
+    socks = [edge.connect() for _ in range(50)]
+    for s in socks:
+        s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n")
+    t0 = time.monotonic()
+    open_ = set(socks)
+    # Keep trickling a header byte to every socket (the old keep-alive timer restarted on any
+    # byte); wait on the sockets themselves for the server's close.
+    while open_ and time.monotonic() - t0 < 8:
+        for s in list(open_):
+            try:
+                s.send(b"x")
+            except OSError:
+                open_.discard(s)
+        ready, _, _ = select.select(list(open_), [], [], 0.2)
+        for s in ready:
+            try:
+                if not s.recv(4096):
+                    open_.discard(s)
+            except OSError:
+                open_.discard(s)
+    assert not open_, f"{len(open_)} trickling connections still open after 8 s"
+    for s in socks:
+        s.close()
+
+
+def test_keep_alive_connection_must_send_its_next_headers_in_time(edge: Edge) -> None:
+    sock = edge.connect()
+    sock.sendall(request("/health"))
+    closed, data = closed_within(sock, 0.5)
+    assert not closed and data.startswith(b"HTTP/1.1 200")
+    sock.sendall(b"GET /health HTTP/1.1\r\n")  # the next request's headers, never finished
+    t0 = time.monotonic()
+    closed, _ = closed_within(sock, 8)
+    assert closed and time.monotonic() - t0 < 6
+    sock.close()
+
+
+def test_pipelined_requests_with_a_blank_line_split_across_reads(edge: Edge) -> None:
+    # The held-back header bytes must still see a blank line that began in the bytes already
+    # fed (the first request, and the start of the second, arrive in one read).
+    sock = edge.connect()
+    first = request("/health")
+    sock.sendall(first + b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r")
+    closed, data = closed_within(sock, 0.5)
+    assert data.count(b"HTTP/1.1 200") == 1
+    sock.sendall(b"\n")
+    closed, data = closed_within(sock, 0.5)
+    assert not closed
+    assert data.startswith(b"HTTP/1.1 200") and b"tiny-words" in data
+    sock.close()
+
+
+# ---------------------------------------------------------------------- body deadline
+
+
+def test_partial_bodies_get_408_and_are_closed(edge: Edge) -> None:
+    socks = []
+    for _ in range(10):
+        s = edge.connect()
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 16777216\r\n\r\n" + b" " * (1 << 20)
+        )
+        socks.append(s)
+    t0 = time.monotonic()
+    for s in socks:
+        closed, data = closed_within(s, 10)
+        assert closed, "a partial body held its connection open"
+        head, _, body = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408")
+        error = json.loads(body)["error"]
+        assert error["type"] == "invalid_request_error" and "did not arrive" in error["message"]
+        s.close()
+    assert time.monotonic() - t0 < 10
+    # The worker still serves.
+    assert httpx.get(f"{edge.url}/health", timeout=5).status_code == 200
+
+
+# ---------------------------------------------------------------------- header size
+
+
+def test_huge_header_431_in_bounded_cpu(edge: Edge) -> None:
+    pid = worker_pid(edge)
+    cpu0 = cpu_seconds(pid)
+    sock = edge.connect()
+    sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: ")
+    sent = 0
+    piece = b"a" * 16384
+    try:
+        while sent < 128 << 20:  # a 128 MiB header, as the issue's attack
+            sock.sendall(piece)
+            sent += len(piece)
+    except OSError:
+        pass  # the server answered and closed
+    closed, data = closed_within(sock, 8)
+    sock.close()
+    assert closed
+    assert data.startswith(b"HTTP/1.1 431"), data[:200]
+    assert json.loads(data.partition(b"\r\n\r\n")[2])["error"]["type"] == "invalid_request_error"
+    assert sent < 16 << 20  # refused long before the end
+    assert cpu_seconds(pid) - cpu0 < 1.0
+
+
+def test_headers_under_the_limit_are_served(edge: Edge) -> None:
+    big = "a" * 60000  # default --max-header-bytes is 65536
+    response = httpx.get(f"{edge.url}/health", headers={"x-big": big}, timeout=5)
+    assert response.status_code == 200
+    too_big = httpx.get(f"{edge.url}/health", headers={"x-big": big * 2}, timeout=5)
+    assert too_big.status_code == 431
+
+
+# ---------------------------------------------------------------------- disconnects
+
+
+def _pipelined_then_close(edge: Edge, stream: bool) -> float:
+    aborts = edge.aborts()
+    body = {"prompt": "w5", "max_tokens": 4000, "stream": stream}
+    sock = edge.connect()
+    sock.sendall(request("/v1/completions", body) + request("/v1/completions", body))
+    edge.wait("the first request in flight", lambda: edge.in_flight() >= 1)
+    if stream:
+        closed, data = closed_within(sock, 0.5)
+        assert b"data: " in data and not closed
+    t0 = time.monotonic()
+    sock.close()
+    edge.wait("the ABORT at the engine", lambda: edge.aborts() > aborts, 4)
+    edge.wait("no request in flight", lambda: edge.in_flight() == 0, 4)
+    return time.monotonic() - t0
+
+
+def test_pipelined_disconnect_aborts_the_running_request(edge: Edge) -> None:
+    # 4000 tokens at 2 ms a step run 8 s: the abort must come well before.
+    assert _pipelined_then_close(edge, stream=False) < 4
+
+
+def test_pipelined_streamed_client_leaving_is_aborted_without_a_traceback(edge: Edge) -> None:
+    assert _pipelined_then_close(edge, stream=True) < 4
+    response = httpx.get(f"{edge.url}/health", timeout=5)  # the worker's log is flushed by now
+    assert response.status_code == 200
+    log = edge.stderr.read_text()
+    assert "Traceback" not in log and "ERROR" not in log, log
+
+
+def test_over_deep_pipelining_closes_the_connection(edge: Edge) -> None:
+    sock = edge.connect()
+    body = {"prompt": "w5", "max_tokens": 4000}
+    sock.sendall(request("/v1/completions", body) + request("/health") * 40)
+    closed, _ = closed_within(sock, 8)
+    assert closed
+    sock.close()
+    edge.wait("no request in flight", lambda: edge.in_flight() == 0, 4)
+
+
+# ---------------------------------------------------------------------- fd limit, idle flood
+
+
+def _limits(pid: int) -> tuple[int, int]:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft, hard = line.split()[3:5]
+            return int(soft), int(hard)
+    raise AssertionError("no Max open files line")
+
+
+def test_idle_flood_at_a_low_fd_limit(model_dir: str, tmp_path: Path) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the fd hard limit ({hard}) is too low for a flood")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+
+    def low_fds() -> None:  # soft 200, hard 300: the worker must raise its soft limit to 300
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, 300))
+
+    e = start_edge(model_dir, tmp_path, "--log-level", "info", preexec_fn=low_fds)
+    flood: list[socket.socket] = []
+    try:
+        pid = worker_pid(e)
+        assert _limits(pid) == (300, 300)
+        for _ in range(800):  # far more than the 236 the worker may hold (300 - 64 reserved)
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(e.addr)
+            flood.append(s)
+        # The flood's connections are all open on our side; a real client still gets through.
+        client = httpx.Client(timeout=10)
+        for _ in range(5):
+            assert client.get(f"{e.url}/health").status_code == 200
+        out = client.post(f"{e.url}/v1/completions", json={"prompt": "w5", "max_tokens": 3})
+        assert out.status_code == 200 and out.json()["choices"][0]["text"] == " w100 w101 w102"
+        client.close()
+        e.wait(
+            "the connection cap's log line",
+            lambda: "connection cap (236 per worker) reached" in e.stderr.read_text(),
+        )
+        log = e.stderr.read_text()
+        assert log.count("connection cap (236 per worker) reached") == 1  # rate-limited
+    finally:
+        for s in flood:
+            s.close()
+        e.server.stop()
+        e.group.stop()

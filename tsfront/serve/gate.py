@@ -1,0 +1,252 @@
+"""The HTTP edge of one request: API keys, request ids, CORS, the access-log line.
+
+`Gate.open` looks at a request's scope once, before it is routed, and returns its `Exchange`:
+the request's id (the client's ``X-Request-Id`` if it is well formed, else a 400; a fresh one
+when there is none), the headers every response of it carries (``x-request-id``, CORS), a
+refusal if it gets one (401 without a valid ``Authorization: Bearer`` key on ``/v1/*``, an
+answered CORS preflight, a bad request id) and the `RequestRecord` the service fills. The
+ASGI app sends the response through `Exchange.head` and calls `Exchange.close` at the end,
+which writes the access-log line. Nothing here runs per token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import re
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from tsfront.serve.api import ApiError, Reply
+from tsfront.serve.record import RequestRecord
+
+if TYPE_CHECKING:
+    from tsfront.serve.edge import EdgeSettings
+
+__all__ = ["MAX_REQUEST_ID", "Exchange", "Gate"]
+
+access_log = logging.getLogger("tsfront.serve.access")
+
+#: Longest ``X-Request-Id`` taken from a client (characters of `_REQUEST_ID`).
+MAX_REQUEST_ID = 128
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,%d}" % MAX_REQUEST_ID)
+#: Status logged for a request whose client left before its response was complete (nginx's).
+CLIENT_GONE = 499
+_JSON = msgspec.json.Encoder()
+_PREFLIGHT_METHODS = b"GET, POST, OPTIONS"
+_PREFLIGHT_HEADERS = b"Authorization, Content-Type, X-Request-Id"
+_PREFLIGHT_MAX_AGE = b"600"
+
+
+def _unauthorized(message: str) -> Reply:
+    # OpenAI's answer to a missing or wrong key (the openai client raises AuthenticationError).
+    body = _JSON.encode(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "invalid_api_key",
+            }
+        }
+    )
+    return Reply(
+        401, body, [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
+    )
+
+
+_NO_KEY = (
+    "You didn't provide an API key: send it in an Authorization header using Bearer auth "
+    "(Authorization: Bearer KEY); the server's keys are its --api-key / TSFRONT_API_KEY"
+)
+_BAD_KEY = "Incorrect API key provided; use one of the server's --api-key / TSFRONT_API_KEY keys"
+
+
+class Exchange:
+    """One request at the edge: its id, record, response headers, refusal and outcome."""
+
+    __slots__ = ("_gate", "headers", "method", "path", "record", "refusal", "status")
+
+    def __init__(self, gate: Gate, method: str, path: str, request_id: str) -> None:
+        self._gate = gate
+        self.method = method
+        self.path = path
+        self.record = RequestRecord(request_id)
+        #: Headers added to every response of the request.
+        self.headers: list[tuple[bytes, bytes]] = [(b"x-request-id", request_id.encode())]
+        #: The reply the edge answers with instead of routing the request, or None.
+        self.refusal: Reply | None = None
+        #: The status sent (`CLIENT_GONE` if the client left first); None before the response.
+        self.status: int | None = None
+
+    def head(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes = b""
+    ) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """A response's headers with the edge's, and its body (an error object gets the
+        request id as ``error.request_id``)."""
+        self.status = status
+        if status >= 400 and body.startswith(b'{"error":'):
+            try:
+                obj = msgspec.json.decode(body)
+                obj["error"]["request_id"] = self.record.request_id
+                body = _JSON.encode(obj)
+            except (msgspec.DecodeError, TypeError, KeyError):
+                pass
+        return [*headers, *self.headers], body
+
+    def client_gone(self) -> None:
+        """The client left before the response was complete."""
+        self.status = CLIENT_GONE
+
+    def close(self) -> None:
+        """The request is over: write its access-log line (with ``--access-log``)."""
+        if self._gate.access_log:
+            self._gate.log_line(self)
+
+
+class Gate:
+    """One worker's edge rules (from `tsfront.serve.edge.EdgeSettings`)."""
+
+    def __init__(self, settings: EdgeSettings) -> None:
+        self._keys = [k.encode() for k in settings.api_keys]
+        self._protect_metrics = settings.protect_metrics
+        origins = settings.allowed_origins
+        self._any_origin = "*" in origins
+        self._origins = {o.encode() for o in origins if o != "*"}
+        self._cors = bool(origins)
+        self.access_log = settings.access_log
+        self._json_log = settings.log_format == "json"
+        self._id_prefix = secrets.token_hex(4)
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ per request
+
+    def open(self, scope: dict[str, Any]) -> Exchange:
+        """The `Exchange` of a request (with its refusal, if the edge refuses it)."""
+        auth = given = origin = preflight = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                auth = value
+            elif name == b"x-request-id":
+                given = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"access-control-request-method":
+                preflight = value
+        method, path = scope["method"], scope["path"]
+        bad_id = given is not None and _REQUEST_ID.fullmatch(given) is None
+        request_id = (
+            given.decode() if given is not None and not bad_id else self._new_id()
+        )  # a bad one is answered under a fresh id
+        ex = Exchange(self, method, path, request_id)
+        cors = self._cors_headers(origin) if origin is not None and self._cors else None
+        if cors:
+            ex.headers.extend(cors)
+        if method == "OPTIONS" and preflight is not None and self._cors:
+            ex.refusal = self._preflight(cors)
+        elif bad_id:
+            ex.refusal = ApiError(
+                400,
+                f"X-Request-Id must be 1 to {MAX_REQUEST_ID} characters of A-Z a-z 0-9 . _ : - "
+                "(or left out, and the server makes one)",
+                param="x-request-id",
+            ).reply()
+        elif self._keys and self._protected(path) and not self._authorized(auth):
+            ex.refusal = _unauthorized(_NO_KEY if auth is None else _BAD_KEY)
+        return ex
+
+    def _new_id(self) -> str:
+        return f"{self._id_prefix}-{next(self._ids)}"
+
+    def _protected(self, path: str) -> bool:
+        return (
+            path.startswith("/v1/")
+            or path == "/v1"
+            or (self._protect_metrics and path == "/metrics")
+        )
+
+    def _authorized(self, auth: bytes | None) -> bool:
+        if auth is None:
+            return False
+        scheme, _, token = auth.partition(b" ")
+        if scheme.lower() != b"bearer":
+            return False
+        token = token.strip()
+        ok = False
+        for key in self._keys:  # every key compared, each in constant time
+            ok |= hmac.compare_digest(token, key)
+        return ok
+
+    def _cors_headers(self, origin: bytes) -> list[tuple[bytes, bytes]] | None:
+        if self._any_origin:
+            return [
+                (b"access-control-allow-origin", b"*"),
+                (b"access-control-expose-headers", b"x-request-id"),
+            ]
+        if origin in self._origins:
+            return [
+                (b"access-control-allow-origin", origin),
+                (b"vary", b"origin"),
+                (b"access-control-expose-headers", b"x-request-id"),
+            ]
+        return None
+
+    @staticmethod
+    def _preflight(cors: list[tuple[bytes, bytes]] | None) -> Reply:
+        if cors is None:
+            return ApiError(
+                403, "this origin is not allowed (--allowed-origins)", kind="permission_error"
+            ).reply()
+        return Reply(
+            204,
+            b"",
+            [
+                (b"access-control-allow-methods", _PREFLIGHT_METHODS),
+                (b"access-control-allow-headers", _PREFLIGHT_HEADERS),
+                (b"access-control-max-age", _PREFLIGHT_MAX_AGE),
+            ],
+        )
+
+    # ------------------------------------------------------------------ access log
+
+    def log_line(self, ex: Exchange) -> None:
+        """Write ``ex``'s access-log line (at the end of the request)."""
+        record = ex.record
+        now = time.monotonic()
+        prompt = completion = None
+        finish = None
+        if record.summary is not None:
+            prompt, completion, finish = record.summary()
+        ttft = record.first_output - record.started if record.first_output is not None else None
+        duration = now - record.started
+        if self._json_log:
+            line = _JSON.encode(
+                {
+                    "time": time.time(),
+                    "request_id": record.request_id,
+                    "method": ex.method,
+                    "route": ex.path,
+                    "status": ex.status,
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "ttft_s": None if ttft is None else round(ttft, 6),
+                    "duration_s": round(duration, 6),
+                    "finish_reason": finish,
+                }
+            ).decode()
+        else:
+            line = (
+                f"{record.request_id} {ex.method} {ex.path} {ex.status} "
+                f"prompt_tokens={_dash(prompt)} completion_tokens={_dash(completion)} "
+                f"ttft={'-' if ttft is None else f'{ttft:.4f}'} duration={duration:.4f} "
+                f"finish={_dash(finish)}"
+            )
+        access_log.info(line)
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
