@@ -311,16 +311,23 @@ class ToolParser:
         self._buf += text
         return self._advance(False)
 
-    def finish(self) -> list[Delta]:
+    def finish(self, length: bool = False) -> list[Delta]:
         """At the end of the stream: what was held back; an unfinished call is dropped and
-        sets :attr:`incomplete`."""
+        sets :attr:`incomplete`.
+
+        ``length``: the engine stopped at ``max_tokens`` (``finish_reason: "length"``), so
+        held-back text that could start a marker is a cut-off start tag: it is dropped (and
+        sets :attr:`incomplete`) instead of becoming content.
+        """
         if self._finished:
             return []
         self._finished = True
         out = self._advance(True)
         rest, self._buf = self._buf, ""
         if rest:
-            if self._in_call and self._unfinished(rest):
+            if (self._in_call and self._unfinished(rest)) or (
+                length and not self._in_call and self._held(rest) == len(rest)
+            ):
                 self.incomplete = True
             else:
                 self._content(out, rest)
@@ -329,10 +336,10 @@ class ToolParser:
             self.incomplete = True
         return out
 
-    def parse(self, text: str) -> Parsed:
+    def parse(self, text: str, length: bool = False) -> Parsed:
         """The non-streamed result of ``text``: ``text`` fed to a fresh parser at once."""
         fresh = self._spawn()
-        deltas = fresh.feed(text) + fresh.finish()
+        deltas = fresh.feed(text) + fresh.finish(length)
         return assemble(deltas, fresh.incomplete)
 
     def _spawn(self) -> ToolParser:
@@ -415,7 +422,7 @@ class ToolParser:
                 self._buf = buf[pos:]
                 self._in_call = True
                 continue
-            keep = 0 if final else self._held(buf)
+            keep = self._held(buf)
             self._content(out, buf[: len(buf) - keep])
             self._buf = buf[len(buf) - keep :]
             break
