@@ -288,6 +288,7 @@ class ToolParser:
         self._section = False
         self._count = 0
         self._balance: Balance | None = None
+        self._searched = 0
         self._finished = False
         #: Whether the output ended inside a call (dropped; the server keeps ``length``).
         self.incomplete = False
@@ -366,6 +367,14 @@ class ToolParser:
     def _new_id(self) -> str:
         return random_call_id()
 
+    def _search(self, buf: str, marker: str, start: int) -> int:
+        """``buf.find(marker, start)`` for the call being read, resumed where the previous
+        search failed, so a long call is searched once, not once per delta."""
+        i = buf.find(marker, max(start, self._searched))
+        if i < 0:
+            self._searched = max(start, len(buf) - len(marker) + 1)
+        return i
+
     def _balanced(self, buf: str, start: int, *, python: bool = False) -> int:
         """End of the bracketed value at ``buf[start]``, scanned incrementally; -1 if open."""
         bal = self._balance
@@ -403,6 +412,7 @@ class ToolParser:
                 self._buf = buf[n:]
                 self._in_call = False
                 self._balance = None
+                self._searched = 0
                 if calls is None:
                     self._content(out, buf[:n])
                 else:

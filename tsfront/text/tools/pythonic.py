@@ -86,7 +86,7 @@ class PythonicParser(ToolParser):
 
     def _take(self, buf: str, final: bool) -> Take:
         if buf.startswith(START):
-            end = buf.find(END, len(START))
+            end = self._search(buf, END, len(START))
             if end < 0:
                 if final:
                     calls = parse_call_list(buf[len(START) :])
