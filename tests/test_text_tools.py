@@ -590,3 +590,34 @@ def test_engine_chunks_through_the_detokenizer(
             parsed = assemble(deltas)
             assert parsed.content == content
             assert [(c.name, json.loads(c.arguments)) for c in parsed.calls] == calls
+
+
+# Fragments of every format's markup, JSON and Python punctuation, and text: arbitrary mixes
+# are what a confused model (or a hostile prompt echoed back) can produce.
+PIECES = [
+    "<tool_call>", "</tool_call>", "<tool_", "<function=f>", "</function>", "<parameter=city>",
+    "</parameter>", "<|python_tag|>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", DS_BEGIN, DS_END,
+    "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<|python_start|>",
+    "<|python_end|>", "```json\n", "```", '{"name": "f", "arguments": ', '{"a": "}"}', "{", "}",
+    "[", "]", "(", ")", '"', "'", "\\", ",", ";", " ", "\n", "f(a=1)", "text", "é日😀", "NaN",
+]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    name=st.sampled_from(sorted(TOOL_PARSERS)),
+    parts=st.lists(st.sampled_from(PIECES), max_size=25),
+    cuts=st.lists(st.integers(0, 400), max_size=20),
+    length=st.booleans(),
+)
+def test_arbitrary_markup_never_raises_and_is_split_invariant(
+    name: str, parts: list[str], cuts: list[int], length: bool
+) -> None:
+    text = "".join(parts)
+    deltas, parser = stream(name, split(text, cuts), length)
+    check_order(deltas)
+    got = assemble(deltas, parser.incomplete)
+    assert shape(got) == shape(make_tool_parser(name, TOOLS).parse(text, length))
+    assert got.incomplete == make_tool_parser(name, TOOLS).parse(text, length).incomplete
+    for call in got.calls:
+        assert isinstance(json.loads(call.arguments), dict)
