@@ -45,7 +45,7 @@ _REASONING = 1  # inside the section: text is reasoning until END
 _CONTENT = 2  # after the section (or none): text is content
 
 
-def starts_in_reasoning(prompt: str, start: str = START, end: str = END) -> bool:
+def starts_in_reasoning(prompt: str, start: str = START) -> bool:
     """Whether the rendered ``prompt`` leaves the output inside a reasoning section: its
     last non-blank text is the open tag (DeepSeek-R1's and QwQ's templates end the
     generation prompt with ``<think>\\n``)."""
