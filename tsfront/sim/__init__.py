@@ -5,6 +5,7 @@
 * :mod:`~tsfront.sim.engine` — one rank: handshake, input DEALER, output PUSH, fault injection
   and test hooks;
 * :mod:`~tsfront.sim.group` — N ranks as threads (tests) or OS processes;
+* :mod:`~tsfront.sim.script` — scripted answers (a marker in the prompt → output text);
 * :mod:`~tsfront.sim.cli` — the ``tsfront sim`` command.
 
 Tokens are deterministic: see :func:`~tsfront.sim.scheduler.default_token`.
@@ -18,6 +19,7 @@ from tsfront.sim.scheduler import (
     OutputRow,
     Scheduler,
     SchedulerConfig,
+    ScriptFn,
     StepOutput,
     TokenFn,
     default_logprob,
@@ -32,6 +34,7 @@ __all__ = [
     "Received",
     "Scheduler",
     "SchedulerConfig",
+    "ScriptFn",
     "SimEngine",
     "SimGroup",
     "StepOutput",

@@ -60,8 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument("--max-num-seqs", type=int, default=256, help="global max_num_seqs (256)")
     model.add_argument("--max-model-len", type=int, default=32768, help="context length (32768)")
-    model.add_argument("--vocab-size", type=int, default=32000, help="vocabulary size (32000)")
-    model.add_argument("--eos-token-id", type=int, default=2, help="EOS token id (2)")
+    model.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="vocabulary size (32000; with --model, the model's)",
+    )
+    model.add_argument(
+        "--eos-token-id",
+        type=int,
+        default=None,
+        help="EOS token id (2; with --model, the model's first eos id)",
+    )
     model.add_argument("--page-size", type=int, default=64, help="tokens per KV page (64)")
     model.add_argument("--kv-total-pages", type=int, default=4095, help="usable KV pages (4095)")
     model.add_argument("--stream-interval", type=int, default=1, help="--stream-interval (1)")
@@ -82,6 +92,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("prefill", "decode"),
         default=None,
         help="a PD rank: prefill finishes after its bootstrap token, decode streams (none)",
+    )
+    script = parser.add_argument_group(
+        "scripted output",
+        'a JSON list of {"match": TEXT, "output": TEXT} rules: the first rule whose match is '
+        "in the prompt (decoded with special tokens kept) answers with its output, encoded by "
+        "the model's tokenizer, then EOS; other prompts get the usual tokens. Example: "
+        '[{"match": "weather", "output": "<tool_call>\\n{\\"name\\": \\"get_weather\\", '
+        '\\"arguments\\": {}}\\n</tool_call>"}]',
+    )
+    script.add_argument(
+        "--model",
+        default=None,
+        metavar="DIR",
+        help="model folder (tokenizer.json): the vocabulary, eos id and script encoding",
+    )
+    script.add_argument(
+        "--script", default=None, metavar="FILE", help="scripted answers (needs --model)"
     )
     wire = parser.add_argument_group("wire generation")
     wire.add_argument(
@@ -126,14 +153,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO", help="logging level (INFO)")
 
 
+def _model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """vocab_size, eos_token_id and script from --model / --script (or the defaults)."""
+    vocab, eos, script = args.vocab_size, args.eos_token_id, None
+    if args.script is not None and args.model is None:
+        raise ValueError("--script needs --model DIR: the tokenizer that encodes its outputs")
+    if args.model is not None:
+        from tsfront.sim.script import Script
+        from tsfront.text import TextModel
+
+        model = TextModel.load(args.model)
+        if vocab is None:
+            vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
+        if eos is None and model.eos_token_ids:
+            eos = model.eos_token_ids[0]
+        if args.script is not None:
+            script = Script.from_file(args.script, args.model)
+    return {
+        "vocab_size": 32000 if vocab is None else vocab,
+        "eos_token_id": 2 if eos is None else eos,
+        "script": script,
+    }
+
+
 def _group_from_args(args: argparse.Namespace) -> SimGroup:
     options: dict[str, Any] = {
         "step_ms": args.step_ms,
         "max_batch": args.max_batch,
         "max_num_seqs": args.max_num_seqs,
         "max_model_len": args.max_model_len,
-        "vocab_size": args.vocab_size,
-        "eos_token_id": args.eos_token_id,
         "page_size": args.page_size,
         "kv_total_pages": args.kv_total_pages,
         "stream_interval": args.stream_interval,
@@ -146,6 +194,7 @@ def _group_from_args(args: argparse.Namespace) -> SimGroup:
         "disaggregation_mode": args.disaggregation_mode,
         # A rank that exits takes this process with it, as a dying rank takes its launcher.
         "hard_exit": True,
+        **_model_options(args),
     }
     faults = {name: getattr(args, name) for name in _FAULTS if getattr(args, name) is not None}
     rank_options: dict[int, dict[str, Any]] = {}
@@ -178,6 +227,8 @@ def cli_main(argv: list[str] | None = None) -> int:
         group = _group_from_args(args)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
+    except Exception as exc:  # a model folder that does not load (TextError and the like)
+        parser.error(f"--model {args.model}: {exc}")
     stop = threading.Event()
     previous = {
         signum: signal.signal(signum, lambda signum, frame: stop.set())

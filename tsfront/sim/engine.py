@@ -30,6 +30,7 @@ from tsfront.sim.scheduler import (
     OutputRow,
     Scheduler,
     SchedulerConfig,
+    ScriptFn,
     StepOutput,
     TokenFn,
 )
@@ -70,7 +71,8 @@ class EngineOptions:
     ``kv_total_pages``, ``stream_interval`` (``--stream-interval``), ``prefix_cache``,
     ``prefix_cache_pages`` (the cache's capacity in pages; ``None`` → 65,536),
     ``enable_output_logprobs``, ``token_fn`` (see :func:`tsfront.sim.scheduler.default_token`;
-    must be a module-level function in process mode).
+    must be a module-level function in process mode), ``script`` (scripted answers, see
+    :mod:`tsfront.sim.script`; picklable for process mode).
 
     Wire generation: ``output_form`` is the output array length (9, 10, 14, or more for a
     future engine); ``legacy_registration`` sends Aug3's 18-key map with ``block_size``.
@@ -112,6 +114,7 @@ class EngineOptions:
     prefix_cache_pages: int | None = None
     enable_output_logprobs: bool = True
     token_fn: TokenFn | None = None
+    script: ScriptFn | None = None
     output_form: int = 14
     legacy_registration: bool = False
     max_num_seqs: int = 256
@@ -230,6 +233,7 @@ class SimEngine:
                 enable_output_logprobs=opts.enable_output_logprobs,
             ),
             token_fn=opts.token_fn,
+            script=opts.script,
         )
         self.outcome: str | None = None
         self.init_addresses: tuple[str, str] | None = None

@@ -10,7 +10,10 @@ Token generation rule (so tests can predict outputs): the token at output positi
 (0-based) of request ``rid`` is :func:`default_token` ``(rid, i)`` =
 ``3 + (crc32(rid) + 7919 * i) % (vocab_size - 3)``. It never yields 0, 1 or 2, so with the default
 ``eos_token_id`` 2 a request only ends by length or a ``stop_token_ids`` match unless a
-``token_fn`` says otherwise. The logprob of token ``t`` is :func:`default_logprob` ``(t)`` =
+``token_fn`` says otherwise. A ``script`` (``prompt ids -> output ids | None``, e.g.
+:class:`tsfront.sim.script.Script`) replaces that rule for the prompts it answers: the request
+emits exactly the scripted ids, then ``eos_token_id`` (length and stop tokens still apply).
+The logprob of token ``t`` is :func:`default_logprob` ``(t)`` =
 ``-(1 + t % 15) / 16``: negative and exact in binary floating point.
 """
 
@@ -29,6 +32,7 @@ __all__ = [
     "OutputRow",
     "Scheduler",
     "SchedulerConfig",
+    "ScriptFn",
     "StepOutput",
     "TokenFn",
     "default_logprob",
@@ -41,6 +45,9 @@ FORCE_STREAM_INTERVAL = 50
 
 TokenFn = Callable[[str, int], int]
 """``token_fn(rid, position) -> token id``: the token generated at 0-based output ``position``."""
+
+ScriptFn = Callable[[list[int]], "list[int] | None"]
+"""``script(prompt ids) -> output ids``, or ``None`` for the usual tokens (pure, per request)."""
 
 _TOKEN_STRIDE = 7919
 _UNBOUNDED_NEW_TOKENS = 1 << 30
@@ -190,6 +197,7 @@ class _Request:
     pending_ids: list[int] = field(default_factory=list)
     pending_vals: list[float] = field(default_factory=list)
     finished_reason: str = ""
+    script: list[int] | None = None
 
     def pages(self, page_size: int) -> int:
         """KV pages this request holds right now."""
@@ -201,7 +209,8 @@ class Scheduler:
 
     Call :meth:`add` / :meth:`abort` as requests arrive and :meth:`step` once per step time.
     ``validate(req) -> reason | None`` decides terminal aborts (default
-    :func:`engine_rejection`); ``token_fn`` replaces :func:`default_token`.
+    :func:`engine_rejection`); ``token_fn`` replaces :func:`default_token`; ``script``
+    answers the prompts it knows with scripted token ids (see the module docstring).
     """
 
     def __init__(
@@ -210,12 +219,14 @@ class Scheduler:
         *,
         token_fn: TokenFn | None = None,
         validate: Callable[[Any], str | None] | None = None,
+        script: ScriptFn | None = None,
     ) -> None:
         self.config = config or SchedulerConfig()
         if self.config.vocab_size <= 3:
             raise ValueError("vocab_size must be > 3")
         vocab = self.config.vocab_size
         self._token_fn: TokenFn = token_fn or (lambda rid, pos: default_token(rid, pos, vocab))
+        self._script = script
         enable = self.config.enable_output_logprobs
         self._validate = validate or (
             lambda req: engine_rejection(req, enable_output_logprobs=enable)
@@ -291,6 +302,7 @@ class Scheduler:
             stream_interval=max(1, interval),
             return_logprob=bool(req.return_logprob),
             cached_tokens=self._cache_lookup(input_ids),
+            script=self._script(input_ids) if self._script is not None else None,
         )
         self._live[rid] = request
         self._waiting.append(request)
@@ -358,7 +370,12 @@ class Scheduler:
             free -= need
 
     def _decode_one(self, request: _Request) -> None:
-        token = self._token_fn(request.rid, request.completion_tokens)
+        position = request.completion_tokens
+        script = request.script
+        if script is None:
+            token = self._token_fn(request.rid, position)
+        else:
+            token = script[position] if position < len(script) else self.config.eos_token_id
         request.completion_tokens += 1
         request.pending_ids.append(token)
         if request.return_logprob:

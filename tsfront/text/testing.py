@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,11 +208,15 @@ def make_test_model(
     *,
     vocab_size: int | None = None,
     max_position_embeddings: int = 4096,
+    added_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a small model folder of ``kind`` into ``directory`` (created) and return its path.
 
     ``vocab_size`` defaults to 600 for the trained tokenizers (the corpus is small) and to
-    32000 for ``"wordlevel"`` (the simulator's default vocabulary).
+    32000 for ``"wordlevel"`` (the simulator's default vocabulary). ``added_tokens`` become
+    single (non-special) added tokens, as a model's tool-call and reasoning tags are, e.g.
+    Qwen2.5's ``<tool_call>`` or DeepSeek-R1's ``<think>``; without them a tag is split over
+    several tokens.
     """
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
@@ -242,6 +247,8 @@ def make_test_model(
         tok_eos = "</s>"
     else:
         raise ValueError(f"kind={kind!r}: use 'bytelevel', 'metaspace', 'unigram' or 'wordlevel'")
+    if added_tokens:
+        tok.add_tokens(list(added_tokens))
     tok.save(str(folder / "tokenizer.json"))
     config_eos = gen_eos[0] if isinstance(gen_eos, list) else gen_eos
     files: dict[str, dict[str, Any]] = {

@@ -1,0 +1,95 @@
+"""Reasoning parsers: ``<think>…</think>`` split from content, whatever the split of the text.
+
+Outputs as DeepSeek-R1 and Qwen3 write them (the model opens the section, or the template
+opened it in the prompt), split at random points by Hypothesis and one character at a time:
+the joined reasoning and content must equal the non-streamed split and the intended one, and
+no tag text may be in either field.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tsfront.text.reasoning import (
+    REASONING_PARSERS,
+    ReasoningParser,
+    make_reasoning_parser,
+    starts_in_reasoning,
+)
+
+THOUGHT = "\nThe user wants 2+2. <b>Bold</b> < not a tag; 日本 😀\n"
+ANSWER = "\n\nThe answer is 4."
+
+# (parser, starts_in_reasoning, enabled, output, reasoning, content)
+CASES = [
+    ("deepseek_r1", False, True, f"<think>{THOUGHT}</think>{ANSWER}", THOUGHT, ANSWER),
+    ("deepseek_r1", True, True, f"{THOUGHT}</think>{ANSWER}", THOUGHT, ANSWER),
+    ("deepseek_r1", False, True, f"\n\n<think>{THOUGHT}</think>{ANSWER}", THOUGHT, ANSWER),
+    ("deepseek_r1", False, True, "No reasoning here <think> at all", "", "No reasoning here "
+     "<think> at all"),
+    ("deepseek_r1", True, True, f"{THOUGHT} cut off", f"{THOUGHT} cut off", ""),
+    ("qwen3", False, True, f"<think>{THOUGHT}</think>{ANSWER}<think>x</think>", THOUGHT,
+     f"{ANSWER}<think>x</think>"),
+    ("qwen3", False, False, f"{ANSWER} <think>", "", f"{ANSWER} <think>"),
+    ("qwen3", False, True, "<think>\n\n</think>\n\nHi", "\n\n", "\n\nHi"),
+]  # fmt: skip
+
+
+def run(case: tuple[Any, ...], pieces: list[str]) -> tuple[str, str]:
+    name, sir, enabled = case[:3]
+    parser = make_reasoning_parser(name, starts_in_reasoning=sir, enabled=enabled)
+    reasoning, content = [], []
+    for piece in pieces:
+        r, c = parser.feed(piece)
+        reasoning.append(r)
+        content.append(c)
+    r, c = parser.finish()
+    return "".join(reasoning) + r, "".join(content) + c
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_non_streamed_split(case: tuple[Any, ...]) -> None:
+    name, sir, enabled, text, reasoning, content = case
+    parser = make_reasoning_parser(name, starts_in_reasoning=sir, enabled=enabled)
+    assert parser.parse(text) == (reasoning, content)
+    assert run(case, list(text)) == (reasoning, content)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+@pytest.mark.parametrize("case", CASES)
+def test_every_split_gives_the_same_fields(case: tuple[Any, ...], data: Any) -> None:
+    text, reasoning, content = case[3:]
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(text)), max_size=30))))
+    bounds = [0, *cuts, len(text)]
+    got = run(case, [text[a:b] for a, b in pairwise(bounds)])
+    assert got == (reasoning, content)
+    if case[2]:
+        assert "</think>" not in got[0] and "<think>" not in got[0]
+
+
+def test_tag_prefix_is_held_back_then_released() -> None:
+    parser = make_reasoning_parser("deepseek_r1", starts_in_reasoning=True)
+    assert parser.feed("thinking </th") == ("thinking ", "")
+    assert parser.in_reasoning
+    assert parser.feed("ink>done") == ("", "done")
+    assert not parser.in_reasoning
+    assert parser.feed("more") == ("", "more")
+
+
+def test_starts_in_reasoning_from_the_prompt_tail() -> None:
+    assert starts_in_reasoning("<｜User｜>Hi<｜Assistant｜><think>\n")
+    assert not starts_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not starts_in_reasoning("<|im_start|>assistant\n")
+
+
+def test_registry_and_unknown_name() -> None:
+    assert set(REASONING_PARSERS) == {"deepseek_r1", "qwen3"}
+    assert isinstance(make_reasoning_parser("qwen3"), ReasoningParser)
+    with pytest.raises(ValueError, match="deepseek_r1"):
+        make_reasoning_parser("nope")

@@ -1,0 +1,170 @@
+"""Reasoning sections split from the streamed text: ``<think>…</think>`` → ``reasoning_content``.
+
+A :class:`ReasoningParser` sits between the detokenizer and the tool parser (if any); each
+:meth:`~ReasoningParser.feed` returns ``(reasoning text, content text)``, and the content part
+is what a tool parser is fed next, so a call after ``</think>`` is parsed::
+
+    reasoning = make_reasoning_parser("deepseek_r1",
+                                      starts_in_reasoning=starts_in_reasoning(prompt))
+    for text in stream:
+        thought, text = reasoning.feed(text)
+        deltas = tools.feed(text)          # or, without tools, text is the content
+    thought, text = reasoning.finish()
+
+Parsers (the tags are the same, ``<think>`` and ``</think>``):
+
+- ``deepseek_r1``: DeepSeek-R1 and its distills, QwQ. The output may open the section itself
+  (``<think>`` as its first non-blank text) or start inside it when the chat template put
+  ``<think>`` at the end of the prompt (``starts_in_reasoning``; :func:`starts_in_reasoning`
+  decides it from the rendered prompt). Without ``</think>`` everything after the open is
+  reasoning (a truncated thought).
+- ``qwen3``: Qwen3 (thinking and hybrid). The same, and ``enable_thinking=False`` (from the
+  request's ``chat_template_kwargs``) means the template already closed the section in the
+  prompt: the whole output is content.
+
+The section is the first one only: after ``</think>`` everything is content, a later
+``<think>`` included. Text that could be the start of a tag is held back, so a tag split across
+deltas never shows in either field; blank text before an opening ``<think>`` is dropped.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "REASONING_PARSERS",
+    "ReasoningParser",
+    "make_reasoning_parser",
+    "starts_in_reasoning",
+]
+
+START = "<think>"
+END = "</think>"
+
+# States: a table of what each one does is in ReasoningParser.feed.
+_BEFORE = 0  # nothing but blanks yet: the output may open the section
+_REASONING = 1  # inside the section: text is reasoning until END
+_CONTENT = 2  # after the section (or none): text is content
+
+
+def starts_in_reasoning(prompt: str, start: str = START) -> bool:
+    """Whether the rendered ``prompt`` leaves the output inside a reasoning section: its
+    last non-blank text is the open tag (DeepSeek-R1's and QwQ's templates end the
+    generation prompt with ``<think>\\n``)."""
+    return prompt.rstrip().endswith(start)
+
+
+def _held(buf: str, tag: str) -> int:
+    """Length of the longest suffix of ``buf`` that is a proper prefix of ``tag``."""
+    for k in range(min(len(tag) - 1, len(buf)), 0, -1):
+        if tag.startswith(buf[-k:]):
+            return k
+    return 0
+
+
+class ReasoningParser:
+    """Splits one stream into reasoning and content at ``start``/``end`` tags.
+
+    Args:
+        starts_in_reasoning: the prompt opened the section (the output has only the end tag).
+        enabled: ``False`` when the template disabled thinking: everything is content.
+    """
+
+    name = "deepseek_r1"
+    start = START
+    end = END
+
+    __slots__ = ("_buf", "_initial", "_state")
+
+    def __init__(self, *, starts_in_reasoning: bool = False, enabled: bool = True) -> None:
+        if not enabled:
+            self._state = _CONTENT
+        else:
+            self._state = _REASONING if starts_in_reasoning else _BEFORE
+        self._initial = self._state
+        self._buf = ""
+
+    @property
+    def in_reasoning(self) -> bool:
+        """Whether the stream is inside the reasoning section right now."""
+        return self._state == _REASONING
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """Add the next delta; return ``(reasoning, content)`` now known."""
+        state = self._state
+        if state == _CONTENT:
+            return "", text
+        if state == _REASONING and not self._buf and "<" not in text:
+            return text, ""
+        self._buf += text
+        return self._advance(False)
+
+    def finish(self) -> tuple[str, str]:
+        """At the end of the stream: the held-back text, in the field it belongs to."""
+        return self._advance(True)
+
+    def _advance(self, final: bool) -> tuple[str, str]:
+        reasoning: list[str] = []
+        content: list[str] = []
+        buf = self._buf
+        while buf:
+            if self._state == _BEFORE:
+                stripped = buf.lstrip()
+                if stripped.startswith(self.start):
+                    buf = stripped[len(self.start) :]
+                    self._state = _REASONING
+                    continue
+                if stripped and (final or not self.start.startswith(stripped)):
+                    self._state = _CONTENT
+                    continue
+                if final:
+                    content.append(buf)
+                    buf = ""
+                break
+            if self._state == _REASONING:
+                i = buf.find(self.end)
+                if i >= 0:
+                    reasoning.append(buf[:i])
+                    buf = buf[i + len(self.end) :]
+                    self._state = _CONTENT
+                    continue
+                keep = 0 if final else _held(buf, self.end)
+                reasoning.append(buf[: len(buf) - keep])
+                buf = buf[len(buf) - keep :]
+                break
+            content.append(buf)
+            buf = ""
+        self._buf = buf
+        return "".join(reasoning), "".join(content)
+
+    def parse(self, text: str) -> tuple[str, str]:
+        """The non-streamed split of a whole output (a fresh parser fed ``text`` at once)."""
+        fresh = type(self)(
+            starts_in_reasoning=self._initial == _REASONING, enabled=self._initial != _CONTENT
+        )
+        r1, c1 = fresh.feed(text)
+        r2, c2 = fresh.finish()
+        return r1 + r2, c1 + c2
+
+
+class Qwen3ReasoningParser(ReasoningParser):
+    """Qwen3: ``<think>…</think>``; ``enabled=False`` for ``enable_thinking: false``."""
+
+    name = "qwen3"
+    __slots__ = ()
+
+
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
+    cls.name: cls for cls in (ReasoningParser, Qwen3ReasoningParser)
+}
+"""``--reasoning-parser`` name → parser class."""
+
+
+def make_reasoning_parser(
+    name: str, *, starts_in_reasoning: bool = False, enabled: bool = True
+) -> ReasoningParser:
+    """A fresh reasoning parser ``name`` for one choice. Raises ``ValueError`` naming the
+    known parsers for an unknown ``name``."""
+    cls = REASONING_PARSERS.get(name)
+    if cls is None:
+        known = ", ".join(sorted(REASONING_PARSERS))
+        raise ValueError(f"unknown reasoning parser {name!r}: use one of {known}")
+    return cls(starts_in_reasoning=starts_in_reasoning, enabled=enabled)
