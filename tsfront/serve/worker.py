@@ -244,6 +244,7 @@ async def _serve(
     try:
         await server.serve(sockets=sockets)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # uvicorn restored _stop_starting
         watcher.cancel()
         if beating is not None:
             beating.cancel()
@@ -253,19 +254,30 @@ async def _serve(
     return 1 if client.closed and not server.should_exit else 0
 
 
+class _Stopped(BaseException):
+    """SIGTERM before the worker serves."""
+
+
+def _stop_starting(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise _Stopped
+
+
 def worker_main(
     index: int, opts: WorkerOptions, events: Any, addresses: Any = None, counters: Any = None
 ) -> None:
     """Entry point of a spawned worker process."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the master, which stops us
-    # While it serves, SIGTERM drains (Server.handle_exit); before and after it is ignored, so
-    # that the worker detaches cleanly instead of dying half-way.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    # Until it serves, SIGTERM stops it (nothing to drain); while it serves, SIGTERM drains
+    # (Server.handle_exit); after, it is ignored, so that the worker detaches cleanly.
+    signal.signal(signal.SIGTERM, _stop_starting)
     import uvloop
 
     try:
         code = uvloop.run(_serve(index, opts, events, addresses, counters))
+    except _Stopped:
+        code = 0
     except BaseException as exc:
         events.put(("failed", index, f"{type(exc).__name__}: {exc}"))
         code = 1
