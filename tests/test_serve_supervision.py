@@ -325,6 +325,7 @@ def test_streams_longer_than_the_graceful_timeout_are_cut_and_aborted(
     took = time.monotonic() - t0
     assert all(not st.done and len(st.text) < len(expected(3000)) for st in streams)
     assert 1.0 <= took < 10.0
+    print(f"\n--graceful-timeout 1: streams cut {took:.2f}s after SIGTERM")
     rids = set(s.adds())
     assert len(rids) == 3
     wait("the cut streams' requests aborted at the engines", lambda: rids <= s.aborts())
@@ -346,6 +347,7 @@ def test_a_second_sigterm_stops_at_once(
     assert s.proc.proc.wait(DEADLINE) == 0
     took = time.monotonic() - t0
     assert took < 10.0  # not the 60 s of the graceful timeout
+    print(f"\na second SIGTERM: the server exited {took:.2f}s after the first")
     assert all(st.ended.wait(5) and not st.done for st in streams)
     rids = set(s.adds())
     wait("the cut streams' requests aborted at the engines", lambda: rids <= s.aborts())
