@@ -1,10 +1,13 @@
 """A lean raw ASGI app over `OpenAIService` (no framework on the per-token path).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``. A streamed reply is sent as it is produced, one ``http.response.body``
-message per event. While a request runs, a watcher task waits on ``receive()`` for
-``http.disconnect``; a client that goes away cancels the handler, and cancelling a stream's
-read aborts its engine request.
+``GET /health``, ``GET /metrics`` (when given a page to render, on ``metrics_port`` only if
+one is set; rendered in a thread). While the worker drains (`draining`), ``/health`` and new
+completions answer 503 with ``Connection: close``. With ``counters``, every response is
+counted by route and status in the server's shared words. A streamed reply is sent as it is
+produced, one ``http.response.body`` message per event. While a request runs, a watcher task
+waits on ``receive()`` for ``http.disconnect``; a client that goes away cancels the handler,
+and cancelling a stream's read aborts its engine request.
 
 Made with a service (`tsfront serve`'s workers), or with ``attach=`` and ``model=``: then the
 ASGI lifespan attaches to the I/O process at startup and detaches at shutdown, which is how a
@@ -23,9 +26,13 @@ import os
 from typing import TYPE_CHECKING, Any, cast
 
 from tsfront.serve.api import ApiError, Final, OpenAIService, Reply, SSEReply
+from tsfront.serve.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tsfront.client import EngineClient
+    from tsfront.serve.counters import ServeCounters
     from tsfront.serve.gate import Exchange, Gate
 
 __all__ = ["ServeApp", "app_from_env"]
@@ -38,6 +45,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 _NOT_FOUND = ApiError(404, "no such route", kind="not_found_error").reply()
 _TOO_LARGE = ApiError(413, f"request body over {MAX_BODY_BYTES} bytes").reply()
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
+_METRICS_HEADERS = [(b"content-type", CONTENT_TYPE)]
 
 
 class _Disconnected(Exception):
@@ -53,6 +61,9 @@ class ServeApp:
         model: the model folder for `tsfront.text.TextModel.load` (when ``service`` is None).
         model_name: the served model name (default: the model's own).
         gate: the HTTP edge's rules (keys, request ids, CORS, access log); None for none.
+        counters: the server's `ServeCounters` to count responses in (place ``place``).
+        metrics: renders the ``GET /metrics`` page (blocking: it is called in a thread).
+        metrics_port: serve ``/metrics`` on this local port only (and nothing else there).
     """
 
     def __init__(
@@ -63,9 +74,18 @@ class ServeApp:
         model: str | None = None,
         model_name: str | None = None,
         gate: Gate | None = None,
+        counters: ServeCounters | None = None,
+        place: int = 0,
+        metrics: Callable[[], bytes] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.service = service
         self.gate = gate
+        self.draining = False
+        self._counters = counters
+        self._place = place
+        self._metrics = metrics
+        self._metrics_port = metrics_port
         self._attach = attach
         self._model = model
         self._model_name = model_name
@@ -75,12 +95,28 @@ class ServeApp:
             ("POST", "/v1/chat/completions"): "chat",
             ("GET", "/v1/models"): "models",
             ("GET", "/health"): "health",
+            ("GET", "/metrics"): "metrics",
         }
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            counters = self._counters
+            if counters is None:
+                await self._http(scope, receive, send)
+                return
+            status: list[int | None] = [None]
+
+            def counted(message: dict) -> Any:  # a plain call: no extra coroutine per token
+                if status[0] is None and message["type"] == "http.response.start":
+                    status[0] = message["status"]
+                return send(message)
+
+            try:
+                await self._http(scope, receive, counted)
+            finally:
+                route = self._routes.get((scope["method"], scope["path"]), "other")
+                counters.count(self._place, route, status[0])
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -139,15 +175,30 @@ class ServeApp:
 
     async def _request(self, scope: dict, receive: Any, send: Any, ex: Exchange | None) -> None:
         route = self._routes.get((scope["method"], scope["path"]))
+        if self._metrics_port is not None:
+            server = scope.get("server")
+            on_metrics_port = server is not None and server[1] == self._metrics_port
+            if on_metrics_port != (route == "metrics"):
+                route = None
+        if route == "metrics" and self._metrics is None:
+            route = None
         service = self.service
         if route is None or service is None:
             await _send_reply(send, _NOT_FOUND if route is None else _unready(), ex)
+            return
+        if route == "metrics":
+            page = await asyncio.to_thread(cast("Callable[[], bytes]", self._metrics))
+            await _send_reply(send, Reply(200, page, _METRICS_HEADERS), ex)
+            return
+        if self.draining and route != "models":
+            await _send_reply(send, _DRAINING, ex)
             return
         if route == "models":
             await _send_reply(send, service.models(), ex)
             return
         if route == "health":
-            await _send_reply(send, service.health(), ex)
+            extra = None if self._counters is None else {"worker_restarts": self._counters.restarts}
+            await _send_reply(send, service.health(extra), ex)
             return
         try:
             body = await _read_body(receive)
@@ -221,6 +272,13 @@ class ServeApp:
                 pusher.cancel()
             if type(reply) is SSEReply:
                 await reply.events.aclose()
+
+
+_DRAINING = Reply(
+    503,
+    ApiError(503, "the server is shutting down", kind="service_unavailable_error").reply().body,
+    [*ApiError(503, "").reply().headers, (b"connection", b"close")],
+)
 
 
 def _unready() -> Reply:
