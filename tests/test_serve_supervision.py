@@ -142,6 +142,7 @@ class Stream:
         self.text = ""
         self.events = 0
         self.done = False
+        self.server_error: str | None = None  # an error event's message
         self.error: BaseException | None = None
         self.ended = threading.Event()
         self.first = threading.Event()
@@ -157,7 +158,11 @@ class Stream:
                     if line == "data: [DONE]":
                         self.done = True
                     elif line.startswith("data: "):
-                        self.text += json.loads(line[6:])["choices"][0]["text"]
+                        event = json.loads(line[6:])
+                        if "error" in event:
+                            self.server_error = event["error"]["message"]
+                            continue
+                        self.text += event["choices"][0]["text"]
                         self.events += 1
                         self.first.set()
         except BaseException as exc:  # a cut stream: the connection breaks
@@ -323,7 +328,13 @@ def test_streams_longer_than_the_graceful_timeout_are_cut_and_aborted(
     for st in streams:
         assert st.ended.wait(DEADLINE)
     took = time.monotonic() - t0
-    assert all(not st.done and len(st.text) < len(expected(3000)) for st in streams)
+    # Each cut stream ends with an error event that says why, then [DONE]: a clean end of
+    # the response, not a broken connection, and no traceback in the server's log.
+    for st in streams:
+        assert st.error is None and st.done, (st.error, st.done)
+        assert st.server_error is not None and "shutting down" in st.server_error
+        assert 0 < len(st.text) < len(expected(3000))
+    assert "Traceback" not in s.proc.stderr()
     assert 1.0 <= took < 10.0
     print(f"\n--graceful-timeout 1: streams cut {took:.2f}s after SIGTERM")
     rids = set(s.adds())
@@ -348,7 +359,10 @@ def test_a_second_sigterm_stops_at_once(
     took = time.monotonic() - t0
     assert took < 10.0  # not the 60 s of the graceful timeout
     print(f"\na second SIGTERM: the server exited {took:.2f}s after the first")
-    assert all(st.ended.wait(5) and not st.done for st in streams)
+    for st in streams:
+        assert st.ended.wait(5) and st.error is None
+        assert st.server_error is not None and "shutting down" in st.server_error
+    assert "Traceback" not in s.proc.stderr()
     rids = set(s.adds())
     wait("the cut streams' requests aborted at the engines", lambda: rids <= s.aborts())
     assert "cutting 1 worker(s)' running requests now" in s.proc.stderr()

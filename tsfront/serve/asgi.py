@@ -82,6 +82,9 @@ class ServeApp:
         self.service = service
         self.gate = gate
         self.draining = False
+        # The generation requests running, with their state lists (see `_request`): `cut`
+        # ends them.
+        self._running: dict[asyncio.Task[Any], list[bool]] = {}
         self._counters = counters
         self._place = place
         self._metrics = metrics
@@ -157,6 +160,18 @@ class ServeApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    def cut(self) -> int:
+        """End every generation request still running (the worker stops after its graceful
+        timeout): a streamed response gets an error event and ``[DONE]``, one not started yet
+        a 503, and their engine requests are aborted. Returns how many were cut."""
+        count = 0
+        for task, state in list(self._running.items()):
+            if not (state[0] or state[1] or state[2]):
+                state[2] = True
+                task.cancel()
+                count += 1
+        return count
+
     # ------------------------------------------------------------------ requests
 
     async def _http(self, scope: dict, receive: Any, send: Any) -> None:
@@ -211,7 +226,8 @@ class ServeApp:
             return
         # A request handler always runs in a task (the server's, per connection).
         task = cast("asyncio.Task[Any]", asyncio.current_task())
-        state = [False, False]  # [handler finished, client disconnected]
+        state = [False, False, False]  # [handler finished, client disconnected, cut]
+        self._running[task] = state
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
 
         def on_disconnect(fut: asyncio.Future) -> None:
@@ -222,12 +238,14 @@ class ServeApp:
         watcher.add_done_callback(on_disconnect)
         reply = None
         pusher = None
+        started = False
         try:
             handler = service.completions if route == "completions" else service.chat
             reply = await handler(body, None if ex is None else ex.record)
             if type(reply) is SSEReply:
                 headers = reply.headers if ex is None else ex.head(200, reply.headers)[0]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
+                started = True
                 if reply.push is not None:
                     # Plain tokens are now written from the worker's drain (serve/push.py);
                     # this loop sends the rest, after any pushed send still in flight.
@@ -250,11 +268,18 @@ class ServeApp:
             else:
                 await _send_reply(send, cast(Reply, reply), ex)
         except asyncio.CancelledError:
-            if not state[1]:
+            if not (state[1] or state[2]):
                 raise
-            task.uncancel()  # our own cancellation: the client left, the request is aborted
-            if ex is not None:
-                ex.client_gone()
+            # Our own cancellation: the client left, or the stopping worker cut the request
+            # (`cut`); either way its engine requests are aborted (below and by the service).
+            task.uncancel()
+            if state[1]:
+                if ex is not None:
+                    ex.client_gone()
+            else:
+                if pusher is not None:
+                    pusher.cancel()
+                await _send_cut(send, started, ex)
         except OSError:
             # The connection broke while sending; the events' close aborts the request.
             if ex is not None:
@@ -267,6 +292,7 @@ class ServeApp:
                 )
         finally:
             state[0] = True
+            del self._running[task]
             watcher.cancel()
             if pusher is not None:
                 pusher.cancel()
@@ -279,6 +305,29 @@ _DRAINING = Reply(
     ApiError(503, "the server is shutting down", kind="service_unavailable_error").reply().body,
     [*ApiError(503, "").reply().headers, (b"connection", b"close")],
 )
+
+
+_CUT_EVENT = (
+    b"data: "
+    + ApiError(
+        503,
+        "the server is shutting down and cut this request after its graceful timeout; retry it",
+        kind="service_unavailable_error",
+    )
+    .reply()
+    .body
+    + b"\n\ndata: [DONE]\n\n"
+)
+
+
+async def _send_cut(send: Any, started: bool, ex: Exchange | None) -> None:
+    try:
+        if started:
+            await send({"type": "http.response.body", "body": _CUT_EVENT, "more_body": False})
+        else:
+            await _send_reply(send, _DRAINING, ex)
+    except OSError:
+        pass  # the connection is gone too
 
 
 def _unready() -> Reply:

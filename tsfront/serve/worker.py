@@ -116,14 +116,18 @@ def _next_address(addresses: Any) -> str | None:
         return None
 
 
+#: Seconds cut requests get to write their last event before uvicorn cancels them.
+_CUT_WAIT_S = 1.0
+
+
 class Drain:
     """A worker's graceful stop: the first `signal` drains, the second cuts at once.
 
     Draining closes the listening sockets (so the kernel sends new connections to the other
     workers of the port, or refuses them), makes the app answer 503 (`ServeApp.draining`),
-    waits until no request runs or ``grace`` seconds passed, then lets uvicorn stop with what
-    is left of the grace (it cancels the handlers still running: their engine requests are
-    aborted).
+    waits until no request runs or ``grace`` seconds passed, then cuts what still runs
+    (`ServeApp.cut`: each response ends with an error event, its engine requests aborted)
+    and lets uvicorn stop.
     """
 
     def __init__(self, server: Any, app: Any, sockets: list[socket.socket], grace: float) -> None:
@@ -155,14 +159,12 @@ class Drain:
                 await asyncio.wait_for(self._now.wait(), _DRAIN_POLL_S)
             except TimeoutError:
                 pass
-        left = 0.0 if self._now.is_set() else max(0.0, deadline - loop.time())
-        # uvicorn waits that long for what still runs, then cancels it.
-        server.config.timeout_graceful_shutdown = left
+        # What still runs is cut by the app (each response ends with an error event, its engine
+        # requests aborted), which takes a turn or two of the loop; uvicorn then waits at most
+        # _CUT_WAIT_S for the rest and cancels what is left.
+        self._app.cut()
+        server.config.timeout_graceful_shutdown = _CUT_WAIT_S
         server.should_exit = True
-        if self._now.is_set():
-            for task in list(server.server_state.tasks):
-                task.cancel()
-            server.force_exit = True
 
 
 async def _heartbeat(counters: Any, index: int, interval: float) -> None:
