@@ -4,8 +4,10 @@ naming the field, nothing it sends reaches the engine, and none of it stalls oth
 Two real servers (master, I/O process, one uvicorn worker each) on simulated ranks, as in
 tests/test_serve.py. ``served``: a model whose own context (4,096) is smaller than the engine's
 (8,192), and 8 slots per worker. ``long_served``: a 200,000-token context, for a prompt large
-enough that tokenizing it takes seconds. The sim's counters show what reached the engines.
-About 30 s in all, most of it the two servers' start and one deliberately slow tokenization.
+enough that tokenizing it takes seconds, and the server's own chat template and default
+template variables (``--chat-template``, ``--default-chat-template-kwargs``). The sim's
+counters show what reached the engines. About 20 s in all, most of it the two servers' start
+and one deliberately slow tokenization.
 """
 
 from __future__ import annotations
@@ -304,6 +306,14 @@ def test_huge_requests_are_refused_before_the_work(served: Served) -> None:
 # ---------------------------------------------------------------------- heavy work off the loop
 
 
+# The server's own template (--chat-template): the messages' text, then a default variable;
+# a message "boom" makes it divide by zero.
+TEMPLATE = (
+    '{% for m in messages %}{% if m.content == "boom" %}{{ 1/0 }}{% endif %}'
+    "{{ m.content }} {% endfor %}{{ greeting }}"
+)
+
+
 @pytest.fixture(scope="module")
 def long_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     from tsfront.text.testing import make_test_model
@@ -313,7 +323,15 @@ def long_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "wordlevel",
         max_position_embeddings=200_000,
     )
-    s = start(str(model), 200_000, step_ms=1.0)
+    s = start(
+        str(model),
+        200_000,
+        "--chat-template",
+        TEMPLATE,
+        "--default-chat-template-kwargs",
+        '{"greeting": "w9 w9"}',
+        step_ms=1.0,
+    )
     yield s
     assert s.server.stop() == 0
     s.group.stop()
@@ -362,3 +380,49 @@ def test_a_huge_prompt_does_not_stall_another_clients_stream(long_served: Served
     during = [t for t in times if window["start"] <= t <= window["end"]]
     gaps = [b - a for a, b in zip([window["start"], *during], [*during, window["end"]])]
     assert max(gaps) < 1.0, f"A waited {max(gaps):.2f}s while B ({took:.2f}s) was tokenized"
+
+
+# ---------------------------------------------------------------------- the server's template
+
+
+def test_the_servers_template_and_default_variables_are_used(long_served: Served) -> None:
+    out = long_served.post(CHAT, {"messages": USER, "max_tokens": 2})
+    assert out.status_code == 200, out.text
+    assert out.json()["usage"]["prompt_tokens"] == 3  # "w5 w9 w9"
+    body = {"messages": USER, "max_tokens": 2, "chat_template_kwargs": {"greeting": "w7"}}
+    out = long_served.post(CHAT, body)
+    assert out.status_code == 200, out.text
+    assert out.json()["usage"]["prompt_tokens"] == 2  # the request's value wins: "w5 w7"
+
+
+def test_an_exception_in_the_template_is_a_400(long_served: Served) -> None:
+    # Before: only a few exception types were caught; ZeroDivisionError was a 500.
+    body = {"messages": [{"role": "user", "content": "boom"}], "max_tokens": 2}
+    refused(long_served, CHAT, body, "messages", "ZeroDivisionError")
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--chat-template", "{% if %}"], "does not compile"),
+        (["--chat-template", "no-such-template.jinja"], "no such file"),
+        (["--default-chat-template-kwargs", '{"bos_token": "x"}'], "bos_token"),
+        (["--default-chat-template-kwargs", "[1]"], "JSON object"),
+    ],
+)
+def test_bad_template_flags_stop_the_server_at_once(
+    tmp_path_factory: pytest.TempPathFactory, flags: list[str], words: str
+) -> None:
+    import subprocess
+    import sys
+
+    from tsfront.text.testing import make_test_model
+
+    model = make_test_model(tmp_path_factory.mktemp("model") / "flags", "wordlevel")
+    done = subprocess.run(
+        [sys.executable, "-m", "tsfront", "serve", "--model", str(model),
+         "--handshake", "tcp://127.0.0.1:0", *flags],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr

@@ -307,9 +307,22 @@ class OpenAIService:
         text: the model's `TextModel` (tokenizer, chat template, stop ids).
         model_name: the name ``/v1/models`` lists and requests may give as ``model``.
         worker: this worker's number (in request ids and the ``x-worker`` header).
+        chat_template: a template for every chat request instead of the model's
+            (``--chat-template``).
+        template_kwargs: template variables for every chat request; a request's
+            ``chat_template_kwargs`` override them key by key (``--default-chat-template-kwargs``).
     """
 
-    def __init__(self, client: EngineClient, text: Any, model_name: str, worker: int = 0) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        text: Any,
+        model_name: str,
+        worker: int = 0,
+        *,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         self.client = client
         self.text = text
         self.model_name = model_name
@@ -321,6 +334,8 @@ class OpenAIService:
         self._token_chars: int = max(1, text.max_token_chars)
         self._template_names: frozenset[str] = text.template_names
         self._heavy = asyncio.Semaphore(1)  # one tokenization off the loop at a time
+        self._chat_template = chat_template
+        self._template_kwargs = dict(template_kwargs or {})
         self._created = int(time.time())
         self._model_json = _JSON.encode(model_name)
 
@@ -682,6 +697,8 @@ class OpenAIService:
         kwargs = req.chat_template_kwargs or {}
         if kwargs:
             check_template_kwargs(kwargs, self._template_names)
+        if self._template_kwargs:
+            kwargs = {**self._template_kwargs, **kwargs}
         messages = [self._message(i, m) for i, m in enumerate(req.messages)]
         chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
         self._check_chars(chars, limit, "messages")
@@ -702,7 +719,10 @@ class OpenAIService:
 
         try:
             prompt = self.text.apply_chat_template(
-                messages, add_generation_prompt=add_generation_prompt, **kwargs
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                chat_template=self._chat_template,
+                **kwargs,
             )
         except TextError as exc:  # ChatTemplateError included
             raise _bad(str(exc), "messages") from None

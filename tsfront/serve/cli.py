@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
+from tsfront.serve.templates import add_template_arguments, template_options
 
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnContext
@@ -113,6 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument(
         "--port", type=int, default=8000, metavar="P", help="port; 0 picks a free one (8000)"
     )
+    add_template_arguments(parser)
 
 
 def _say(line: str) -> None:
@@ -219,6 +221,10 @@ def run(args: argparse.Namespace) -> int:
     except (TextError, OSError) as exc:
         raise CommandError(f"--model {args.model}: {exc}") from None
     name = args.served_model_name or text.name
+    try:
+        chat_template, template_kwargs = template_options(args, text.template_names)
+    except ValueError as exc:
+        raise UsageError("tsfront serve", str(exc)) from None
 
     if args.state_dir is not None and args.attach is not None:
         raise UsageError(
@@ -263,6 +269,8 @@ def run(args: argparse.Namespace) -> int:
             port=port,
             address=address,
             attach_timeout=args.handshake_timeout + READY_MARGIN_S,
+            chat_template=chat_template,
+            template_kwargs=template_kwargs,
         )
         # With a state directory the workers outlive an I/O process: each gets its successor's
         # address on a queue of its own.

@@ -21,7 +21,7 @@ import queue
 import signal
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["WorkerOptions", "listening_socket", "worker_main"]
@@ -42,6 +42,9 @@ class WorkerOptions:
     port: int
     address: str
     attach_timeout: float
+    #: ``--chat-template`` (its source) and ``--default-chat-template-kwargs``.
+    chat_template: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def listening_socket(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -113,7 +116,14 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
 
     text = TextModel.load(opts.model)
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
-    service = OpenAIService(client, text, opts.model_name, index)
+    service = OpenAIService(
+        client,
+        text,
+        opts.model_name,
+        index,
+        chat_template=opts.chat_template,
+        template_kwargs=opts.template_kwargs,
+    )
     app = ServeApp(service)
     heap.settle()
     config = uvicorn.Config(
