@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -337,25 +337,24 @@ def long_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     s.group.stop()
 
 
-def test_a_huge_prompt_does_not_stall_another_clients_stream(long_served: Served) -> None:
-    """One worker: client A streams while client B's prompt (just under the character bound,
-    so it must be tokenized, then refused as too many tokens) is tokenized. A's events keep
-    coming: before, B's tokenization ran on the worker's loop and A got nothing meanwhile."""
-    s = long_served
-    limit = httpx.get(f"{s.url}/v1/models", timeout=DEADLINE).json()["data"][0]["max_model_len"]
-    words = limit * 12 // 3 - 1000  # "w5 " is 3 characters; 12 the longest token
-    big = {"prompt": "w5 " * words, "max_tokens": 1}
+def stream_while(
+    s: Served, other: Callable[[], httpx.Response]
+) -> tuple[list[float], float, httpx.Response]:
+    """Client A streams a long completion; once its first event is in, client B runs
+    ``other`` on a thread. Returns the gaps between A's events while B ran, B's time, and
+    B's response."""
     times: list[float] = []
     window: dict[str, float] = {}
+    result: list[httpx.Response] = []
     b_done = threading.Event()
 
     def client_b() -> None:
         window["start"] = time.monotonic()
-        response = s.post(COMPLETIONS, big, timeout=120)
-        window["end"] = time.monotonic()
-        window["status"] = response.status_code
-        window["param"] = response.json()["error"]["param"]
-        b_done.set()
+        try:
+            result.append(other())
+        finally:
+            window["end"] = time.monotonic()
+            b_done.set()
 
     with httpx.stream(
         "POST",
@@ -374,11 +373,23 @@ def test_a_huge_prompt_does_not_stall_another_clients_stream(long_served: Served
             if b_done.is_set():
                 break
         b.join(DEADLINE)
-    assert window["status"] == 400 and window["param"] == "prompt"
-    took = window["end"] - window["start"]
-    assert took > 1.5, f"B took {took:.2f}s: too little tokenizing to show a stall"
+    assert result, "client B got no response"
     during = [t for t in times if window["start"] <= t <= window["end"]]
     gaps = [b - a for a, b in zip([window["start"], *during], [*during, window["end"]])]
+    return gaps, window["end"] - window["start"], result[0]
+
+
+def test_a_huge_prompt_does_not_stall_another_clients_stream(long_served: Served) -> None:
+    """One worker: client A streams while client B's prompt (just under the character bound,
+    so it must be tokenized, then refused as too many tokens) is tokenized. A's events keep
+    coming: before, B's tokenization ran on the worker's loop and A got nothing meanwhile."""
+    s = long_served
+    limit = httpx.get(f"{s.url}/v1/models", timeout=DEADLINE).json()["data"][0]["max_model_len"]
+    words = limit * 12 // 3 - 1000  # "w5 " is 3 characters; 12 the longest token
+    big = {"prompt": "w5 " * words, "max_tokens": 1}
+    gaps, took, response = stream_while(s, lambda: s.post(COMPLETIONS, big, timeout=120))
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    assert took > 1.5, f"B took {took:.2f}s: too little tokenizing to show a stall"
     assert max(gaps) < 1.0, f"A waited {max(gaps):.2f}s while B ({took:.2f}s) was tokenized"
 
 
@@ -426,3 +437,16 @@ def test_bad_template_flags_stop_the_server_at_once(
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert words in done.stderr
+
+
+def test_a_huge_template_variable_is_rendered_off_the_loop(long_served: Served) -> None:
+    """The messages are tiny but a template variable is 2.4 MB of text, which the template
+    writes into the prompt: rendering and tokenizing it must not stall another client."""
+    s = long_served
+    limit = httpx.get(f"{s.url}/v1/models", timeout=DEADLINE).json()["data"][0]["max_model_len"]
+    words = limit * 12 // 3 - 1000
+    big = {"messages": USER, "chat_template_kwargs": {"greeting": "w5 " * words}}
+    gaps, took, response = stream_while(s, lambda: s.post(CHAT, big, timeout=120))
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
+    assert took > 1.5, f"B took {took:.2f}s: too little tokenizing to show a stall"
+    assert max(gaps) < 1.0, f"A waited {max(gaps):.2f}s while B ({took:.2f}s) was tokenized"

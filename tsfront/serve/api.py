@@ -284,7 +284,7 @@ class _Plan:
         "stream",
     )
 
-    # Set by _plan_completion / _plan_chat and _common before the plan is used.
+    # Set by _plan_completion / _plan_chat (and _sampling) before the plan is used.
     chat: bool
     chat_max: bool  # max_completion_tokens given (the name a length refusal uses)
     include_stop: bool
@@ -391,7 +391,7 @@ class OpenAIService:
         self,
         body: bytes,
         decoder: msgspec.json.Decoder,
-        plan_of: Callable[[Any], Coroutine[Any, Any, _Plan]],
+        plan_of: Callable[[Any, int], Coroutine[Any, Any, _Plan]],
         format_of: Callable[[_Plan], Format],
     ) -> Reply | SSEReply:
         # Body → typed request → plan (refusals as ApiError) → engine requests → reply.
@@ -402,7 +402,7 @@ class OpenAIService:
         except (msgspec.DecodeError, RecursionError) as exc:
             return _bad(decode_error(body, exc)).reply()
         try:
-            plan = await plan_of(req)
+            plan = await plan_of(req, len(body))
             return await self._run(plan, format_of(plan))
         except Refused as exc:
             return _bad(str(exc), exc.param).reply()
@@ -574,7 +574,7 @@ class OpenAIService:
                 await asyncio.wait([future])
                 raise
 
-    async def _plan_completion(self, req: CompletionRequest) -> _Plan:
+    async def _plan_completion(self, req: CompletionRequest, size: int) -> _Plan:
         plan = _Plan()
         plan.chat = False
         plan.chat_max = False
@@ -667,7 +667,7 @@ class OpenAIService:
             return [self.text.encode(texts[0], add_special_tokens=True)]
         return self.text.encode_batch(texts, add_special_tokens=True)
 
-    async def _plan_chat(self, req: ChatRequest) -> _Plan:
+    async def _plan_chat(self, req: ChatRequest, size: int) -> _Plan:
         plan = _Plan()
         plan.chat = True
         self._check_request(req, 1)
@@ -702,8 +702,10 @@ class OpenAIService:
         messages = [self._message(i, m) for i, m in enumerate(req.messages)]
         chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
         self._check_chars(chars, limit, "messages")
+        # Any string the template is given (a message's other fields, a template variable)
+        # is part of the body: a large body renders and encodes on a thread.
         prompt = await self._off_loop(
-            chars, self._render_and_encode, messages, req.add_generation_prompt, kwargs
+            size, self._render_and_encode, messages, req.add_generation_prompt, kwargs
         )
         plan.prompts = [prompt]
         plan.n = req.n
