@@ -379,6 +379,12 @@ def stream_while(
     return gaps, window["end"] - window["start"], result[0]
 
 
+def assert_kept_streaming(gaps: list[float], took: float) -> None:
+    # Before, A's longest gap was B's whole time (1.5-3 s here); now it is tens of ms. The
+    # bound leaves room for a loaded machine: under 1 s, or under half of B's time.
+    assert max(gaps) < max(1.0, took / 2), f"A waited {max(gaps):.2f}s while B took {took:.2f}s"
+
+
 def test_a_huge_prompt_does_not_stall_another_clients_stream(long_served: Served) -> None:
     """One worker: client A streams while client B's prompt (just under the character bound,
     so it must be tokenized, then refused as too many tokens) is tokenized. A's events keep
@@ -390,7 +396,7 @@ def test_a_huge_prompt_does_not_stall_another_clients_stream(long_served: Served
     gaps, took, response = stream_while(s, lambda: s.post(COMPLETIONS, big, timeout=120))
     assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
     assert took > 1.5, f"B took {took:.2f}s: too little tokenizing to show a stall"
-    assert max(gaps) < 1.0, f"A waited {max(gaps):.2f}s while B ({took:.2f}s) was tokenized"
+    assert_kept_streaming(gaps, took)
 
 
 # ---------------------------------------------------------------------- the server's template
@@ -449,4 +455,4 @@ def test_a_huge_template_variable_is_rendered_off_the_loop(long_served: Served) 
     gaps, took, response = stream_while(s, lambda: s.post(CHAT, big, timeout=120))
     assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
     assert took > 1.5, f"B took {took:.2f}s: too little tokenizing to show a stall"
-    assert max(gaps) < 1.0, f"A waited {max(gaps):.2f}s while B ({took:.2f}s) was tokenized"
+    assert_kept_streaming(gaps, took)
