@@ -12,6 +12,12 @@ tokens when the worker fell behind (the stream coalesces them; nothing is droppe
 
 A stop string that matches aborts the engine request (``stream.abort()``); a cancelled
 handler (the client went away) aborts it too, because cancelling a stream's read does.
+
+Before any work for a request, its fields, counts and lengths are checked against the bounds
+of `tsfront.serve.limits` and one context limit (the smaller of the engines' and the model's);
+a long text is then tokenized (and a large chat body rendered) on a thread, one at a time per
+worker, so that no request holds the event loop its worker's other streams run on. The stop
+strings are compiled once per request (`tsfront.text.StopSet`) for all of its choices.
 """
 
 from __future__ import annotations
