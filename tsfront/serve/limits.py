@@ -47,8 +47,8 @@ MAX_KWARGS_DEPTH = 8
 MAX_KWARGS_ITEMS = 1024
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
-#: msgspec's decoder stops at this depth (a RecursionError); the message says so.
-_DECODE_DEPTH = "several hundred"
+#: msgspec's decoder stops near the interpreter's recursion limit (a RecursionError).
+_DECODE_DEPTH = "about 1,000"
 # A \uD800-\uDBFF escape not followed by a \uDC00-\uDFFF one: msgspec reports it as truncation.
 _LONE_HIGH = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})")
 
