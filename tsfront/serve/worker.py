@@ -56,6 +56,9 @@ class WorkerOptions:
     graceful_timeout: float = 30.0
     worker_timeout: float = 30.0
     metrics_port: int | None = None
+    #: ``--chat-template`` (its source) and ``--default-chat-template-kwargs``.
+    chat_template: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 def listening_socket(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -195,7 +198,15 @@ async def _serve(
         )
     text = TextModel.load(opts.model)
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
-    service = OpenAIService(client, text, opts.model_name, index, opts.request_timeout)
+    service = OpenAIService(
+        client,
+        text,
+        opts.model_name,
+        index,
+        opts.request_timeout,
+        chat_template=opts.chat_template,
+        template_kwargs=opts.template_kwargs,
+    )
     page = MetricsPage(lambda: service.client, counters)
     app = ServeApp(
         service,
