@@ -326,7 +326,11 @@ def test_tsfront_log_shows_the_loggers_of_every_process(procs) -> None:
     assert re.search(r"tsfront-io\[\d+\] tsfront\.io INFO engine 0 registered", err), err
     assert re.search(r"tsfront\[\d+\] tsfront\.io\.process INFO I/O process \d+ started", err)
     assert re.search(r"tsfront\.worker INFO attached to the I/O process as worker 0", err)
-    assert re.search(r"tsfront\.io INFO worker 0 detached", err), err
+    # The I/O process's own "worker 0 detached" is not asserted: generate stops the I/O
+    # process right after detaching, and under load its SIGTERM can be handled before it
+    # reads the detach (failed once in a full run on a loaded machine). Its logger is shown by
+    # "engine 0 registered" above.
+    assert re.search(r"tsfront\.worker INFO detaching worker 0 from the I/O process", err), err
 
 
 def test_a_bad_tsfront_log_is_one_line() -> None:
