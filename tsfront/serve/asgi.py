@@ -1,6 +1,7 @@
 """A lean raw ASGI app over `OpenAIService` (no framework on the per-token path).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
+``POST /v1/tokenize``, ``POST /v1/detokenize`` (also without ``/v1``, as vLLM serves them),
 ``GET /health``. A streamed reply is sent as it is produced, one ``http.response.body``
 message per event. While a request runs, a watcher task waits on ``receive()`` for
 ``http.disconnect``; a client that goes away cancels the handler, and cancelling a stream's
@@ -74,6 +75,10 @@ class ServeApp:
             ("POST", "/v1/completions"): "completions",
             ("POST", "/v1/chat/completions"): "chat",
             ("GET", "/v1/models"): "models",
+            ("POST", "/v1/tokenize"): "tokenize",
+            ("POST", "/v1/detokenize"): "detokenize",
+            ("POST", "/tokenize"): "tokenize",
+            ("POST", "/detokenize"): "detokenize",
             ("GET", "/health"): "health",
         }
 
@@ -157,6 +162,10 @@ class ServeApp:
             return
         if body is None:
             await _send_reply(send, _TOO_LARGE, ex)
+            return
+        if route == "tokenize" or route == "detokenize":
+            answer = service.tokenize(body) if route == "tokenize" else service.detokenize(body)
+            await _send_reply(send, answer, ex)
             return
         # A request handler always runs in a task (the server's, per connection).
         task = cast("asyncio.Task[Any]", asyncio.current_task())

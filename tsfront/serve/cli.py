@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
+from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
 from tsfront.serve.edge import add_edge_arguments, edge_settings
 
 if TYPE_CHECKING:
@@ -130,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument(
         "--port", type=int, default=8000, metavar="P", help="port; 0 picks a free one (8000)"
     )
+    add_chat_arguments(parser)
     add_edge_arguments(parser)
 
 
@@ -241,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         edge = edge_settings(args)
+        chat = chat_settings(args)
     except ValueError as exc:
         raise UsageError("tsfront serve", str(exc)) from None
     try:
@@ -301,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
             attach_timeout=args.handshake_timeout + READY_MARGIN_S,
             request_timeout=args.request_timeout,
             edge=edge,
+            chat=chat,
         )
         # With a state directory the workers outlive an I/O process: each gets its successor's
         # address on a queue of its own.

@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from tsfront.serve.chatsettings import ChatSettings
 from tsfront.serve.edge import EdgeSettings
 
 __all__ = ["WorkerOptions", "listening_socket", "worker_main"]
@@ -47,6 +48,8 @@ class WorkerOptions:
     request_timeout: float | None = None  # every request's deadline (None: none)
     #: The HTTP edge: timeouts, limits, keys, CORS, logs (tsfront.serve.edge).
     edge: EdgeSettings = field(default_factory=EdgeSettings)
+    #: Tool-call and reasoning parsers, the chat template (tsfront.serve.chatsettings).
+    chat: ChatSettings = field(default_factory=ChatSettings)
 
 
 def listening_socket(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -120,7 +123,9 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
     protocol, gate, _ = setup_worker_edge(opts.edge)
     text = TextModel.load(opts.model)
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
-    service = OpenAIService(client, text, opts.model_name, index, opts.request_timeout)
+    service = OpenAIService(
+        client, text, opts.model_name, index, opts.request_timeout, chat=opts.chat
+    )
     app = ServeApp(service, gate=gate)
     heap.settle()
     config = uvicorn.Config(

@@ -38,6 +38,7 @@ __all__ = [
     "default_logprob",
     "default_token",
     "engine_rejection",
+    "grammar_rejection",
 ]
 
 FORCE_STREAM_INTERVAL = 50
@@ -104,6 +105,42 @@ def engine_rejection(req: Any, *, enable_output_logprobs: bool = True) -> str | 
         validate_request(req, enable_output_logprobs=enable_output_logprobs)
     except InvalidRequest as exc:
         return str(exc)
+    return grammar_rejection(sp)
+
+
+def grammar_rejection(sp: Any) -> str | None:
+    """Why the engine's grammar backend would fail to compile ``sp``'s constraint, or ``None``.
+
+    A stand-in for the engine's compile step (CONTRACT §4: a grammar that does not compile is
+    a terminal ``"abort"``): ``json_schema`` must be JSON text of an object or a boolean,
+    ``regex`` a pattern Python's ``re`` compiles, ``ebnf`` non-blank, ``structural_tag`` JSON
+    text of an object. What it accepts is not checked further (the engine's backend is
+    stricter; the interop suite runs the engine's own decoder).
+    """
+    import json
+    import re
+
+    if sp.json_schema is not None:
+        try:
+            schema = json.loads(sp.json_schema)
+        except ValueError as exc:
+            return f"json_schema is not JSON: {exc}"
+        if not isinstance(schema, (dict, bool)):
+            return "json_schema is not a JSON schema (an object or a boolean)"
+    if sp.regex is not None:
+        try:
+            re.compile(sp.regex)
+        except re.error as exc:
+            return f"regex does not compile: {exc}"
+    if sp.ebnf is not None and not sp.ebnf.strip():
+        return "ebnf is empty"
+    if sp.structural_tag is not None:
+        try:
+            tag = json.loads(sp.structural_tag)
+        except ValueError as exc:
+            return f"structural_tag is not JSON: {exc}"
+        if not isinstance(tag, dict):
+            return "structural_tag is not a JSON object"
     return None
 
 
@@ -126,6 +163,11 @@ class SchedulerConfig:
         page_size: tokens per KV page (also the prefix-cache granularity).
         kv_total_pages: usable KV pages (the load tail's ``kv_total_pages``).
         stream_interval: the engine's ``--stream-interval`` (per-request override wins).
+        chunk_tokens: above 1, a streamed request emits its tokens in chunks of 1 to
+            ``chunk_tokens`` tokens, the size of each drawn from ``crc32`` of its rid and
+            position (reproducible, and different for every request), instead of every
+            ``stream_interval``: tests use it to split one output into engine chunks of
+            random sizes. 1 (the default) keeps the engine's cadence.
         prefix_cache: report ``cached_tokens`` for page-aligned prompt prefixes seen before.
         prefix_cache_pages: pages the prefix cache holds (least recently used go first, the
             deepest page of a prompt before the pages it extends, as a radix cache evicts
@@ -142,6 +184,7 @@ class SchedulerConfig:
     page_size: int = 64
     kv_total_pages: int = 4095
     stream_interval: int = 1
+    chunk_tokens: int = 1
     prefix_cache: bool = True
     enable_output_logprobs: bool = True
     abort_memory_s: float = 300.0
@@ -198,6 +241,7 @@ class _Request:
     pending_vals: list[float] = field(default_factory=list)
     finished_reason: str = ""
     script: list[int] | None = None
+    emit_at: int = 1  # with chunk_tokens: the completion count of the next emission
 
     def pages(self, page_size: int) -> int:
         """KV pages this request holds right now."""
@@ -349,7 +393,7 @@ class Scheduler:
         rows: list[OutputRow] = []
         for request in list(self._running.values()):
             self._decode_one(request)
-            if self._should_emit(request):
+            if self._should_emit(request, self.config.chunk_tokens):
                 rows.append(self._take_row(request))
             if request.finished_reason:
                 del self._running[request.rid]
@@ -390,12 +434,18 @@ class Scheduler:
             request.finished_reason = "stop"
 
     @staticmethod
-    def _should_emit(request: _Request) -> bool:
+    def _should_emit(request: _Request, chunk_tokens: int = 1) -> bool:
         if request.finished_reason:
             return True
         done = request.completion_tokens
         if not request.stream:
             return done == 1 or done % FORCE_STREAM_INTERVAL == 0
+        if chunk_tokens > 1:
+            if done < request.emit_at:
+                return False
+            seed = zlib.crc32(f"{request.rid}:{done}".encode("utf-8", "surrogatepass"))
+            request.emit_at = done + 1 + seed % chunk_tokens
+            return True
         if request.stream_interval == 1:
             return True
         return done % request.stream_interval == 1
