@@ -12,7 +12,9 @@ Token generation rule (so tests can predict outputs): the token at output positi
 ``eos_token_id`` 2 a request only ends by length or a ``stop_token_ids`` match unless a
 ``token_fn`` says otherwise. A ``script`` (``prompt ids -> output ids | None``, e.g.
 :class:`tsfront.sim.script.Script`) replaces that rule for the prompts it answers: the request
-emits exactly the scripted ids, then ``eos_token_id`` (length and stop tokens still apply).
+emits exactly the scripted ids, then ``eos_token_id`` (length and stop tokens still apply);
+a `SCRIPT_ABORT` (-1) among them ends the request there with ``"abort"`` instead, as the
+engine aborts a running request (NaN logits, a failed KV transfer).
 The logprob of token ``t`` is :func:`default_logprob` ``(t)`` =
 ``-(1 + t % 15) / 16``: negative and exact in binary floating point.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "FORCE_STREAM_INTERVAL",
+    "SCRIPT_ABORT",
     "EngineFault",
     "LoadTail",
     "OutputRow",
@@ -40,6 +43,9 @@ __all__ = [
     "engine_rejection",
     "grammar_rejection",
 ]
+
+SCRIPT_ABORT = -1
+"""In a script's output ids: end the request here with a terminal ``"abort"`` (no token)."""
 
 FORCE_STREAM_INTERVAL = 50
 """A ``stream=false`` request still emits at completion 1 and every 50 tokens (CONTRACT §3.4)."""
@@ -420,6 +426,9 @@ class Scheduler:
             token = self._token_fn(request.rid, position)
         else:
             token = script[position] if position < len(script) else self.config.eos_token_id
+            if token == SCRIPT_ABORT:
+                request.finished_reason = "abort"
+                return
         request.completion_tokens += 1
         request.pending_ids.append(token)
         if request.return_logprob:
