@@ -1,9 +1,9 @@
 """Running ``tsfront serve`` as a real process group for tests (shared by the serve tests).
 
 `ServeProcess` starts the command in its own session, reads its stdout lines on a thread and
-waits for a line with a deadline; `stop` sends SIGTERM, waits, and kills whatever is left of
-the group. `serve_children` lists the live processes of the group (to check nothing outlives
-the server).
+waits for a line with a deadline (stderr goes to a file if asked); `stop` sends SIGTERM, waits,
+and kills whatever is left of the group. `serve_children` lists the live processes of the
+group (to check nothing outlives the server).
 """
 
 from __future__ import annotations
@@ -24,15 +24,29 @@ ROOT = Path(__file__).resolve().parents[1]
 class ServeProcess:
     """A ``tsfront serve`` process (its own session) and its printed lines."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, **popen: object) -> None:
-        # ``popen``: more `subprocess.Popen` arguments, e.g. ``stderr=`` a file.
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tsfront", "serve", *args],
-            stdout=subprocess.PIPE,
-            env={**os.environ, "TSFRONT_LOG": "ERROR", **(env or {})},
-            start_new_session=True,
-            **popen,  # type: ignore[call-overload]
-        )
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        stderr: Path | None = None,
+        **popen: object,
+    ) -> None:
+        # ``stderr``: a file the server's stderr goes to; ``popen``: more `subprocess.Popen`
+        # arguments (e.g. ``preexec_fn``).
+        self.stderr_path = stderr
+        err = None if stderr is None else stderr.open("wb")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tsfront", "serve", *args],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env={**os.environ, "TSFRONT_LOG": "ERROR", **(env or {})},
+                start_new_session=True,
+                **popen,  # type: ignore[call-overload]
+            )
+        finally:
+            if err is not None:
+                err.close()
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
@@ -57,6 +71,10 @@ class ServeProcess:
             match = re.search(pattern, line)
             if match:
                 return match
+
+    def stderr(self) -> str:
+        """What the server wrote to stderr so far (when started with ``stderr=``)."""
+        return "" if self.stderr_path is None else self.stderr_path.read_text()
 
     def group_pids(self) -> set[int]:
         """Live processes of the server's session (master, I/O process, workers)."""

@@ -73,7 +73,7 @@ def start_edge(model_dir: str, tmp: Path, *extra: str, **popen: object) -> Edge:
     server = ServeProcess(
         ["--model", model_dir, "--handshake", "tcp://127.0.0.1:0", "--num-engines", "2",
          "--workers", "1", "--port", "0", "--handshake-timeout", "30", *extra],
-        stderr=stderr.open("wb"), **popen,
+        stderr=stderr, **popen,
     )  # fmt: skip
     group = None
     try:

@@ -31,6 +31,7 @@ from tsfront.io.addresses import check_endpoint
 
 __all__ = [
     "CommandError",
+    "MissingExtra",
     "UsageError",
     "add_engine_arguments",
     "config_from_args",
@@ -46,6 +47,11 @@ INTERRUPTED_EXIT = 130
 
 class CommandError(Error):
     """A subcommand cannot go on (bad input file, ...); reported as one line."""
+
+
+class MissingExtra(CommandError):
+    """An optional dependency the subcommand needs is not installed (exit 2; the message
+    carries the ``pip install`` line)."""
 
 
 class UsageError(CommandError):
@@ -464,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         hint = f" (see '{exc.prog} --help')"
         _error(f"{one_line(exc)}{hint}")
+        return USAGE_EXIT
+    except MissingExtra as exc:
+        _error(one_line(exc))
         return USAGE_EXIT
     except KeyboardInterrupt:
         _error("interrupted")

@@ -306,9 +306,10 @@ class OpenAIService:
             card["max_model_len"] = limit
         return Reply(200, _JSON.encode({"object": "list", "data": [card]}))
 
-    def health(self) -> Reply:
+    def health(self, extra: dict[str, Any] | None = None) -> Reply:
         """``GET /health``: 200 while at least one engine is live (``"live"``: a stalled or
-        dead rank does not count), else 503."""
+        dead rank does not count), else 503 (``extra``: more fields of the body, e.g. the
+        server's worker restarts)."""
         if self.client.closed:
             return _unavailable("the I/O process is gone").reply()
         engines = [
@@ -316,7 +317,7 @@ class OpenAIService:
             for e in self.client.load()
         ]
         live = any(e["state"] == "live" for e in engines)
-        body = {"ok": live, "worker": self.worker, "engines": engines}
+        body = {"ok": live, "worker": self.worker, "engines": engines, **(extra or {})}
         if not live:
             return Reply(503, _JSON.encode(body), ApiError(503, "").reply().headers)
         return Reply(200, _JSON.encode(body))

@@ -1,11 +1,14 @@
 """A lean raw ASGI app over `OpenAIService` (no framework on the per-token path).
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``POST /v1/tokenize``, ``POST /v1/detokenize`` (also without ``/v1``, as vLLM serves them),
-``GET /health``. A streamed reply is sent as it is produced, one ``http.response.body``
-message per event. While a request runs, a watcher task waits on ``receive()`` for
-``http.disconnect``; a client that goes away cancels the handler, and cancelling a stream's
-read aborts its engine request.
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST
+/v1/tokenize``, ``POST /v1/detokenize`` (also without ``/v1``, as vLLM serves them; counted as
+``other``), ``GET /health``, ``GET /metrics`` (when given a page to render, on ``metrics_port``
+only if one is set; rendered in a thread). While the worker drains (`draining`), ``/health``
+and new completions answer 503 with ``Connection: close``. With ``counters``, every response is
+counted by route and status in the server's shared words. A streamed reply is sent as it is
+produced, one ``http.response.body`` message per event. While a request runs, a watcher task
+waits on ``receive()`` for ``http.disconnect``; a client that goes away cancels the handler,
+and cancelling a stream's read aborts its engine request.
 
 Made with a service (`tsfront serve`'s workers), or with ``attach=`` and ``model=``: then the
 ASGI lifespan attaches to the I/O process at startup and detaches at shutdown, which is how a
@@ -24,9 +27,13 @@ import os
 from typing import TYPE_CHECKING, Any, cast
 
 from tsfront.serve.api import ApiError, Final, OpenAIService, Reply, SSEReply
+from tsfront.serve.metrics import CONTENT_TYPE
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tsfront.client import EngineClient
+    from tsfront.serve.counters import ServeCounters
     from tsfront.serve.gate import Exchange, Gate
 
 __all__ = ["ServeApp", "app_from_env"]
@@ -39,6 +46,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 _NOT_FOUND = ApiError(404, "no such route", kind="not_found_error").reply()
 _TOO_LARGE = ApiError(413, f"request body over {MAX_BODY_BYTES} bytes").reply()
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
+_METRICS_HEADERS = [(b"content-type", CONTENT_TYPE)]
 
 
 class _Disconnected(Exception):
@@ -54,6 +62,9 @@ class ServeApp:
         model: the model folder for `tsfront.text.TextModel.load` (when ``service`` is None).
         model_name: the served model name (default: the model's own).
         gate: the HTTP edge's rules (keys, request ids, CORS, access log); None for none.
+        counters: the server's `ServeCounters` to count responses in (place ``place``).
+        metrics: renders the ``GET /metrics`` page (blocking: it is called in a thread).
+        metrics_port: serve ``/metrics`` on this local port only (and nothing else there).
     """
 
     def __init__(
@@ -64,9 +75,21 @@ class ServeApp:
         model: str | None = None,
         model_name: str | None = None,
         gate: Gate | None = None,
+        counters: ServeCounters | None = None,
+        place: int = 0,
+        metrics: Callable[[], bytes] | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.service = service
         self.gate = gate
+        self.draining = False
+        # The generation requests running, with their state lists (see `_request`): `cut`
+        # ends them.
+        self._running: dict[asyncio.Task[Any], list[bool]] = {}
+        self._counters = counters
+        self._place = place
+        self._metrics = metrics
+        self._metrics_port = metrics_port
         self._attach = attach
         self._model = model
         self._model_name = model_name
@@ -80,12 +103,28 @@ class ServeApp:
             ("POST", "/tokenize"): "tokenize",
             ("POST", "/detokenize"): "detokenize",
             ("GET", "/health"): "health",
+            ("GET", "/metrics"): "metrics",
         }
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            counters = self._counters
+            if counters is None:
+                await self._http(scope, receive, send)
+                return
+            status: list[int | None] = [None]
+
+            def counted(message: dict) -> Any:  # a plain call: no extra coroutine per token
+                if status[0] is None and message["type"] == "http.response.start":
+                    status[0] = message["status"]
+                return send(message)
+
+            try:
+                await self._http(scope, receive, counted)
+            finally:
+                route = self._routes.get((scope["method"], scope["path"]), "other")
+                counters.count(self._place, route, status[0])
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -126,6 +165,18 @@ class ServeApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    def cut(self) -> int:
+        """End every generation request still running (the worker stops after its graceful
+        timeout): a streamed response gets an error event and ``[DONE]``, one not started yet
+        a 503, and their engine requests are aborted. Returns how many were cut."""
+        count = 0
+        for task, state in list(self._running.items()):
+            if not (state[0] or state[1] or state[2]):
+                state[2] = True
+                task.cancel()
+                count += 1
+        return count
+
     # ------------------------------------------------------------------ requests
 
     async def _http(self, scope: dict, receive: Any, send: Any) -> None:
@@ -144,15 +195,30 @@ class ServeApp:
 
     async def _request(self, scope: dict, receive: Any, send: Any, ex: Exchange | None) -> None:
         route = self._routes.get((scope["method"], scope["path"]))
+        if self._metrics_port is not None:
+            server = scope.get("server")
+            on_metrics_port = server is not None and server[1] == self._metrics_port
+            if on_metrics_port != (route == "metrics"):
+                route = None
+        if route == "metrics" and self._metrics is None:
+            route = None
         service = self.service
         if route is None or service is None:
             await _send_reply(send, _NOT_FOUND if route is None else _unready(), ex)
+            return
+        if route == "metrics":
+            page = await asyncio.to_thread(cast("Callable[[], bytes]", self._metrics))
+            await _send_reply(send, Reply(200, page, _METRICS_HEADERS), ex)
+            return
+        if self.draining and route != "models":
+            await _send_reply(send, _DRAINING, ex)
             return
         if route == "models":
             await _send_reply(send, service.models(), ex)
             return
         if route == "health":
-            await _send_reply(send, service.health(), ex)
+            extra = None if self._counters is None else {"worker_restarts": self._counters.restarts}
+            await _send_reply(send, service.health(extra), ex)
             return
         try:
             body = await _read_body(receive)
@@ -169,7 +235,8 @@ class ServeApp:
             return
         # A request handler always runs in a task (the server's, per connection).
         task = cast("asyncio.Task[Any]", asyncio.current_task())
-        state = [False, False]  # [handler finished, client disconnected]
+        state = [False, False, False]  # [handler finished, client disconnected, cut]
+        self._running[task] = state
         watcher = asyncio.ensure_future(_wait_disconnect(receive))
 
         def on_disconnect(fut: asyncio.Future) -> None:
@@ -180,12 +247,14 @@ class ServeApp:
         watcher.add_done_callback(on_disconnect)
         reply = None
         pusher = None
+        started = False
         try:
             handler = service.completions if route == "completions" else service.chat
             reply = await handler(body, None if ex is None else ex.record)
             if type(reply) is SSEReply:
                 headers = reply.headers if ex is None else ex.head(200, reply.headers)[0]
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
+                started = True
                 if reply.push is not None:
                     # Plain tokens are now written from the worker's drain (serve/push.py);
                     # this loop sends the rest, after any pushed send still in flight.
@@ -208,11 +277,18 @@ class ServeApp:
             else:
                 await _send_reply(send, cast(Reply, reply), ex)
         except asyncio.CancelledError:
-            if not state[1]:
+            if not (state[1] or state[2]):
                 raise
-            task.uncancel()  # our own cancellation: the client left, the request is aborted
-            if ex is not None:
-                ex.client_gone()
+            # Our own cancellation: the client left, or the stopping worker cut the request
+            # (`cut`); either way its engine requests are aborted (below and by the service).
+            task.uncancel()
+            if state[1]:
+                if ex is not None:
+                    ex.client_gone()
+            else:
+                if pusher is not None:
+                    pusher.cancel()
+                await _send_cut(send, started, ex)
         except OSError:
             # The connection broke while sending; the events' close aborts the request.
             if ex is not None:
@@ -225,11 +301,42 @@ class ServeApp:
                 )
         finally:
             state[0] = True
+            del self._running[task]
             watcher.cancel()
             if pusher is not None:
                 pusher.cancel()
             if type(reply) is SSEReply:
                 await reply.events.aclose()
+
+
+_DRAINING = Reply(
+    503,
+    ApiError(503, "the server is shutting down", kind="service_unavailable_error").reply().body,
+    [*ApiError(503, "").reply().headers, (b"connection", b"close")],
+)
+
+
+_CUT_EVENT = (
+    b"data: "
+    + ApiError(
+        503,
+        "the server is shutting down and cut this request after its graceful timeout; retry it",
+        kind="service_unavailable_error",
+    )
+    .reply()
+    .body
+    + b"\n\ndata: [DONE]\n\n"
+)
+
+
+async def _send_cut(send: Any, started: bool, ex: Exchange | None) -> None:
+    try:
+        if started:
+            await send({"type": "http.response.body", "body": _CUT_EVENT, "more_body": False})
+        else:
+            await _send_reply(send, _DRAINING, ex)
+    except OSError:
+        pass  # the connection is gone too
 
 
 def _unready() -> Reply:

@@ -4,25 +4,34 @@ The master process starts one I/O process (or uses ``--attach``'s), reserves the
 spawns the workers; each attaches, binds the port with SO_REUSEPORT and serves HTTP. The
 master prints ``handshake: ADDR`` once the I/O process is bound (the engines dial it) and
 ``listening: http://HOST:PORT`` once every engine registered and every worker listens, then
-supervises: SIGINT/SIGTERM stop everything and exit 0; a worker dying stops everything and
-exits 1 (restarting is the supervisor's job; an engine dying is not fatal: its requests end
-with an error and new ones go to the live ranks). The I/O process dying stops everything too,
-unless ``--state-dir`` is given: then the master starts a new I/O process with the same
-config, which takes the running engines over (docs/RELIABILITY.md), and sends the workers
-its address; they attach to it in place (answering 503 meanwhile). The requests in flight are
-lost, the engines, their caches and the workers are not.
+supervises (`tsfront.serve.supervisor`): a worker that exits, is killed, or sends no heartbeat
+for ``--worker-timeout`` seconds (then the master SIGKILLs it) is replaced by a new one on the
+same port and I/O process, at once, then with a growing backoff; only its requests are lost
+(the I/O process aborts them on the engines when it sees the worker go). Past
+``--max-worker-restarts`` replacements in ``--worker-restart-window`` seconds the server stops
+and exits 1. SIGINT/SIGTERM drain: every worker closes its listening socket, finishes its
+running requests for up to ``--graceful-timeout`` seconds, then cuts the rest (their engine
+requests aborted); a second signal cuts at once; then the I/O process stops, exit 0. An engine
+dying is not fatal: its requests end with an error and new ones go to the live ranks. The I/O
+process dying stops everything, unless ``--state-dir`` is given: then the master starts a new
+I/O process with the same config, which takes the running engines over
+(docs/RELIABILITY.md), and sends the workers its address; they attach to it in place
+(answering 503 meanwhile). The requests in flight are lost, the engines, their caches and the
+workers are not.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import multiprocessing
+import multiprocessing.connection
 import queue
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tsfront.config import ClientConfig
@@ -31,19 +40,19 @@ from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
 from tsfront.serve.edge import add_edge_arguments, edge_settings
 
 if TYPE_CHECKING:
-    from multiprocessing.context import SpawnContext
     from multiprocessing.queues import Queue
 
     from tsfront.io.process import IOProcess
-    from tsfront.serve.worker import WorkerOptions
 
 __all__ = ["add_arguments", "run"]
 
 #: Seconds the workers may take beyond the handshake timeout to attach and listen.
 READY_MARGIN_S = 30.0
-#: Seconds stopped workers get before they are killed.
+#: Seconds workers get beyond the graceful timeout (or after a cut) before they are killed.
 STOP_GRACE_S = 5.0
 _WATCH_S = 0.2
+#: What ``tsfront serve`` imports beyond the base install (the ``serve`` extra).
+SERVE_MODULES = ("tokenizers", "jinja2", "uvicorn", "httptools")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,6 +140,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     http.add_argument(
         "--port", type=int, default=8000, metavar="P", help="port; 0 picks a free one (8000)"
     )
+    http.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="P",
+        help="serve GET /metrics on this port of --host instead of the API port (0: a free "
+        "one, printed)",
+    )
+    http.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM/SIGINT, seconds running requests get to finish before they are cut "
+        "(30; a second signal cuts at once)",
+    )
+    sup = parser.add_argument_group("worker supervision")
+    sup.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a worker whose event loop sends no heartbeat for S seconds is killed and "
+        "replaced (30)",
+    )
+    sup.add_argument(
+        "--max-worker-restarts",
+        type=int,
+        default=10,
+        metavar="N",
+        help="replace at most N dead workers within --worker-restart-window; one more death "
+        "stops the server, exit 1 (10; 0: a worker dying stops the server)",
+    )
+    sup.add_argument(
+        "--worker-restart-window",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds of the restart budget's window (60)",
+    )
     add_chat_arguments(parser)
     add_edge_arguments(parser)
 
@@ -143,26 +191,6 @@ def _say(line: str) -> None:
 def _note(message: str) -> None:
     sys.stderr.write(f"tsfront serve: {message}\n")
     sys.stderr.flush()
-
-
-def _start_workers(
-    ctx: SpawnContext,
-    worker_main: Callable[..., None],
-    opts: WorkerOptions,
-    events: Queue[Any],
-    count: int,
-    addresses: list,
-) -> list:
-    procs = []
-    for index in range(count):
-        proc = ctx.Process(
-            target=worker_main,
-            args=(index, opts, events, addresses[index] if addresses else None),
-            name=f"tsfront-serve-{index}",
-        )
-        proc.start()
-        procs.append(proc)
-    return procs
 
 
 def _wait_ready(
@@ -198,78 +226,126 @@ def _wait_ready(
     return True
 
 
-def _stop_workers(procs: list) -> None:
+def _stop_workers(procs: list, grace: float, signals: list[int], cut: bool = False) -> None:
+    """SIGTERM (drain), wait up to ``grace`` + `STOP_GRACE_S`; a second signal in ``signals``
+    (or ``cut``) sends the second SIGTERM (cut at once); SIGKILL what is left."""
+    live = [p for p in procs if p.exitcode is None]
+    for proc in live:
+        proc.terminate()
+    seen = len(signals)
+    limit = time.monotonic() + grace + STOP_GRACE_S
+    while live:
+        if cut or len(signals) > seen:
+            cut, seen = False, len(signals)
+            _note(f"cutting {len(live)} worker(s)' running requests now")
+            for proc in live:
+                proc.terminate()
+            limit = min(limit, time.monotonic() + STOP_GRACE_S)
+        left = limit - time.monotonic()
+        if left <= 0:
+            break
+        multiprocessing.connection.wait([p.sentinel for p in live], min(left, _WATCH_S))
+        live = [p for p in live if p.exitcode is None]
+    for proc in live:
+        _note(f"{proc.name} (pid {proc.pid}) did not stop in time; killing it")
+        proc.kill()
+        proc.join(1.0)
     for proc in procs:
-        if proc.is_alive():
-            proc.terminate()
-    limit = time.monotonic() + STOP_GRACE_S
-    for proc in procs:
-        proc.join(max(0.0, limit - time.monotonic()))
-        if proc.is_alive():
-            proc.kill()
-            proc.join(1.0)
+        proc.join(0)
+
+
+def _require_extras() -> None:
+    from tsfront.cli import MissingExtra
+
+    missing = []
+    for module in SERVE_MODULES:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise MissingExtra(
+            f"tsfront serve needs {', '.join(missing)}, not installed: pip install 'tsfront[serve]'"
+        )
+
+
+def _check(args: argparse.Namespace) -> None:
+    from tsfront.cli import UsageError
+
+    def bad(message: str) -> UsageError:
+        return UsageError("tsfront serve", message)
+
+    # A bad command line exits 2 pointing at --help, as every command's does.
+    if not 1 <= args.workers <= 256:
+        raise bad(f"--workers={args.workers}: must be between 1 and 256")
+    if not 1 <= args.slots_per_worker <= 65536:
+        raise bad(f"--slots-per-worker={args.slots_per_worker}: must be 1..65536")
+    if args.attach is not None and args.slots_per_worker != 2048:
+        raise bad(
+            "--slots-per-worker belongs to the I/O process: give it to `tsfront io` with --attach"
+        )
+    if args.state_dir is not None and args.attach is not None:
+        raise bad("--state-dir belongs to the I/O process: give it to `tsfront io`")
+    if args.request_timeout is not None and not args.request_timeout > 0:
+        raise bad(f"--request-timeout={args.request_timeout:g}: must be > 0 seconds")
+    if not args.stall_timeout >= 0:
+        raise bad(f"--stall-timeout={args.stall_timeout:g}: must be >= 0 (0: never)")
+    if args.attach is not None and args.stall_timeout != ClientConfig().stall_timeout:
+        raise bad(
+            "--stall-timeout belongs to the I/O process: give it to `tsfront io` with --attach"
+        )
+    if not args.worker_timeout > 0:
+        raise bad(f"--worker-timeout={args.worker_timeout:g}: must be above 0 seconds")
+    if not args.graceful_timeout >= 0:
+        raise bad(f"--graceful-timeout={args.graceful_timeout:g}: must be 0 seconds or more")
+    if args.max_worker_restarts < 0:
+        raise bad(f"--max-worker-restarts={args.max_worker_restarts}: must be 0 or more")
+    if not args.worker_restart_window > 0:
+        raise bad(f"--worker-restart-window={args.worker_restart_window:g}: must be above 0")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise bad(f"--metrics-port={args.metrics_port}: must be 0..65535")
+    if args.metrics_port is not None and args.metrics_port == args.port != 0:
+        raise bad("--metrics-port must differ from --port")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the server until SIGINT/SIGTERM; returns the exit status."""
     from tsfront.cli import CommandError, UsageError
     from tsfront.io.process import IOProcess
+    from tsfront.serve.counters import ServeCounters
+    from tsfront.serve.supervisor import Place, RestartPolicy, Supervisor
     from tsfront.serve.worker import WorkerOptions, listening_socket, worker_main
 
-    # A bad command line exits 2 pointing at --help, as every command's does.
-    if not 1 <= args.workers <= 256:
-        raise UsageError("tsfront serve", f"--workers={args.workers}: must be between 1 and 256")
-    if not 1 <= args.slots_per_worker <= 65536:
-        raise UsageError(
-            "tsfront serve", f"--slots-per-worker={args.slots_per_worker}: must be 1..65536"
-        )
-    if args.request_timeout is not None and not args.request_timeout > 0:
-        raise UsageError(
-            "tsfront serve", f"--request-timeout={args.request_timeout:g}: must be > 0 seconds"
-        )
-    if not args.stall_timeout >= 0:
-        raise UsageError(
-            "tsfront serve", f"--stall-timeout={args.stall_timeout:g}: must be >= 0 (0: never)"
-        )
-    if args.attach is not None and args.stall_timeout != ClientConfig().stall_timeout:
-        raise UsageError(
-            "tsfront serve",
-            "--stall-timeout belongs to the I/O process: give it to `tsfront io` with --attach",
-        )
-    if args.attach is not None and args.slots_per_worker != 2048:
-        raise UsageError(
-            "tsfront serve",
-            "--slots-per-worker belongs to the I/O process: give it to `tsfront io` with --attach",
-        )
+    _check(args)
     try:
         edge = edge_settings(args)
         chat = chat_settings(args)
     except ValueError as exc:
         raise UsageError("tsfront serve", str(exc)) from None
-    try:
-        from tsfront.text import TextError, TextModel
-    except ImportError as exc:
-        raise CommandError(
-            f"tsfront serve needs the text extra ({exc}); pip install 'tsfront[serve]'"
-        ) from None
+    _require_extras()  # before anything starts: no I/O process for a worker that cannot run
+    from tsfront.text import TextError, TextModel
+
     try:
         text = TextModel.load(args.model)  # fail here, once, rather than in every worker
     except (TextError, OSError) as exc:
         raise CommandError(f"--model {args.model}: {exc}") from None
     name = args.served_model_name or text.name
 
-    if args.state_dir is not None and args.attach is not None:
-        raise UsageError(
-            "tsfront serve", "--state-dir belongs to the I/O process: give it to `tsfront io`"
-        )
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signals.append(signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()
-    procs: list = []
-    addresses: list = []
+    places: list[Place] = []
+    addresses: dict[int, Queue[Any]] = {}
     io = None
-    reserved = None
+    reserved: list = []
+    cut = True  # stopping on an error: no drain
     try:
         if args.attach is None:
             config = ClientConfig(
@@ -293,8 +369,12 @@ def run(args: argparse.Namespace) -> int:
             _note(f"attaching {args.workers} worker(s) to the I/O process at {address}")
         # Hold the port (bound, not listening: the kernel routes nothing to it) so that port 0
         # resolves once and every worker joins the same SO_REUSEPORT group.
-        reserved = listening_socket(args.host, args.port, listen=False)
-        port = reserved.getsockname()[1]
+        reserved.append(listening_socket(args.host, args.port, listen=False))
+        port = reserved[0].getsockname()[1]
+        metrics_port = None
+        if args.metrics_port is not None:
+            reserved.append(listening_socket(args.host, args.metrics_port, listen=False))
+            metrics_port = reserved[1].getsockname()[1]
         opts = WorkerOptions(
             model=args.model,
             model_name=name,
@@ -305,50 +385,104 @@ def run(args: argparse.Namespace) -> int:
             request_timeout=args.request_timeout,
             edge=edge,
             chat=chat,
+            graceful_timeout=args.graceful_timeout,
+            worker_timeout=args.worker_timeout,
+            metrics_port=metrics_port,
         )
-        # With a state directory the workers outlive an I/O process: each gets its successor's
-        # address on a queue of its own.
-        addresses = [ctx.Queue() for _ in range(args.workers)] if args.state_dir else []
-        procs.extend(_start_workers(ctx, worker_main, opts, events, args.workers, addresses))
-        if not _wait_ready(events, procs, io, stop, args):
+        counters = ServeCounters(
+            ctx.RawArray("Q", ServeCounters.words_for(args.workers)), args.workers
+        )
+
+        def spawn(index: int) -> Any:
+            # With a state directory the workers outlive an I/O process: each gets its
+            # successor's address on a queue of its own (a fresh one for a replacement).
+            if args.state_dir:
+                old = addresses.pop(index, None)
+                if old is not None:
+                    old.cancel_join_thread()
+                    old.close()
+                addresses[index] = ctx.Queue()
+            proc = ctx.Process(
+                target=worker_main,
+                args=(index, opts, events, addresses.get(index), counters),
+                name=f"tsfront-serve-{index}",
+            )
+            proc.start()
+            return proc
+
+        for index in range(args.workers):
+            places.append(Place(index, spawn(index), since=time.monotonic()))
+        if not _wait_ready(events, [p.proc for p in places], io, stop, args):
             return 0
-        reserved.close()
-        reserved = None
+        for sock in reserved:
+            sock.close()
+        reserved.clear()
+        now = time.monotonic()
+        for place in places:
+            place.move("ready", now)
+            place.ready_ns = time.monotonic_ns()
         host = f"[{args.host}]" if ":" in args.host else args.host
         _say(f"listening: http://{host}:{port}")
-        _note(f"{args.workers} worker(s) serving {name!r}; SIGINT/SIGTERM stops")
-        while not stop.wait(_WATCH_S):
+        if metrics_port is not None:
+            _say(f"metrics: http://{host}:{metrics_port}/metrics")
+        _note(f"{args.workers} worker(s) serving {name!r}; SIGINT/SIGTERM drains and stops")
+        sup = Supervisor(
+            places,
+            spawn,
+            RestartPolicy(args.max_worker_restarts, args.worker_restart_window),
+            counters,
+            args.worker_timeout,
+            args.handshake_timeout + READY_MARGIN_S,
+            _note,
+        )
+        reattaching: set[int] = set()
+        t0 = 0.0
+        while not stop.is_set():
+            try:
+                kind, index, payload = events.get(timeout=_WATCH_S)
+            except queue.Empty:
+                kind = None
+            now = time.monotonic()
+            if kind == "reattached" and index in reattaching:
+                reattaching.discard(index)
+                if not reattaching and io is not None:
+                    _note(
+                        f"I/O process {io.pid} took the engines over; the workers re-attached "
+                        f"{now - t0:.2f}s after the restart began"
+                    )
+            elif kind is not None:
+                sup.on_event(kind, index, payload, now)
+            if stop.is_set():
+                break
             if io is not None and not io.alive():
                 if args.state_dir is None:
                     raise Error("the I/O process exited; stopping (--state-dir restarts it)")
                 # A new I/O process on the same config and state directory takes the running
-                # engines over; the workers attach to it in place.
-                t0 = time.monotonic()
+                # engines over; the workers attach to it in place, replacements start on it.
+                t0 = now
                 _note(
                     f"the I/O process {io.pid} exited; starting a new one on {args.state_dir} "
                     "(the engines keep running)"
                 )
                 io.stop()  # reap it
                 io = IOProcess.start(config)
-                for q in addresses:
-                    q.put(io.address)
-                if not _wait_ready(events, procs, io, stop, args, "reattached"):
-                    break
-                _note(
-                    f"I/O process {io.pid} took the engines over; {args.workers} worker(s) "
-                    f"re-attached {time.monotonic() - t0:.2f}s after the restart began"
-                )
+                opts = dataclasses.replace(opts, address=io.address)
+                reattaching = {p.index for p in places if p.state == "serving"}
+                for i in reattaching:
+                    addresses[i].put(io.address)
                 continue
-            dead = [p for p in procs if p.exitcode is not None]
-            if dead and not stop.is_set():  # (a terminal's Ctrl-C also reaches the workers)
-                raise Error(f"{dead[0].name} exited with status {dead[0].exitcode}; stopping")
-        _note("stopping")
+            sup.tick(now)
+        cut = False
+        _note(
+            f"stopping: draining the workers (up to {args.graceful_timeout:g}s; "
+            "a second signal cuts at once)"
+        )
         return 0
     finally:
-        if reserved is not None:
-            reserved.close()
-        _stop_workers(procs)
-        for q in addresses:
+        for sock in reserved:
+            sock.close()
+        _stop_workers([p.proc for p in places], args.graceful_timeout, signals, cut)
+        for q in addresses.values():
             q.close()
             q.join_thread()
         if io is not None:

@@ -2,14 +2,20 @@
 
 The worker is a spawned process (its own interpreter and GIL). It attaches to the I/O
 process (which returns once every engine registered), loads the model's text layer, binds
-the server's port with SO_REUSEPORT and serves the `ServeApp` with uvicorn (httptools
-parser, uvloop). It reports ``("ready", index, pid)`` or ``("failed", index, why)`` on the
-master's queue. SIGTERM ends it gracefully (uvicorn stops accepting, running requests get
-`GRACE_S`, then their handlers are cancelled, which aborts their engine requests); it dies
-with the master (PR_SET_PDEATHSIG) and stops by itself if its I/O process goes away, unless
-the master restarts I/O processes (``tsfront serve --state-dir``): then it keeps serving (503
-meanwhile), waits for the new I/O process's address on its own queue, attaches to it and
-reports ``("reattached", index, pid)``.
+the server's port (and ``--metrics-port``) with SO_REUSEPORT and serves the `ServeApp` with
+uvicorn (httptools parser, uvloop). It reports ``("ready", index, pid)`` or
+``("failed", index, why)`` on the master's queue, and stores a heartbeat in the master's shared
+words (`ServeCounters`) every `heartbeat_interval` from its event loop: a loop that stops
+running stops the heartbeat, and the master kills the worker.
+
+SIGTERM drains it (`Drain`): it closes its listening sockets first (new connections go to
+the other workers, or are refused once every worker drains), answers 503 on the connections
+it still has, lets running requests finish for up to ``graceful_timeout`` seconds, then
+cancels the rest, which aborts their engine requests; a second SIGTERM cuts them at once.
+It dies with the master (PR_SET_PDEATHSIG) and stops by itself if its I/O process goes
+away, unless the master restarts I/O processes (``tsfront serve --state-dir``): then it keeps
+serving (503 meanwhile), waits for the new I/O process's address on its own queue, attaches
+to it and reports ``("reattached", index, pid)``.
 """
 
 from __future__ import annotations
@@ -30,9 +36,9 @@ from tsfront.serve.edge import EdgeSettings
 __all__ = ["WorkerOptions", "listening_socket", "worker_main"]
 
 _PR_SET_PDEATHSIG = 1
-#: Seconds running requests get to finish when the worker is told to stop.
-GRACE_S = 2.0
 _WATCH_S = 0.5
+#: How often a draining worker looks whether its running requests are done.
+_DRAIN_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,9 @@ class WorkerOptions:
     request_timeout: float | None = None  # every request's deadline (None: none)
     #: The HTTP edge: timeouts, limits, keys, CORS, logs (tsfront.serve.edge).
     edge: EdgeSettings = field(default_factory=EdgeSettings)
+    graceful_timeout: float = 30.0
+    worker_timeout: float = 30.0
+    metrics_port: int | None = None
     #: Tool-call and reasoning parsers, the chat template (tsfront.serve.chatsettings).
     chat: ChatSettings = field(default_factory=ChatSettings)
 
@@ -110,23 +119,97 @@ def _next_address(addresses: Any) -> str | None:
         return None
 
 
-async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = None) -> int:
+#: Seconds cut requests get to write their last event before uvicorn cancels them.
+_CUT_WAIT_S = 1.0
+
+
+class Drain:
+    """A worker's graceful stop: the first `signal` drains, the second cuts at once.
+
+    Draining closes the listening sockets (so the kernel sends new connections to the other
+    workers of the port, or refuses them), makes the app answer 503 (`ServeApp.draining`),
+    waits until no request runs or ``grace`` seconds passed, then cuts what still runs
+    (`ServeApp.cut`: each response ends with an error event, its engine requests aborted)
+    and lets uvicorn stop.
+    """
+
+    def __init__(self, server: Any, app: Any, sockets: list[socket.socket], grace: float) -> None:
+        self._server = server
+        self._app = app
+        self._sockets = sockets
+        self._grace = grace
+        self._now = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def signal(self) -> None:
+        """SIGTERM (on the loop): drain, or stop at once if draining already."""
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+        else:
+            self._now.set()
+
+    async def _run(self) -> None:
+        server = self._server
+        self._app.draining = True
+        for listener in getattr(server, "servers", []):
+            listener.close()
+        for sock in self._sockets:
+            sock.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._grace
+        while server.server_state.tasks and loop.time() < deadline and not self._now.is_set():
+            try:
+                await asyncio.wait_for(self._now.wait(), _DRAIN_POLL_S)
+            except TimeoutError:
+                pass
+        # What still runs is cut by the app (each response ends with an error event, its engine
+        # requests aborted), which takes a turn or two of the loop; uvicorn then waits at most
+        # _CUT_WAIT_S for the rest and cancels what is left.
+        self._app.cut()
+        server.config.timeout_graceful_shutdown = _CUT_WAIT_S
+        server.should_exit = True
+
+
+async def _heartbeat(counters: Any, index: int, interval: float) -> None:
+    while True:
+        counters.beat(index)
+        await asyncio.sleep(interval)
+
+
+async def _serve(
+    index: int, opts: WorkerOptions, events: Any, addresses: Any = None, counters: Any = None
+) -> int:
     import uvicorn
 
     from tsfront import heap
     from tsfront.client import EngineClient
     from tsfront.serve.api import OpenAIService
     from tsfront.serve.asgi import ServeApp
+    from tsfront.serve.counters import heartbeat_interval
     from tsfront.serve.edge import setup_worker_edge
+    from tsfront.serve.metrics import MetricsPage
     from tsfront.text import TextModel
 
     protocol, gate, _ = setup_worker_edge(opts.edge)
+    beating = None
+    if counters is not None:
+        beating = asyncio.ensure_future(
+            _heartbeat(counters, index, heartbeat_interval(opts.worker_timeout))
+        )
     text = TextModel.load(opts.model)
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
     service = OpenAIService(
         client, text, opts.model_name, index, opts.request_timeout, chat=opts.chat
     )
-    app = ServeApp(service, gate=gate)
+    page = MetricsPage(lambda: service.client, counters)
+    app = ServeApp(
+        service,
+        gate=gate,
+        counters=counters,
+        place=index,
+        metrics=page.render,
+        metrics_port=opts.metrics_port,
+    )
     heap.settle()
     config = uvicorn.Config(
         app,
@@ -137,10 +220,11 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
         # uvicorn annotates int; it is only given to call_later, which takes seconds as float.
         timeout_keep_alive=opts.edge.timeout_keep_alive,  # type: ignore[arg-type]
         # uvicorn annotates int, but passes it to asyncio.timeout, which takes seconds as float.
-        timeout_graceful_shutdown=GRACE_S,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=opts.graceful_timeout,  # type: ignore[arg-type]
         server_header=False,
         date_header=False,
     )
+    drain: Drain | None = None
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -148,8 +232,17 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
             if not self.should_exit:
                 events.put(("ready", index, os.getpid()))
 
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # A signal handler (the main thread, between bytecodes): hand it to the loop.
+            if drain is not None:
+                loop.call_soon_threadsafe(drain.signal)
+
+    loop = asyncio.get_running_loop()
     server = Server(config)
-    sock = listening_socket(opts.host, opts.port, listen=True)
+    sockets = [listening_socket(opts.host, opts.port, listen=True)]
+    if opts.metrics_port is not None:
+        sockets.append(listening_socket(opts.host, opts.metrics_port, listen=True))
+    drain = Drain(server, app, sockets, opts.graceful_timeout)
 
     async def watch_io() -> None:
         nonlocal client
@@ -170,25 +263,42 @@ async def _serve(index: int, opts: WorkerOptions, events: Any, addresses: Any = 
 
     watcher = asyncio.ensure_future(watch_io())
     try:
-        await server.serve(sockets=[sock])
+        await server.serve(sockets=sockets)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # uvicorn restored _stop_starting
         watcher.cancel()
-        sock.close()
+        if beating is not None:
+            beating.cancel()
+        for sock in sockets:
+            sock.close()
         await client.close()
     return 1 if client.closed and not server.should_exit else 0
 
 
-def worker_main(index: int, opts: WorkerOptions, events: Any, addresses: Any = None) -> None:
+class _Stopped(BaseException):
+    """SIGTERM before the worker serves."""
+
+
+def _stop_starting(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise _Stopped
+
+
+def worker_main(
+    index: int, opts: WorkerOptions, events: Any, addresses: Any = None, counters: Any = None
+) -> None:
     """Entry point of a spawned worker process."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the master, which stops us
-    # uvicorn handles SIGTERM while it serves and re-raises it when done: with this handler
-    # the re-raise is harmless and the worker detaches cleanly instead of dying there.
-    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    # Until it serves, SIGTERM stops it (nothing to drain); while it serves, SIGTERM drains
+    # (Server.handle_exit); after, it is ignored, so that the worker detaches cleanly.
+    signal.signal(signal.SIGTERM, _stop_starting)
     import uvloop
 
     try:
-        code = uvloop.run(_serve(index, opts, events, addresses))
+        code = uvloop.run(_serve(index, opts, events, addresses, counters))
+    except _Stopped:
+        code = 0
     except BaseException as exc:
         events.put(("failed", index, f"{type(exc).__name__}: {exc}"))
         code = 1
