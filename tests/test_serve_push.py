@@ -213,7 +213,10 @@ async def test_pusher_holds_back_an_incomplete_character() -> None:
 def fast_served(tmp_path_factory: pytest.TempPathFactory):
     from tsfront.text.testing import make_test_model
 
-    model = make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel")
+    # The model's own context as long as the engine's: the server enforces the smaller.
+    model = make_test_model(
+        tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel", max_position_embeddings=32000
+    )
     s = start_served(str(model), workers=1, context=32000, step_ms=0.05)
     yield s
     assert s.server.stop() == 0

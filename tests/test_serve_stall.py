@@ -42,7 +42,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
     frontend's figures) and `tsfront serve --attach ... --request-timeout 3` on it."""
     from tsfront.text.testing import make_test_model
 
-    model = str(make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel"))
+    model = str(
+        make_test_model(
+            tmp_path_factory.mktemp("model") / "tiny-words",
+            "wordlevel",
+            max_position_embeddings=32768,  # the 20,000-token streams fit its context
+        )
+    )
     port = free_port()
     io = subprocess.Popen(
         [sys.executable, "-m", "tsfront", "io", "--handshake", "tcp://127.0.0.1:0",

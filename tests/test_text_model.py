@@ -309,3 +309,44 @@ def test_generation_blocks_and_loop_controls_render(base: Path) -> None:
         {"role": "assistant", "content": "a"},
     ]
     assert model.apply_chat_template(msgs, chat_template=template) == "q[a]"
+
+
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        ("{{ 1/0 }}", "ZeroDivisionError"),
+        ("{{ 10.0 ** 1000 }}", "OverflowError"),
+        ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "RecursionError"),
+    ],
+)
+def test_any_exception_out_of_a_template_is_a_chat_template_error(
+    base: Path, source: str, words: str
+) -> None:
+    # Before: only TypeError/KeyError/... were caught; ZeroDivisionError (and any other)
+    # escaped to the server as a 500.
+    model = TextModel.load(model_dir(base, "metaspace"))
+    with pytest.raises(ChatTemplateError, match=words):
+        model.apply_chat_template([{"role": "user", "content": 7, "x": "7"}], chat_template=source)
+
+
+@pytest.mark.parametrize(
+    "name", ["bos_token", "eos_token", "pad_token", "documents", "raise_exception"]
+)
+def test_extra_template_variables_may_not_replace_the_renderers_own(base: Path, name: str) -> None:
+    model = TextModel.load(model_dir(base, "bytelevel"))
+    assert name in model.template_names
+    with pytest.raises(ChatTemplateError, match=name):
+        model.apply_chat_template([{"role": "user", "content": "x"}], **{name: "PWNED"})
+
+
+def test_encode_batch_equals_encode_and_the_bounds_the_server_uses(base: Path) -> None:
+    model = TextModel.load(model_dir(base, "bytelevel"))
+    texts = ["Hello world", "Привет, мир 😀", "x" * 5000]
+    assert model.encode_batch(texts) == [model.encode(t) for t in texts]
+    assert model.encode_batch(texts, False) == [model.encode(t, False) for t in texts]
+    vocab = model.tokenizer.get_vocab(with_added_tokens=True)
+    assert model.vocab_size == max(vocab.values()) + 1
+    assert model.max_token_chars == max(len(t) for t in vocab)
+    # No token covers more characters than the longest: the cheap length bound holds.
+    for t in texts:
+        assert len(t) <= len(model.encode(t, False)) * model.max_token_chars

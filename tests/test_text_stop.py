@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tsfront.text import StopMatcher, TextError
+from tsfront.text import StopMatcher, StopSet, TextError
 
 # A small alphabet so that stop strings occur, overlap and share prefixes often; multi-code-
 # unit characters included to catch any byte/char confusion.
@@ -205,3 +205,70 @@ def test_detokenized_stream_stops_where_the_full_text_does(
         # The chunk that matched is the first whose decoded text holds the stop string.
         assert matched_stop in model.decode(ids[:used])
         assert matched_stop not in model.decode(ids[: used - 1]).rstrip("\ufffd")
+
+
+# ---------------------------------------------------------------------- the compiled set
+
+long_stops = st.lists(st.text(alphabet="ab", min_size=1, max_size=12), min_size=1, max_size=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.text(alphabet="abc", max_size=80),
+    long_stops,
+    st.lists(st.lists(st.integers(min_value=0), max_size=30), min_size=1, max_size=4),
+    st.booleans(),
+)
+def test_one_stop_set_shared_by_many_choices_matches_each_as_the_whole_text(
+    text: str, stop: list[str], splits: list[list[int]], include: bool
+) -> None:
+    """One `StopSet` serves every choice of a request: each matcher, fed its own split of
+    the text (interleaved with the others), ends where the whole-text reference does. A
+    two-letter alphabet and long, overlapping stop strings exercise the failure links."""
+    stop_set = StopSet(stop)
+    matchers = [stop_set.matcher(include) for _ in splits]
+    deltas = [split(text, cuts) for cuts in splits]
+    shown = ["" for _ in splits]
+    done = [False for _ in splits]
+    for step in range(max(len(d) for d in deltas)):
+        for k, m in enumerate(matchers):
+            if done[k] or step >= len(deltas[k]):
+                continue
+            out, matched = m.feed(deltas[k][step])
+            shown[k] += out
+            done[k] = matched
+    want, want_stop = reference(text, stop, include)
+    for k, m in enumerate(matchers):
+        if not done[k]:
+            shown[k] += m.flush()
+        assert shown[k] == want
+        assert m.matched == want_stop
+
+
+def test_long_stop_strings_cost_memory_linear_in_their_length() -> None:
+    """Four stop strings of 5,000 characters: the old matcher kept every proper prefix of
+    each (4 x 12.5 M characters, ~50 MB, quadratic); the automaton has one node per
+    character. Fed the longest prefix that never completes, one character at a time, the
+    matcher holds it back and releases it when it breaks."""
+    import tracemalloc
+
+    stops = [str(k) + ("ab" * 2500)[:4998] + "z" for k in range(4)]
+    tracemalloc.start()
+    try:
+        matcher = StopMatcher(stops)
+        text = stops[0][:-1]
+        shown = "".join(matcher.feed(c)[0] for c in text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert shown == "" and matcher.pending == text  # all of it could still become a stop
+    assert peak < 16_000_000, f"{peak / 1e6:.1f} MB"
+    out, matched = matcher.feed("!")
+    assert (out, matched) == (text + "!", False) and matcher.pending == ""
+
+
+def test_a_stream_longer_than_the_stop_strings_keeps_nothing_already_released() -> None:
+    matcher = StopMatcher(["abcabd"])
+    out = "".join(matcher.feed(c)[0] for c in "abcabcabcab")
+    assert out == "abcabc" and matcher.pending == "abcab"
+    assert matcher.feed("d") == ("", True)  # "abcabc" + the stop string

@@ -37,6 +37,12 @@ VALID = [
     pytest.param(make(return_logprob=True, logprob_start_len=3), id="logprobs-start-len-minus-1"),
     pytest.param(make(return_logprob=False, logprob_start_len=0), id="start-ignored-without-lp"),
     pytest.param(make(session_params=SessionParams()), id="empty-session"),
+    pytest.param(
+        make(sp={"seed": (1 << 63) - 1, "stop_token_ids": [(1 << 31) - 1]}), id="int64-int32-edges"
+    ),
+    pytest.param(
+        make(sp={"seed": -(1 << 63), "top_k": 1 << 40, "temperature": 0}), id="greedy-big-k"
+    ),
     pytest.param(make(data_parallel_rank=1, bootstrap_room=9), id="dp-rank"),
 ]
 
@@ -131,6 +137,23 @@ REFUSED = [
     (make(sp={"seed": "42"}), InvalidRequest, "sampling_params.seed", {}),
     (make(sp={"custom_params": {1: 2}}), InvalidRequest, "sampling_params.custom_params", {}),
     (make(sp={"is_normalized": True}), InvalidRequest, "sampling_params.is_normalized", {}),
+    # Integers past what msgpack or the engine's int64 holds (encode_add raised OverflowError).
+    (make(sp={"seed": 1 << 64}), InvalidRequest, "sampling_params.seed", {}),
+    (make(sp={"seed": 1 << 63}), InvalidRequest, "sampling_params.seed", {}),
+    (make(sp={"seed": -(1 << 63) - 1}), InvalidRequest, "sampling_params.seed", {}),
+    (make(sp={"top_k": 1 << 70, "temperature": 0.0}), InvalidRequest, "sampling_params.top_k", {}),
+    (make(sp={"stop_token_ids": [1 << 64]}), InvalidRequest, "sampling_params.stop_token_ids", {}),
+    (make(sp={"stop_token_ids": [1 << 31]}), InvalidRequest, "sampling_params.stop_token_ids", {}),
+    (make(sp={"stop_token_ids": [-1]}), InvalidRequest, "sampling_params.stop_token_ids", {}),
+    (make(sp={"max_new_tokens": 1 << 64}), InvalidRequest, "sampling_params.max_new_tokens", {}),
+    (make(sp={"min_new_tokens": 1 << 64}), InvalidRequest, "sampling_params.min_new_tokens", {}),
+    (make(sp={"logit_bias": {"9" * 20: 1.0}}), InvalidRequest, "sampling_params.logit_bias", {}),
+    (make(sp={"thinking_budget": 1 << 64}), InvalidRequest, "sampling_params.thinking_budget", {}),
+    (make(sp={"stream_interval": 1 << 64}), InvalidRequest, "sampling_params.stream_interval", {}),
+    (make(sp={"temperature": float("nan")}), InvalidRequest, "sampling_params.temperature", {}),
+    (make(sp={"temperature": float("inf")}), InvalidRequest, "sampling_params.temperature", {}),
+    (make(bootstrap_room=1 << 64), InvalidRequest, "bootstrap_room", {}),
+    (make(logprob_start_len=-(1 << 64)), InvalidRequest, "logprob_start_len", {}),
     (make(input_ids=list(range(99))), PromptTooLong, "input_ids", {"max_model_len": 100}),
     (
         make(input_ids=list(range(90)), sp={"max_new_tokens": 9}),

@@ -260,6 +260,11 @@ class EngineClient:
         return self._att.addresses["address"]
 
     @property
+    def slots(self) -> int:
+        """Requests this worker may have in flight at once (``slots_per_worker``)."""
+        return self._att.spw
+
+    @property
     def closed(self) -> bool:
         """Whether the client is closed (by `close` or because its I/O process died)."""
         return self._att.closed

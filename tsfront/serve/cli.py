@@ -38,6 +38,7 @@ from tsfront.config import ClientConfig
 from tsfront.errors import Error
 from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
 from tsfront.serve.edge import add_edge_arguments, edge_settings
+from tsfront.serve.templates import add_template_arguments, template_options
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -181,6 +182,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_chat_arguments(parser)
     add_edge_arguments(parser)
+    add_template_arguments(parser)
 
 
 def _say(line: str) -> None:
@@ -330,6 +332,10 @@ def run(args: argparse.Namespace) -> int:
     except (TextError, OSError) as exc:
         raise CommandError(f"--model {args.model}: {exc}") from None
     name = args.served_model_name or text.name
+    try:
+        chat_template, template_kwargs = template_options(args, text.template_names)
+    except ValueError as exc:
+        raise UsageError("tsfront serve", str(exc)) from None
 
     stop = threading.Event()
     signals: list[int] = []
@@ -388,6 +394,8 @@ def run(args: argparse.Namespace) -> int:
             graceful_timeout=args.graceful_timeout,
             worker_timeout=args.worker_timeout,
             metrics_port=metrics_port,
+            chat_template=chat_template,
+            template_kwargs=template_kwargs,
         )
         counters = ServeCounters(
             ctx.RawArray("Q", ServeCounters.words_for(args.workers)), args.workers

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tsfront.serve.refusal import Refused
+from tsfront.serve.limits import Refused
 
 __all__ = ["Constraint", "choice_regex", "constraint"]
 

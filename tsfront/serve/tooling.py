@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from tsfront.serve.refusal import Refused
+from tsfront.serve.limits import Refused
 
 if TYPE_CHECKING:
     from tsfront.text.tools import ToolParser

@@ -57,7 +57,10 @@ class WorkerOptions:
     graceful_timeout: float = 30.0
     worker_timeout: float = 30.0
     metrics_port: int | None = None
-    #: Tool-call and reasoning parsers, the chat template (tsfront.serve.chatsettings).
+    #: ``--chat-template`` (its source) and ``--default-chat-template-kwargs``.
+    chat_template: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The tool-call and reasoning parsers (tsfront.serve.chatsettings).
     chat: ChatSettings = field(default_factory=ChatSettings)
 
 
@@ -199,7 +202,14 @@ async def _serve(
     text = TextModel.load(opts.model)
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
     service = OpenAIService(
-        client, text, opts.model_name, index, opts.request_timeout, chat=opts.chat
+        client,
+        text,
+        opts.model_name,
+        index,
+        opts.request_timeout,
+        chat_template=opts.chat_template,
+        template_kwargs=opts.template_kwargs,
+        chat=opts.chat,
     )
     page = MetricsPage(lambda: service.client, counters)
     app = ServeApp(

@@ -25,12 +25,13 @@ from tsfront.text.errors import (
     TokenizerNotFound,
 )
 from tsfront.text.model import TextModel
-from tsfront.text.stop import StopMatcher
+from tsfront.text.stop import StopMatcher, StopSet
 
 __all__ = [
     "ChatTemplateError",
     "Detokenizer",
     "StopMatcher",
+    "StopSet",
     "StreamDetokenizer",
     "TableDetokenizer",
     "TextDependencyMissing",

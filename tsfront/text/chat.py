@@ -20,6 +20,34 @@ from typing import Any
 from tsfront.text._deps import require
 from tsfront.text.errors import ChatTemplateError
 
+#: Names a template sees that the renderer itself sets (with the special tokens' names, see
+#: `tsfront.text.TextModel.template_names`): a caller's extra variables may not replace them.
+RENDERER_NAMES = frozenset(
+    {
+        "messages",
+        "tools",
+        "documents",
+        "add_generation_prompt",
+        "continue_final_message",
+        "chat_template",
+        "raise_exception",
+        "strftime_now",
+    }
+)
+#: The special-token names transformers hands every template (whether or not a model has them).
+SPECIAL_TOKEN_NAMES = frozenset(
+    {
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "pad_token",
+        "sep_token",
+        "cls_token",
+        "mask_token",
+        "additional_special_tokens",
+    }
+)
+
 
 class _TemplateRaised(Exception):
     """A template called ``raise_exception``; carried out of jinja2 to become ChatTemplateError."""
@@ -119,7 +147,9 @@ def render(source: str, variables: dict[str, Any]) -> str:
             f"the chat template failed on these messages: {e}; check the message roles and "
             "fields the model's template expects"
         ) from e
-    except (TypeError, KeyError, AttributeError, ValueError, IndexError) as e:
+    except Exception as e:
+        # Whatever else a template raises on its input (ZeroDivisionError, a RecursionError on
+        # deeply nested fields, an OverflowError, ...) is the input's fault, not the server's.
         raise ChatTemplateError(
             f"the chat template failed on these messages ({type(e).__name__}: {e}); check "
             "the message roles and fields the model's template expects"

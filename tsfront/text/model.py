@@ -150,6 +150,13 @@ class TextModel:
         # Keyed by skip_special_tokens; built at load (see docs/TEXT.md for the time it takes).
         self._tables: dict[bool, TokenTable] = token_tables(tokenizer) or {}
         self._id_limit = vocabulary_limit(tokenizer)
+        # The most characters of text one token can stand for: a token's text in the vocabulary
+        # is at least as long as the input it covers (byte-level: one character per byte).
+        self.max_token_chars: int = max(
+            map(len, tokenizer.get_vocab(with_added_tokens=True)), default=1
+        )
+        """The longest token in characters: a text longer than ``context x max_token_chars``
+        cannot fit a context of ``context`` tokens (a cheap check before encoding it)."""
         self.detokenizer_algorithm: str = (
             "table"
             if self._tables
@@ -158,6 +165,17 @@ class TextModel:
             else "offsets"
         )
         """Which algorithm :meth:`detokenizer` uses for this model (see tsfront.text.detok)."""
+
+    @property
+    def vocab_size(self) -> int:
+        """One past the largest token id (model vocabulary and added tokens)."""
+        return self._id_limit
+
+    @property
+    def template_names(self) -> frozenset[str]:
+        """The variables `apply_chat_template` itself gives the template (messages, tools, the
+        special tokens, its globals, ...): extra keyword arguments may not set them."""
+        return chat.RENDERER_NAMES | chat.SPECIAL_TOKEN_NAMES | frozenset(self.special_tokens)
 
     @staticmethod
     def _context_length(config: dict[str, Any], tokenizer_config: dict[str, Any]) -> int | None:
@@ -217,6 +235,15 @@ class TextModel:
         """Token ids of ``text``; ``add_special_tokens`` adds the tokenizer's bos etc. (leave it
         off for a rendered chat template, which already holds them)."""
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(
+        self, texts: Sequence[str], add_special_tokens: bool = True
+    ) -> list[list[int]]:
+        """Token ids of each of ``texts`` (as :meth:`encode`), in one call that releases the
+        GIL while it tokenizes: on a thread, a long text does not stall the event loop (a
+        plain ``encode`` holds the GIL throughout: 16 MB of text is seconds)."""
+        encodings = self.tokenizer.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [e.ids for e in encodings]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """The text of ``ids`` decoded at once."""
@@ -311,9 +338,16 @@ class TextModel:
     ) -> str:
         """Render ``messages`` with the model's chat template (or ``chat_template``).
 
-        Raises :class:`ChatTemplateError` when the model has no template or the template
-        refuses the messages (its ``raise_exception``).
+        Raises :class:`ChatTemplateError` when the model has no template, the template
+        refuses the messages (its ``raise_exception``) or fails on them, or ``kwargs`` names a
+        variable the renderer sets itself (`template_names`).
         """
+        taken = self.template_names.intersection(kwargs)
+        if taken:
+            raise ChatTemplateError(
+                f"{', '.join(sorted(taken))}: set by the renderer itself, not by extra template "
+                "variables; drop them"
+            )
         source = chat.select_template(
             chat_template if chat_template is not None else self.chat_template, tools
         )

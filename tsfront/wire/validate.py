@@ -13,6 +13,7 @@ O(prompt) work is one msgspec conversion of ``input_ids``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -36,6 +37,11 @@ _BOOL_OR_NONE = (bool, type(None))
 _TOP_K_DISABLED = 1 << 30
 _TOP_K_MAX = 128
 _GREEDY_EPS = 1e-6
+# Integers the engine keeps as int64 (a larger one cannot even be encoded: msgpack's ints end
+# at 2**64 - 1, and a value past int64 breaks the engine's tensors); token ids are int32.
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+_TOKEN_ID_MAX = (1 << 31) - 1
 # The engine reserves two positions of its context for every request (max_req_len = M - 1,
 # then one more for the first sampled token).
 _CONTEXT_RESERVE = 2
@@ -145,6 +151,11 @@ def _check_request_types(req: TokenizedGenerateReqInput) -> None:
         _wrong_type("bootstrap_room", req.bootstrap_room, "an int or None")
     if type(req.data_parallel_rank) not in _INT_OR_NONE:
         _wrong_type("data_parallel_rank", req.data_parallel_rank, "an int or None")
+    _check_int64("logprob_start_len", req.logprob_start_len)
+    _check_int64("top_logprobs_num", req.top_logprobs_num)
+    _check_int64("bootstrap_port", req.bootstrap_port)
+    _check_int64("bootstrap_room", req.bootstrap_room)
+    _check_int64("data_parallel_rank", req.data_parallel_rank)
     # Rarely-set containers: a conversion check only when present (None is the usual case).
     if req.token_ids_logprob is not None:
         _check_convert("token_ids_logprob", req.token_ids_logprob, _ANY_IDS, "a list of ints")
@@ -208,30 +219,36 @@ def _check_sampling(sp: SamplingParams) -> None:
             "leave stop_strs as None and send stop_token_ids",
         )  # fmt: skip
     max_new = sp.max_new_tokens
-    if max_new is not None and (type(max_new) is not int or max_new < 0):
+    if max_new is not None and (type(max_new) is not int or not 0 <= max_new <= _INT64_MAX):
         raise InvalidRequest(
-            "sampling_params.max_new_tokens", max_new, "must be None or an int >= 0",
+            "sampling_params.max_new_tokens", max_new, "must be None or an int in [0, 2**63)",
             "send a non-negative int that fits the context",
         )  # fmt: skip
     min_new = sp.min_new_tokens
-    if type(min_new) is not int or min_new < 0 or (max_new is not None and min_new > max_new):
+    if (
+        type(min_new) is not int
+        or not 0 <= min_new <= _INT64_MAX
+        or (max_new is not None and min_new > max_new)
+    ):
         raise InvalidRequest(
             "sampling_params.min_new_tokens", min_new,
             "must be an int in [0, max_new_tokens]", "send 0 or at most max_new_tokens",
         )  # fmt: skip
     if sp.stop_token_ids is not None:
-        _check_convert(
-            "sampling_params.stop_token_ids", sp.stop_token_ids, _ANY_IDS, "a list of ints"
-        )
+        _check_stop_ids(sp.stop_token_ids)
     temperature = sp.temperature
     if type(temperature) not in _NUMBER:
         _wrong_type("sampling_params.temperature", temperature, "a float")
+    if not math.isfinite(temperature):
+        _out_of_range("sampling_params.temperature", temperature, "finite floats", "send 0..2")
     top_p = sp.top_p
     if type(top_p) not in _NUMBER or not 0.0 < top_p <= 1.0:
         _out_of_range("sampling_params.top_p", top_p, "(0, 1]", "send 1.0 to disable top-p")
     top_k = sp.top_k
     if type(top_k) is not int:
         _wrong_type("sampling_params.top_k", top_k, "an int")
+    if not _INT64_MIN <= top_k <= _INT64_MAX:
+        _out_of_range("sampling_params.top_k", top_k, "[-2**63, 2**63)", "send -1 to disable top-k")
     # The engine forces top_k=1 for near-zero temperature before verify(), so any top_k passes.
     if (
         not temperature < _GREEDY_EPS
@@ -280,11 +297,12 @@ def _check_sampling(sp: SamplingParams) -> None:
         _wrong_type("sampling_params.no_stop_trim", sp.no_stop_trim, "a bool")
     if type(sp.thinking_budget) not in _INT_OR_NONE:
         _wrong_type("sampling_params.thinking_budget", sp.thinking_budget, "an int or None")
+    _check_int64("sampling_params.thinking_budget", sp.thinking_budget)
     custom = sp.custom_params
     if custom is not None and (type(custom) is not dict or not all(type(k) is str for k in custom)):
         _wrong_type("sampling_params.custom_params", custom, "a dict with str keys or None")
     interval = sp.stream_interval
-    if interval is not None and (type(interval) is not int or interval < 1):
+    if interval is not None and (type(interval) is not int or not 1 <= interval <= _INT64_MAX):
         # Not in verify(): 0 makes the engine's output loop divide by zero and die.
         _out_of_range(
             "sampling_params.stream_interval", interval, "None or an int >= 1",
@@ -295,6 +313,7 @@ def _check_sampling(sp: SamplingParams) -> None:
         _check_logit_bias(bias)
     if type(sp.seed) not in _INT_OR_NONE:
         _wrong_type("sampling_params.seed", sp.seed, "an int or None")
+    _check_int64("sampling_params.seed", sp.seed)
     logprobs = sp.logprobs
     if logprobs is not None and (type(logprobs) is not int or logprobs != 0):
         raise InvalidRequest(
@@ -309,6 +328,7 @@ def _check_sampling(sp: SamplingParams) -> None:
         )  # fmt: skip
     if type(sp.stop_str_max_len) is not int:
         _wrong_type("sampling_params.stop_str_max_len", sp.stop_str_max_len, "an int (0)")
+    _check_int64("sampling_params.stop_str_max_len", sp.stop_str_max_len)
     if sp.is_normalized is not False:
         raise InvalidRequest(
             "sampling_params.is_normalized", sp.is_normalized,
@@ -327,6 +347,11 @@ def _check_logit_bias(bias: Any) -> None:
                 "sampling_params.logit_bias", key,
                 "keys must be decimal token-id strings (int keys make the engine drop it)",
                 'send keys like "1234"',
+            )  # fmt: skip
+        if len(key) > 10 or int(key) > _TOKEN_ID_MAX:
+            raise InvalidRequest(
+                "sampling_params.logit_bias", key, "keys must be int32 token ids",
+                "send token ids from the model's vocabulary",
             )  # fmt: skip
         if type(value) not in _NUMBER:
             raise InvalidRequest(
@@ -349,6 +374,24 @@ def _check_length(prompt_len: int, max_new: int | None, max_model_len: int) -> N
             f"prompt ({prompt_len}) + max_new_tokens must be at most {limit}",
             f"send max_new_tokens <= {limit - prompt_len}",
         )  # fmt: skip
+
+
+def _check_stop_ids(ids: Any) -> None:
+    if type(ids) is list and all(type(t) is int for t in ids):
+        bad = first_bad_token(ids)  # non-negative int32, as input_ids
+        if bad >= 0:
+            raise InvalidRequest(
+                "sampling_params.stop_token_ids", ids[bad],
+                "must hold only non-negative int32 token ids",
+                "send token ids from the model's vocabulary",
+            )  # fmt: skip
+        return
+    _check_convert("sampling_params.stop_token_ids", ids, _ANY_IDS, "a list of ints")
+
+
+def _check_int64(field: str, value: int | None) -> None:
+    if value is not None and not _INT64_MIN <= value <= _INT64_MAX:
+        _out_of_range(field, value, "[-2**63, 2**63)", "send a value that fits in int64")
 
 
 def _check_convert(field: str, value: Any, target: Any, expected: str) -> None:
