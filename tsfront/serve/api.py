@@ -18,6 +18,13 @@ of `tsfront.serve.limits` and one context limit (the smaller of the engines' and
 a long text is then tokenized (and a large chat body rendered) on a thread, one at a time per
 worker, so that no request holds the event loop its worker's other streams run on. The stop
 strings are compiled once per request (`tsfront.text.StopSet`) for all of its choices.
+
+A chat request's tools (`tsfront.serve.tooling`) and the server's reasoning parser give each
+choice an `tsfront.serve.parsing.OutputParser`: its chunks' text becomes reasoning, content
+and tool-call deltas (the task path, never the push path); ``response_format``,
+``structured_outputs`` and a constrained ``tool_choice`` become one engine grammar
+(`tsfront.serve.structured`). An engine abort after the output began ends the response with
+an error (502), never with ``finish_reason: "abort"``.
 """
 
 from __future__ import annotations
