@@ -5,7 +5,10 @@ one token per delta, as a worker detokenizes at one token per chunk) are fed to 
 of every format: plain text with no call, the cost the goal bounds (≤ 1 µs per token, on top
 of detokenization, while no call is in progress); the same text with a ``<`` (a marker's
 first character) every ~10 tokens, which takes the slow path; and the text followed by two
-calls. The reasoning parser is timed inside and after its section.
+calls. The reasoning parser is timed inside and after its section. The server's
+`tsfront.serve.parsing.OutputParser` (what a chat stream with tools or reasoning runs per
+chunk: the parsers chained, plus the pieces it hands the response) is timed on the plain text,
+over ``hermes`` alone and over ``qwen3`` reasoning then ``hermes``.
 
 Run the table: ``.venv/bin/python bench/bench_tools.py``; under pytest-benchmark:
 ``.venv/bin/python -m pytest bench -k tools``.
@@ -95,6 +98,21 @@ def reasoning_feeder(deltas: list[str], inside: bool) -> Callable[[], int]:
     return run
 
 
+def output_feeder(deltas: list[str], reasoning: bool) -> Callable[[], int]:
+    from tsfront.serve.parsing import OutputParser
+
+    def run() -> int:
+        parser = OutputParser(
+            make_reasoning_parser("qwen3") if reasoning else None, make_tool_parser("hermes")
+        )
+        feed = parser.feed
+        for d in deltas:
+            feed(d)
+        return len(parser.finish().content)
+
+    return run
+
+
 def us_per_token(run: Callable[[], int], rounds: int, tokens: int = TOKENS) -> float:
     best = float("inf")
     for _ in range(rounds):
@@ -136,6 +154,9 @@ def main(rounds: int = 30) -> None:
     inside = us_per_token(reasoning_feeder(plain, True), rounds)
     after = us_per_token(reasoning_feeder(plain, False), rounds)
     print(f"reasoning deepseek_r1: inside the section {inside:.2f}, content {after:.2f}")
+    alone = us_per_token(output_feeder(plain, False), rounds)
+    both = us_per_token(output_feeder(plain, True), rounds)
+    print(f"serve OutputParser, plain text: hermes {alone:.2f}, qwen3 + hermes {both:.2f}")
 
 
 if __name__ == "__main__":

@@ -350,10 +350,13 @@ def post(served: Served, path: str, body: object) -> httpx.Response:
         ),
         (
             "/v1/chat/completions",
-            {"messages": [{"role": "user", "content": "w5"}], "tools": [{"type": "function"}]},
+            {
+                "messages": [{"role": "user", "content": "w5"}],
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
             400,
             "tools",
-            "not supported",
+            "start tsfront serve with --tool-call-parser",
         ),
         (
             "/v1/chat/completions",

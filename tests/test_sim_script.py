@@ -154,3 +154,35 @@ def test_cli_sim_answers_from_the_script_file(
         proc.terminate()
         proc.communicate(timeout=30)
         fe.close()
+
+
+def test_chunk_tokens_splits_a_stream_into_random_chunks_of_at_most_n() -> None:
+    from tsfront.sim.scheduler import SCRIPT_ABORT, grammar_rejection
+
+    sched = Scheduler(SchedulerConfig(eos_token_id=2, chunk_tokens=4))
+    for rid in ("a", "b"):
+        sp = SamplingParams(max_new_tokens=60)
+        sched.add(
+            TokenizedGenerateReqInput(rid=rid, input_ids=[5], sampling_params=sp, stream=True)
+        )
+    sizes: dict[str, list[int]] = {"a": [], "b": []}
+    while sched.busy:
+        step = sched.step()
+        for row in step.rows if step else []:
+            sizes[row.rid].append(len(row.output_ids))
+    for got in sizes.values():
+        assert sum(got) == 60 and max(got) <= 4 and len(set(got)) > 1
+    assert sizes["a"] != sizes["b"]
+    # A scripted -1 ends the request there with an abort (no token for it).
+    sched = Scheduler(SchedulerConfig(eos_token_id=2), script=lambda ids: [7, 8, SCRIPT_ABORT])
+    sched.add(TokenizedGenerateReqInput(rid="x", input_ids=[1], sampling_params=SamplingParams()))
+    rows_out = []
+    while sched.busy:
+        step = sched.step()
+        rows_out += step.rows if step else []
+    assert [t for r in rows_out for t in r.output_ids] == [7, 8]
+    assert rows_out[-1].finished_reason == "abort"
+    # The grammar compile stand-in.
+    assert grammar_rejection(SamplingParams(regex="(")) is not None
+    assert grammar_rejection(SamplingParams(json_schema="[1]")) is not None
+    assert grammar_rejection(SamplingParams(json_schema='{"type": "object"}')) is None

@@ -120,3 +120,79 @@ def test_stop_string_aborts_on_the_real_engine(served: Served) -> None:
     while not served.harness.events("abort"):
         assert time.monotonic() < deadline, "the engine never decoded the ABORT"
         time.sleep(0.02)
+
+
+_SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+_TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "parameters": _SCHEMA},
+    }
+]
+_TAG = {
+    "type": "structural_tag",
+    "structures": [{"begin": "<n>", "schema": _SCHEMA, "end": "</n>"}],
+    "triggers": ["<n>"],
+}
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "field"),
+    [
+        ("chat", {"response_format": {"type": "json_object"}}, "json_schema"),
+        (
+            "chat",
+            {"response_format": {"type": "json_schema", "json_schema": {
+                "name": "n", "schema": _SCHEMA, "strict": True}}},
+            "json_schema",
+        ),
+        ("completions", {"response_format": {"type": "json_object"}}, "json_schema"),
+        ("chat", {"structured_outputs": {"regex": "w[0-9]+"}}, "regex"),
+        ("completions", {"structured_outputs": {"choice": ["a b", "c.d"]}}, "regex"),
+        ("chat", {"structured_outputs": {"grammar": 'root ::= "w" [0-9]+'}}, "ebnf"),
+        ("chat", {"response_format": _TAG}, "structural_tag"),
+        ("chat", {"tools": _TOOLS, "tool_choice": "required"}, "json_schema"),
+        (
+            "chat",
+            {"tools": _TOOLS, "tool_choice": {"type": "function", "function": {
+                "name": "get_weather"}}},
+            "json_schema",
+        ),
+    ],
+)  # fmt: skip
+def test_grammar_fields_are_accepted_by_the_engine_decoder(
+    served: Served, route: str, body: dict, field: str
+) -> None:
+    # tsfront serve maps each request shape onto one grammar field; the engine's own
+    # transport decodes it (and verify()s the request) without refusing it.
+    request_id = f"g{abs(hash((route, repr(body)))) % 10**9}"
+    headers = {"x-request-id": request_id}
+    if route == "chat":
+        out = served.client.chat.completions.create(
+            model="tiny-words",
+            messages=[{"role": "user", "content": "w5"}],
+            max_tokens=4,
+            extra_headers=headers,
+            extra_body=body,
+        )
+        assert out.choices[0].finish_reason == "length"
+    else:
+        out = served.client.completions.create(
+            model="tiny-words", prompt="w5", max_tokens=4, extra_headers=headers, extra_body=body
+        )
+        assert out.choices[0].finish_reason == "length"
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        seen = [r for r in served.harness.events("request") if r["rid"].endswith(request_id)]
+        if seen:
+            break
+        assert time.monotonic() < deadline, "the engine logged no request"
+        time.sleep(0.02)
+    (record,) = seen
+    sp = record["sampling_params"]
+    assert record.get("validation_error") is None
+    assert isinstance(sp[field], str) and sp[field]
+    grammars = ("json_schema", "regex", "ebnf", "structural_tag")
+    assert [name for name in grammars if sp.get(name) is not None] == [field]
+    aborted = [r for r in served.harness.events("finish") if r["rid"] == record["rid"]]
+    assert not [r for r in aborted if r.get("reason") == "abort"]

@@ -18,6 +18,13 @@ of `tsfront.serve.limits` and one context limit (the smaller of the engines' and
 a long text is then tokenized (and a large chat body rendered) on a thread, one at a time per
 worker, so that no request holds the event loop its worker's other streams run on. The stop
 strings are compiled once per request (`tsfront.text.StopSet`) for all of its choices.
+
+A chat request's tools (`tsfront.serve.tooling`) and the server's reasoning parser give each
+choice an `tsfront.serve.parsing.OutputParser`: its chunks' text becomes reasoning, content
+and tool-call deltas (the task path, never the push path); ``response_format``,
+``structured_outputs`` and a constrained ``tool_choice`` become one engine grammar
+(`tsfront.serve.structured`). An engine abort after the output began ends the response with
+an error (502), never with ``finish_reason: "abort"``.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ from tsfront.errors import (
     InvalidRequest,
     StreamError,
 )
+from tsfront.serve.chatsettings import ChatSettings
+from tsfront.serve.choice import ABORT, Choice
 from tsfront.serve.formats import ChatFormat, CompletionFormat, Format
 from tsfront.serve.limits import (
     INT64_MAX,
@@ -54,13 +63,16 @@ from tsfront.serve.limits import (
 )
 from tsfront.serve.push import Pusher
 from tsfront.serve.schema import ChatRequest, CompletionRequest
-from tsfront.stream import OutputChunk, RequestStream
+from tsfront.serve.structured import Constraint, constraint
+from tsfront.serve.tokenize import DetokenizeRequest, TokenizeRequest
+from tsfront.serve.tooling import history_message, tool_plan
+from tsfront.stream import OutputChunk
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 
 if TYPE_CHECKING:
+    from tsfront.serve.parsing import OutputParser
     from tsfront.serve.record import RequestRecord, Summary
-    from tsfront.text.detok import Detokenizer
-    from tsfront.text.stop import StopMatcher, StopSet
+    from tsfront.text.stop import StopSet
 
 __all__ = ["ApiError", "OpenAIService", "Reply", "SSEReply"]
 
@@ -84,6 +96,8 @@ _MAX_MESSAGES = 65536
 _JSON = msgspec.json.Encoder()
 _COMPLETION = msgspec.json.Decoder(CompletionRequest)
 _CHAT = msgspec.json.Decoder(ChatRequest)
+_TOKENIZE = msgspec.json.Decoder(TokenizeRequest)
+_DETOKENIZE = msgspec.json.Decoder(DetokenizeRequest)
 # OpenAI sampling fields passed to the engine's SamplingParams under the same name.
 _SAMPLING_FIELDS = (
     "temperature",
@@ -100,7 +114,6 @@ _DONE = b"data: [DONE]\n\n"
 #: The streamed hot path (tsfront/serve/push.py); ``TSFRONT_SERVE_PUSH=0`` turns it off, to
 #: measure what it saves (``tsfront bench serve --stacks pull``) or to rule it out.
 _PUSH = os.environ.get("TSFRONT_SERVE_PUSH", "1") != "0"
-_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 # The API's names for the engine fields a refusal names (others pass through as they are).
 _PARAMS = {
@@ -190,7 +203,7 @@ class ApiError(Exception):
         return Reply(self.status, body, headers)
 
 
-def _summary(fmt: Format, choices: list[_Choice]) -> Summary:
+def _summary(fmt: Format, choices: list[Choice]) -> Summary:
     """A response's ``(prompt_tokens, completion_tokens, finish_reason)`` for its log line."""
     usage = fmt.usage(choices)
     reasons = sorted({ch.finish or "none" for ch in choices})
@@ -213,6 +226,24 @@ def _stream_failed(exc: StreamError) -> ApiError:
     return _unavailable(str(exc))
 
 
+def _aborted(ch: Choice) -> ApiError:
+    """A request the engine aborted after it began (NaN logits, a failed KV transfer, ...):
+    502, the engine failed; the wire carries no reason (CONTRACT §3.3)."""
+    return ApiError(
+        502,
+        f"the engine aborted the request after {ch.tokens} tokens (the engine's log says why); "
+        "retry it",
+        kind="server_error",
+    )
+
+
+def _abort_event(fmt: Format, ch: Choice) -> bytes:
+    """The error event that ends a stream the engine aborted (never ``finish_reason:
+    "abort"``, which OpenAI does not have)."""
+    err = _aborted(ch)
+    return fmt.error_event(err, err.status, err.kind)
+
+
 def _refusal(exc: Error) -> ApiError:
     """tsfront's refusals of ``generate`` as API errors (their messages passed through)."""
     if isinstance(exc, InvalidRequest):
@@ -222,84 +253,19 @@ def _refusal(exc: Error) -> ApiError:
     return ApiError(500, str(exc), kind="server_error")
 
 
-class _Choice:
-    """One engine request of a response: its stream, detokenizer, stop matcher and counts."""
-
-    __slots__ = (
-        "cached",
-        "detok",
-        "finish",
-        "index",
-        "logprobs",
-        "prompt_tokens",
-        "stop",
-        "stream",
-        "tokens",
-    )
-
-    def __init__(
-        self,
-        index: int,
-        stream: RequestStream,
-        detok: Detokenizer,
-        stop: StopMatcher | None,
-        prompt_tokens: int,
-    ) -> None:
-        self.index = index
-        self.stream = stream
-        self.detok = detok
-        self.stop = stop
-        self.tokens = 0
-        self.prompt_tokens = prompt_tokens
-        self.cached = 0
-        self.finish: str | None = None
-        self.logprobs: list[tuple[int, float]] | None = None
-
-    def plain(self, tokens: list[int]) -> str:
-        """The text of tokens that end nothing (no finish reason; no stop strings to match)."""
-        self.tokens += len(tokens)
-        return self.detok.step(tokens)
-
-    def text(self, chunk: OutputChunk) -> str:
-        """The new text of ``chunk`` (after stop matching); sets ``finish`` on the last one."""
-        ids = chunk.output_ids
-        self.tokens += len(ids)
-        text = self.detok.step(ids) if ids else ""
-        reason = chunk.finish_reason
-        if reason is not None:
-            text += self.detok.flush()
-            self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
-            self.cached = chunk.cached_tokens
-        stop = self.stop
-        if stop is not None:
-            text, matched = stop.feed(text)
-            if matched:
-                # Stop decoding now instead of running on to max_tokens.
-                self.stream.abort()
-                self.finish = "stop"
-                self.prompt_tokens = chunk.prompt_tokens or self.prompt_tokens
-                self.cached = chunk.cached_tokens
-                return text
-            if reason is not None:
-                text += stop.flush()
-        if reason is not None:
-            self.finish = _FINISH.get(reason, reason)
-            if chunk.completion_tokens:
-                self.tokens = chunk.completion_tokens
-        return text
-
-
 class _Plan:
     """What one API request asks for: prompts (token ids), sampling, and output options."""
 
     __slots__ = (
         "chat",
         "chat_max",
+        "constraint",
         "include_stop",
         "include_usage",
         "logprobs",
         "max_tokens",
         "n",
+        "parse",
         "prompts",
         "sampling",
         "skip_special",
@@ -310,6 +276,8 @@ class _Plan:
     # Set by _plan_completion / _plan_chat (and _sampling) before the plan is used.
     chat: bool
     chat_max: bool  # max_completion_tokens given (the name a length refusal uses)
+    constraint: Constraint | None  # the engine grammar (response_format, tools, ...)
+    parse: Callable[[], OutputParser] | None  # a fresh parser per choice (tools, reasoning)
     include_stop: bool
     include_usage: bool
     logprobs: bool
@@ -336,6 +304,8 @@ class OpenAIService:
             (``--chat-template``).
         template_kwargs: template variables for every chat request; a request's
             ``chat_template_kwargs`` override them key by key (``--default-chat-template-kwargs``).
+        chat: the chat output's parsers (``--tool-call-parser``, ``--reasoning-parser``);
+            `ChatSettings` ``()``: none.
     """
 
     def __init__(
@@ -348,8 +318,10 @@ class OpenAIService:
         *,
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        chat: ChatSettings | None = None,
     ) -> None:
         self.client = client
+        self.chat_settings = chat or ChatSettings()
         self.request_timeout = request_timeout
         self.text = text
         self.model_name = model_name
@@ -418,6 +390,65 @@ class OpenAIService:
         """``POST /v1/chat/completions`` (``record`` as for `completions`)."""
         return await self._generate(body, _CHAT, self._plan_chat, self._chat_format, record)
 
+    def tokenize(self, body: bytes) -> Reply:
+        """``POST /v1/tokenize`` (and ``/tokenize``), as vLLM serves it: a ``prompt``, or chat
+        ``messages`` (with ``tools``) rendered as `chat` would → ``tokens``, ``count``,
+        ``max_model_len``."""
+        try:
+            req = _TOKENIZE.decode(body)
+        except msgspec.ValidationError as exc:
+            return _bad(f"invalid request body: {exc}").reply()
+        except (msgspec.DecodeError, RecursionError) as exc:
+            return _bad(decode_error(body, exc)).reply()
+        try:
+            self._check_model(req.model)
+            if (req.prompt is None) == (req.messages is None):
+                raise _bad('send either "prompt" (text) or "messages" (chat)', "prompt")
+            limit = self._context_limit()
+            if req.prompt is not None:
+                self._check_chars(len(req.prompt), limit, "prompt")
+                special = True if req.add_special_tokens is None else req.add_special_tokens
+                ids = self.text.encode(req.prompt, add_special_tokens=special)
+            else:
+                assert req.messages is not None
+                if not req.messages:
+                    raise _bad("messages must not be empty", "messages")
+                plan = tool_plan(req.tools, "none" if req.tools else None, True, None)
+                messages = self._messages(req.messages, limit)
+                kwargs = self._template_kwargs_of(req.chat_template_kwargs)
+                tools = plan.tools if plan is not None else None
+                _, ids = self._render_and_encode(messages, req.add_generation_prompt, kwargs, tools)
+        except Refused as exc:
+            return _bad(str(exc), exc.param).reply()
+        except ApiError as exc:
+            return exc.reply()
+        out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": limit}
+        if req.return_token_strs:
+            out["token_strs"] = [self.text.token_text(t) for t in ids]
+        return Reply(200, _JSON.encode(out))
+
+    def detokenize(self, body: bytes) -> Reply:
+        """``POST /v1/detokenize`` (and ``/detokenize``): ``tokens`` → ``prompt``, the text
+        (special tokens kept)."""
+        try:
+            req = _DETOKENIZE.decode(body)
+        except msgspec.ValidationError as exc:
+            return _bad(f"invalid request body: {exc}").reply()
+        except (msgspec.DecodeError, RecursionError) as exc:
+            return _bad(decode_error(body, exc)).reply()
+        try:
+            self._check_model(req.model)
+        except ApiError as exc:
+            return exc.reply()
+        vocab = self._vocab
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            return _bad(
+                f"tokens holds {bad}: token ids of this model are 0..{vocab - 1}", "tokens"
+            ).reply()
+        text = self.text.decode(req.tokens, skip_special_tokens=False)
+        return Reply(200, _JSON.encode({"prompt": text}))
+
     async def _generate(
         self,
         body: bytes,
@@ -453,23 +484,19 @@ class OpenAIService:
     # steps (template, tokenizer, stop strings), on a thread when their input is large, then
     # the checks that need the token counts.
 
-    def _check_request(self, req: CompletionRequest | ChatRequest, prompts: int) -> None:
-        if req.model is not None and req.model != self.model_name:
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
             raise ApiError(
                 404,
-                f"model {req.model!r} does not exist; this server serves {self.model_name!r} "
+                f"model {model!r} does not exist; this server serves {self.model_name!r} "
                 "(GET /v1/models)",
                 param="model",
             )
+
+    def _check_request(self, req: CompletionRequest | ChatRequest, prompts: int) -> None:
+        self._check_model(req.model)
         if req.best_of not in (None, 1):
             raise _bad("best_of is not supported; use n", "best_of")
-        if req.response_format is not None and not (
-            isinstance(req.response_format, dict) and req.response_format.get("type") == "text"
-        ):
-            raise _bad(
-                "response_format is not supported yet (structured output); omit it",
-                "response_format",
-            )
         if not 1 <= req.n <= MAX_CHOICES:
             raise _bad(f"n={req.n}: must be between 1 and {MAX_CHOICES}", "n")
         total = prompts * req.n
@@ -565,6 +592,12 @@ class OpenAIService:
         # Compiled once for every choice of the request (16 x 1,024 characters: ~15 ms).
         plan.stop = await self._off_loop(sum(map(len, stop)) * 4, StopSet, stop) if stop else None
 
+    @staticmethod
+    def _constrain(plan: _Plan) -> None:
+        """The plan's grammar (if any) into the engine's sampling values."""
+        if plan.constraint is not None:
+            plan.sampling[plan.constraint.field] = plan.constraint.value
+
     def _max_tokens(self, value: int | None, name: str) -> int | None:
         if value is not None and value < 1:
             raise _bad(f"{name}={value}: must be at least 1", name)
@@ -642,9 +675,12 @@ class OpenAIService:
         if any(not ids for ids in plan.prompts):
             raise _bad("the prompt encodes to no tokens; send a non-empty prompt", "prompt")
         plan.n = req.n
+        plan.constraint = constraint(req.response_format, req.structured_outputs)
+        plan.parse = None
         self._fit(plan, limit, "prompt")
         await self._stops(req, plan)
         self._sampling(req, plan)
+        self._constrain(plan)
         return plan
 
     @staticmethod
@@ -703,8 +739,6 @@ class OpenAIService:
         plan = _Plan()
         plan.chat = True
         self._check_request(req, 1)
-        if req.tools:
-            raise _bad("tools are not supported yet (no tool-call parsing); omit them", "tools")
         if req.top_logprobs:
             raise _bad(
                 f"top_logprobs={req.top_logprobs}: the engine returns only the sampled token's "
@@ -718,43 +752,116 @@ class OpenAIService:
         plan.chat_max = a is not None
         if not req.messages:
             raise _bad("messages must not be empty", "messages")
+        settings = self.chat_settings
+        tools = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, settings.tool_parser)
         limit = self._context_limit()
-        most = limit or _MAX_MESSAGES
-        if len(req.messages) > most:
-            raise _bad(
-                f"{len(req.messages)} messages: at most {most} (each message takes at least a "
-                "token of the context)",
-                "messages",
-            )
-        kwargs = req.chat_template_kwargs or {}
+        kwargs = self._template_kwargs_of(req.chat_template_kwargs)
+        messages = self._messages(req.messages, limit)
+        # Any string the template is given (a message's other fields, a template variable)
+        # is part of the body: a large body renders and encodes on a thread.
+        prompt, ids = await self._off_loop(
+            size,
+            self._render_and_encode,
+            messages,
+            req.add_generation_prompt,
+            kwargs,
+            tools.tools if tools is not None else None,
+        )
+        plan.prompts = [ids]
+        plan.n = req.n
+        # One constraint per request: response_format wins over the tools' (as vLLM, SMG).
+        plan.constraint = constraint(req.response_format, req.structured_outputs)
+        constrained = False
+        if plan.constraint is None and tools is not None:
+            schema = tools.schema()
+            if schema is not None:
+                plan.constraint = Constraint("json_schema", schema, "tool_choice")
+                constrained = True
+        plan.parse = self._parser_factory(tools, constrained, prompt, kwargs)
+        self._fit(plan, limit, "messages")
+        await self._stops(req, plan)
+        self._sampling(req, plan)
+        self._constrain(plan)
+        if plan.parse is not None:
+            if plan.stream and plan.logprobs:
+                raise _bad(
+                    "logprobs on a stream whose output is parsed (tools or reasoning) is not "
+                    "supported; send stream: false for logprobs",
+                    "logprobs",
+                )
+            if tools is not None and tools.mode == "auto" and settings.tool_parser == "mistral":
+                # [TOOL_CALLS] is a special token: the parser must see it (as vLLM does).
+                plan.skip_special = False
+                plan.sampling["skip_special_tokens"] = False
+        return plan
+
+    def _template_kwargs_of(self, given: dict[str, Any] | None) -> dict[str, Any]:
+        """A request's ``chat_template_kwargs`` (checked) over the server's defaults."""
+        kwargs = given or {}
         if kwargs:
             check_template_kwargs(kwargs, self._template_names)
         if self._template_kwargs:
             kwargs = {**self._template_kwargs, **kwargs}
-        messages = [self._message(i, m) for i, m in enumerate(req.messages)]
+        return kwargs
+
+    def _messages(self, given: list[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
+        """The messages as the template takes them (text parts joined, tool calls' arguments
+        parsed), within the bounds of the context."""
+        most = limit or _MAX_MESSAGES
+        if len(given) > most:
+            raise _bad(
+                f"{len(given)} messages: at most {most} (each message takes at least a "
+                "token of the context)",
+                "messages",
+            )
+        messages = [history_message(i, self._message(i, m)) for i, m in enumerate(given)]
         chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
         self._check_chars(chars, limit, "messages")
-        # Any string the template is given (a message's other fields, a template variable)
-        # is part of the body: a large body renders and encodes on a thread.
-        prompt = await self._off_loop(
-            size, self._render_and_encode, messages, req.add_generation_prompt, kwargs
-        )
-        plan.prompts = [prompt]
-        plan.n = req.n
-        self._fit(plan, limit, "messages")
-        await self._stops(req, plan)
-        self._sampling(req, plan)
-        return plan
+        return messages
+
+    def _parser_factory(
+        self, tools: Any, constrained: bool, prompt: str, kwargs: dict[str, Any]
+    ) -> Callable[[], OutputParser] | None:
+        """What makes each choice's `OutputParser`, or ``None`` (the text is the content)."""
+        from tsfront.serve.parsing import OutputParser
+        from tsfront.text.reasoning import make_reasoning_parser, starts_in_reasoning
+
+        reasoning_name = self.chat_settings.reasoning_parser
+        parses_tools = tools is not None and tools.parser(constrained) is not None
+        if reasoning_name is None and not parses_tools:
+            return None
+        # A template that opens <think> in the prompt leaves the output inside the section;
+        # enable_thinking: false (Qwen3) closes it there: no reasoning at all.
+        inside = starts_in_reasoning(prompt)
+        enabled = kwargs.get("enable_thinking") is not False
+        parallel = tools.parallel if tools is not None else True
+
+        def parser() -> OutputParser:
+            reasoning = (
+                make_reasoning_parser(reasoning_name, starts_in_reasoning=inside, enabled=enabled)
+                if reasoning_name is not None
+                else None
+            )
+            return OutputParser(
+                reasoning, tools.parser(constrained) if parses_tools else None, parallel
+            )
+
+        return parser
 
     def _render_and_encode(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool, kwargs: dict[str, Any]
-    ) -> list[int]:
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        kwargs: dict[str, Any],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> tuple[str, list[int]]:
         from tsfront.text import TextError
 
         try:
             prompt = self.text.apply_chat_template(
                 messages,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 chat_template=self._chat_template,
                 **kwargs,
             )
@@ -767,7 +874,7 @@ class OpenAIService:
             ids = self.text.encode_batch([prompt], add_special_tokens=False)[0]
         if not ids:
             raise _bad("the prompt encodes to no tokens; send a non-empty prompt", "prompt")
-        return ids
+        return prompt, ids
 
     @staticmethod
     def _message(i: int, message: dict[str, Any]) -> dict[str, Any]:
@@ -801,7 +908,7 @@ class OpenAIService:
                 return await self._collect(plan, fmt, choices, record)
             # Wait for the first output before answering, so that a request the engine
             # refuses outright gets a status instead of a stream that says "abort".
-            first = await self._first(choices[0])
+            first = await self._first(choices[0], plan.constraint)
             if record is not None:
                 record.output_began()
         except BaseException:
@@ -811,7 +918,7 @@ class OpenAIService:
         if len(choices) == 1:
             ch = choices[0]
             push = None
-            if ch.stop is None and not plan.logprobs and _PUSH:
+            if ch.stop is None and ch.parser is None and not plan.logprobs and _PUSH:
 
                 def push(send: _Send) -> Pusher:
                     pusher = Pusher(ch.plain, fmt.head(ch.index), fmt.tail, send)
@@ -821,7 +928,7 @@ class OpenAIService:
             return SSEReply(self._one(plan, fmt, ch, first, whole=True), push)
         return SSEReply(self._events(plan, fmt, choices, first))
 
-    async def _submit(self, plan: _Plan, request_id: str | None = None) -> list[_Choice]:
+    async def _submit(self, plan: _Plan, request_id: str | None = None) -> list[Choice]:
         from tsfront.text import StopMatcher
 
         text = self.text
@@ -829,7 +936,7 @@ class OpenAIService:
         base = f"{self._prefix}-{next(self._ids)}"
         if request_id:
             base = f"{base}-{request_id}"
-        choices: list[_Choice] = []
+        choices: list[Choice] = []
         total = len(plan.prompts) * plan.n
         if total > MAX_CHOICES:
             raise _bad(f"prompts x n = {total}: at most {MAX_CHOICES} completions per request")
@@ -858,7 +965,8 @@ class OpenAIService:
                         else None
                     )
                     detok = text.detokenizer(prompt_ids=ids, skip_special_tokens=plan.skip_special)
-                    choices.append(_Choice(index, stream, detok, stop, len(ids)))
+                    parser = plan.parse() if plan.parse is not None else None
+                    choices.append(Choice(index, stream, detok, stop, len(ids), parser))
                     index += 1
         except BaseException:
             for ch in choices:
@@ -867,7 +975,7 @@ class OpenAIService:
         return choices
 
     @staticmethod
-    async def _first(ch: _Choice) -> OutputChunk | None:
+    async def _first(ch: Choice, grammar: Constraint | None = None) -> OutputChunk | None:
         try:
             chunk = await ch.stream.__anext__()
         except StopAsyncIteration:
@@ -875,6 +983,14 @@ class OpenAIService:
         except StreamError as exc:
             raise _stream_failed(exc) from None
         if chunk.finish_reason == "abort" and not chunk.output_ids:
+            # The wire carries no reason for an abort (CONTRACT §3.3): the engine logs it.
+            if grammar is not None:
+                raise _bad(
+                    f"the engine refused the request: most likely the {grammar.field} grammar "
+                    f"made from {grammar.param} does not compile (or the engine runs with "
+                    "--grammar-backend none); the engine's log says why",
+                    grammar.param,
+                )
             raise _bad(
                 "the engine refused the request (it breaks a rule the engine checks, e.g. "
                 "logprobs on an engine started without --enable-output-logprobs)"
@@ -887,18 +1003,25 @@ class OpenAIService:
         self,
         plan: _Plan,
         fmt: Format,
-        choices: list[_Choice],
+        choices: list[Choice],
         record: RequestRecord | None = None,
     ) -> Reply:
-        first = await self._first(choices[0])
+        first = await self._first(choices[0], plan.constraint)
         if record is not None:
             record.output_began()
         texts = await asyncio.gather(
             *(self._gather(plan, ch, first if i == 0 else None) for i, ch in enumerate(choices))
         )
+        aborted = [ch for ch in choices if ch.finish == ABORT]
+        if aborted:
+            raise _aborted(aborted[0])
+        for ch, text in zip(choices, texts, strict=True):
+            if ch.parser is not None:
+                ch.parser.whole(text, length=ch.finish == "length")
+                ch.settle()
         return Reply(200, fmt.whole(choices, texts))
 
-    async def _gather(self, plan: _Plan, ch: _Choice, first: OutputChunk | None) -> str:
+    async def _gather(self, plan: _Plan, ch: Choice, first: OutputChunk | None) -> str:
         parts: list[str] = []
         logprobs = ch.logprobs = [] if plan.logprobs else None
         chunk = first
@@ -925,7 +1048,7 @@ class OpenAIService:
     # ------------------------------------------------------------------ streamed
 
     async def _events(
-        self, plan: _Plan, fmt: Format, choices: list[_Choice], first: OutputChunk | None
+        self, plan: _Plan, fmt: Format, choices: list[Choice], first: OutputChunk | None
     ) -> AsyncGenerator[bytes, None]:
         try:
             async for event in self._many(plan, fmt, choices, first):
@@ -939,13 +1062,17 @@ class OpenAIService:
         self,
         plan: _Plan,
         fmt: Format,
-        ch: _Choice,
+        ch: Choice,
         chunk: OutputChunk | None,
         *,
         whole: bool = False,
     ) -> AsyncGenerator[bytes, None]:
         # The hot path: one event per chunk, built from pre-encoded fragments. With ``whole``
         # it is the response's entire event stream (one choice: no wrapper generator per token).
+        if ch.parser is not None:
+            async for event in self._parsed(plan, fmt, ch, chunk, whole=whole):
+                yield event
+            return
         stream = ch.stream
         lp = plan.logprobs
         index = ch.index
@@ -965,7 +1092,12 @@ class OpenAIService:
                         break
                 text = ch.text(chunk)
                 if ch.finish is not None:
-                    last = fmt.last(ch, text, chunk if lp else None)
+                    if ch.finish == ABORT:
+                        if text:
+                            yield head + encode(text) + tail
+                        last = _abort_event(fmt, ch)
+                    else:
+                        last = fmt.last(ch, text, chunk if lp else None)
                     break
                 if lp:
                     yield fmt.with_logprobs(index, text, chunk)
@@ -988,12 +1120,69 @@ class OpenAIService:
         elif last:
             yield last
 
+    async def _parsed(
+        self,
+        plan: _Plan,
+        fmt: Format,
+        ch: Choice,
+        chunk: OutputChunk | None,
+        *,
+        whole: bool = False,
+    ) -> AsyncGenerator[bytes, None]:
+        # A chat choice whose text is parsed (tools, reasoning): each chunk's pieces become
+        # reasoning_content, content and tool_calls deltas. Not the hot path (no push).
+        stream = ch.stream
+        parser = ch.parser
+        assert parser is not None
+        index = ch.index
+        pieces = fmt.pieces
+        last: bytes | None = None
+        try:
+            opening = fmt.opening(index)
+            if opening:
+                yield opening
+            while True:
+                if chunk is None:
+                    try:
+                        chunk = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                text = ch.text(chunk)
+                if ch.finish is not None:
+                    if ch.finish == ABORT:
+                        last = _abort_event(fmt, ch)
+                        break
+                    events = pieces(index, parser.feed(text))
+                    events += pieces(index, parser.finish(length=ch.finish == "length"))
+                    ch.settle()
+                    if events:
+                        yield events
+                    last = fmt.last(ch, "", None)
+                    break
+                events = pieces(index, parser.feed(text))
+                if events:
+                    yield events
+                chunk = None
+        except StreamError as exc:
+            last = fmt.error_event(exc)
+        finally:
+            if whole:
+                stream.abort()
+        if whole:
+            ending = [last] if last else []
+            if plan.include_usage:
+                ending.append(fmt.usage_event([ch]))
+            ending.append(_DONE)
+            yield Final(b"".join(ending))
+        elif last:
+            yield last
+
     async def _many(
-        self, plan: _Plan, fmt: Format, choices: list[_Choice], first: OutputChunk | None
+        self, plan: _Plan, fmt: Format, choices: list[Choice], first: OutputChunk | None
     ) -> AsyncGenerator[bytes, None]:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 
-        async def pump(ch: _Choice, chunk: OutputChunk | None) -> None:
+        async def pump(ch: Choice, chunk: OutputChunk | None) -> None:
             try:
                 async for event in self._one(plan, fmt, ch, chunk):
                     queue.put_nowait(event)

@@ -1,9 +1,10 @@
 """A lean raw ASGI app over `OpenAIService` (no framework on the per-token path).
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /metrics`` (when given a page to render, on ``metrics_port`` only if
-one is set; rendered in a thread). While the worker drains (`draining`), ``/health`` and new
-completions answer 503 with ``Connection: close``. With ``counters``, every response is
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST
+/v1/tokenize``, ``POST /v1/detokenize`` (also without ``/v1``, as vLLM serves them; counted as
+``other``), ``GET /health``, ``GET /metrics`` (when given a page to render, on ``metrics_port``
+only if one is set; rendered in a thread). While the worker drains (`draining`), ``/health``
+and new completions answer 503 with ``Connection: close``. With ``counters``, every response is
 counted by route and status in the server's shared words. A streamed reply is sent as it is
 produced, one ``http.response.body`` message per event. While a request runs, a watcher task
 waits on ``receive()`` for ``http.disconnect``; a client that goes away cancels the handler,
@@ -97,6 +98,10 @@ class ServeApp:
             ("POST", "/v1/completions"): "completions",
             ("POST", "/v1/chat/completions"): "chat",
             ("GET", "/v1/models"): "models",
+            ("POST", "/v1/tokenize"): "tokenize",
+            ("POST", "/v1/detokenize"): "detokenize",
+            ("POST", "/tokenize"): "tokenize",
+            ("POST", "/detokenize"): "detokenize",
             ("GET", "/health"): "health",
             ("GET", "/metrics"): "metrics",
         }
@@ -223,6 +228,10 @@ class ServeApp:
             return
         if body is None:
             await _send_reply(send, _TOO_LARGE, ex)
+            return
+        if route == "tokenize" or route == "detokenize":
+            answer = service.tokenize(body) if route == "tokenize" else service.detokenize(body)
+            await _send_reply(send, answer, ex)
             return
         # A request handler always runs in a task (the server's, per connection).
         task = cast("asyncio.Task[Any]", asyncio.current_task())

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
+from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
 from tsfront.serve.edge import add_edge_arguments, edge_settings
 from tsfront.serve.templates import add_template_arguments, template_options
 
@@ -179,6 +180,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds of the restart budget's window (60)",
     )
+    add_chat_arguments(parser)
     add_edge_arguments(parser)
     add_template_arguments(parser)
 
@@ -319,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     try:
         edge = edge_settings(args)
+        chat = chat_settings(args)
     except ValueError as exc:
         raise UsageError("tsfront serve", str(exc)) from None
     _require_extras()  # before anything starts: no I/O process for a worker that cannot run
@@ -387,6 +390,7 @@ def run(args: argparse.Namespace) -> int:
             attach_timeout=args.handshake_timeout + READY_MARGIN_S,
             request_timeout=args.request_timeout,
             edge=edge,
+            chat=chat,
             graceful_timeout=args.graceful_timeout,
             worker_timeout=args.worker_timeout,
             metrics_port=metrics_port,

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tsfront.errors import DeadlineExceeded
+from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
-    from tsfront.serve.api import _Choice
+    from tsfront.serve.choice import Choice
+    from tsfront.serve.parsing import Pieces
     from tsfront.stream import OutputChunk
 
 __all__ = ["ChatFormat", "CompletionFormat", "Format"]
@@ -99,12 +101,14 @@ class Format:
         return b"data: " + _JSON.encode(body) + b"\n\n"
 
     @staticmethod
-    def error_event(exc: Exception) -> bytes:
-        """An error after the stream began (an engine died; the request timeout passed): an
-        OpenAI error object, with the status the response would have had before it began."""
-        timeout = isinstance(exc, DeadlineExceeded)
-        kind, code = ("timeout_error", 504) if timeout else ("server_error", 503)
-        body = {"error": {"message": str(exc), "type": kind, "param": None, "code": code}}
+    def error_event(exc: Exception, status: int | None = None, kind: str | None = None) -> bytes:
+        """An error after the stream began (an engine died or aborted the request; the request
+        timeout passed): an OpenAI error object, with the status the response would have had
+        before it began (``status`` and ``kind`` given, or 504 for a timeout, else 503)."""
+        if status is None or kind is None:
+            timeout = isinstance(exc, DeadlineExceeded)
+            kind, status = ("timeout_error", 504) if timeout else ("server_error", 503)
+        body = {"error": {"message": str(exc), "type": kind, "param": None, "code": status}}
         return b"data: " + _JSON.encode(body) + b"\n\n"
 
     # -- shape-specific ------------------------------------------------------------------------
@@ -115,12 +119,16 @@ class Format:
     def _tail(self) -> bytes:
         raise NotImplementedError
 
-    def last(self, ch: _Choice, text: str, chunk: OutputChunk | None) -> bytes:
+    def last(self, ch: Choice, text: str, chunk: OutputChunk | None) -> bytes:
         """The event with ``finish_reason`` (and the last text and logprobs, if any)."""
         raise NotImplementedError
 
     def with_logprobs(self, index: int, text: str, chunk: OutputChunk) -> bytes:
         """A text event that carries the logprobs of ``chunk``'s tokens."""
+        raise NotImplementedError
+
+    def pieces(self, index: int, pieces: Pieces) -> bytes:
+        """The events of one parsed delta (chat only): reasoning, content, tool calls."""
         raise NotImplementedError
 
     def whole(self, choices: list, texts: list[str]) -> bytes:
@@ -152,7 +160,7 @@ class CompletionFormat(Format):
             "text_offset": None,
         }
 
-    def last(self, ch: _Choice, text: str, chunk: OutputChunk | None) -> bytes:
+    def last(self, ch: Choice, text: str, chunk: OutputChunk | None) -> bytes:
         pairs = _pairs(chunk) if chunk is not None else None
         return self.event(
             {
@@ -233,7 +241,7 @@ class ChatFormat(Format):
         ]
         return {"content": content}
 
-    def last(self, ch: _Choice, text: str, chunk: OutputChunk | None) -> bytes:
+    def last(self, ch: Choice, text: str, chunk: OutputChunk | None) -> bytes:
         pairs = _pairs(chunk) if chunk is not None else None
         return self.event(
             {
@@ -254,6 +262,34 @@ class ChatFormat(Format):
             }
         )
 
+    def pieces(self, index: int, pieces: Pieces) -> bytes:
+        # OpenAI's delta shapes: reasoning_content, then content, then per call a first
+        # delta with index, id, type, name and arguments "", then its arguments.
+        if not pieces:
+            return b""
+        events = []
+        if pieces.reasoning:
+            events.append(self._delta(index, {"reasoning_content": pieces.reasoning}))
+        if pieces.content:
+            events.append(self.head(index) + _JSON.encode(pieces.content) + self.tail)
+        for delta in pieces.calls:
+            if type(delta) is CallStart:
+                call: dict[str, Any] = {
+                    "index": delta.index,
+                    "id": delta.id,
+                    "type": "function",
+                    "function": {"name": delta.name, "arguments": ""},
+                }
+            elif type(delta) is CallArgs:
+                call = {"index": delta.index, "function": {"arguments": delta.text}}
+            else:
+                continue
+            events.append(self._delta(index, {"tool_calls": [call]}))
+        return b"".join(events)
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> bytes:
+        return self.event({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+
     def whole(self, choices: list, texts: list[str]) -> bytes:
         return _JSON.encode(
             {
@@ -264,7 +300,11 @@ class ChatFormat(Format):
                 "choices": [
                     {
                         "index": ch.index,
-                        "message": {"role": "assistant", "content": text},
+                        "message": (
+                            ch.parser.message()
+                            if ch.parser is not None
+                            else {"role": "assistant", "content": text}
+                        ),
                         "logprobs": self._logprobs(ch.logprobs),
                         "finish_reason": ch.finish,
                     }

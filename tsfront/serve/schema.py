@@ -46,8 +46,10 @@ class _Sampling(msgspec.Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Known but not supported: refused with a 400 when set.
+    #: Structured outputs (tsfront.serve.structured): OpenAI's and vLLM's.
     response_format: Any = None
+    structured_outputs: Any = None
+    # Known but not supported: refused with a 400 when set.
     best_of: int | None = None
 
 
@@ -69,5 +71,6 @@ class ChatRequest(_Sampling, kw_only=True):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None

@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from tsfront.serve.chatsettings import ChatSettings
 from tsfront.serve.edge import EdgeSettings
 
 __all__ = ["WorkerOptions", "listening_socket", "worker_main"]
@@ -59,6 +60,8 @@ class WorkerOptions:
     #: ``--chat-template`` (its source) and ``--default-chat-template-kwargs``.
     chat_template: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The tool-call and reasoning parsers (tsfront.serve.chatsettings).
+    chat: ChatSettings = field(default_factory=ChatSettings)
 
 
 def listening_socket(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -206,6 +209,7 @@ async def _serve(
         opts.request_timeout,
         chat_template=opts.chat_template,
         template_kwargs=opts.template_kwargs,
+        chat=opts.chat,
     )
     page = MetricsPage(lambda: service.client, counters)
     app = ServeApp(

@@ -76,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--kv-total-pages", type=int, default=4095, help="usable KV pages (4095)")
     model.add_argument("--stream-interval", type=int, default=1, help="--stream-interval (1)")
     model.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=1,
+        metavar="N",
+        help="stream in chunks of 1..N tokens, sizes drawn per request (1: every token)",
+    )
+    model.add_argument(
         "--no-prefix-cache", action="store_true", help="always report cached_tokens 0"
     )
     model.add_argument(
@@ -185,6 +192,7 @@ def _group_from_args(args: argparse.Namespace) -> SimGroup:
         "page_size": args.page_size,
         "kv_total_pages": args.kv_total_pages,
         "stream_interval": args.stream_interval,
+        "chunk_tokens": args.chunk_tokens,
         "prefix_cache": not args.no_prefix_cache,
         "enable_output_logprobs": not args.disable_output_logprobs,
         "instance_id": args.instance_id,

@@ -68,7 +68,9 @@ class EngineOptions:
     Timing and model: ``step_ms`` (time per decode step), ``max_batch`` (requests decoded per
     step; ``None`` → ``max_num_seqs // data_parallel_size``), ``max_model_len``,
     ``vocab_size``, ``eos_token_id``, ``page_size`` (KV page and prefix granularity),
-    ``kv_total_pages``, ``stream_interval`` (``--stream-interval``), ``prefix_cache``,
+    ``kv_total_pages``, ``stream_interval`` (``--stream-interval``), ``chunk_tokens`` (streamed
+    chunks of 1 to N tokens, sizes drawn per request and position; see
+    :class:`tsfront.sim.scheduler.SchedulerConfig`), ``prefix_cache``,
     ``prefix_cache_pages`` (the cache's capacity in pages; ``None`` → 65,536),
     ``enable_output_logprobs``, ``token_fn`` (see :func:`tsfront.sim.scheduler.default_token`;
     must be a module-level function in process mode), ``script`` (scripted answers, see
@@ -110,6 +112,7 @@ class EngineOptions:
     page_size: int = 64
     kv_total_pages: int = 4095
     stream_interval: int = 1
+    chunk_tokens: int = 1
     prefix_cache: bool = True
     prefix_cache_pages: int | None = None
     enable_output_logprobs: bool = True
@@ -148,7 +151,8 @@ class EngineOptions:
                 "14 (0.1.1) or more elements"
             )
         positive = ("max_model_len", "vocab_size", "page_size", "kv_total_pages")
-        for name in (*positive, "stream_interval", "max_num_seqs", "max_num_batched_tokens"):
+        counts = ("stream_interval", "chunk_tokens", "max_num_seqs", "max_num_batched_tokens")
+        for name in (*positive, *counts):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}: must be an integer >= 1")
@@ -228,6 +232,7 @@ class SimEngine:
                 page_size=opts.page_size,
                 kv_total_pages=opts.kv_total_pages,
                 stream_interval=opts.stream_interval,
+                chunk_tokens=opts.chunk_tokens,
                 prefix_cache=opts.prefix_cache,
                 prefix_cache_pages=opts.prefix_cache_pages,
                 enable_output_logprobs=opts.enable_output_logprobs,

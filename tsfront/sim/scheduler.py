@@ -12,7 +12,9 @@ Token generation rule (so tests can predict outputs): the token at output positi
 ``eos_token_id`` 2 a request only ends by length or a ``stop_token_ids`` match unless a
 ``token_fn`` says otherwise. A ``script`` (``prompt ids -> output ids | None``, e.g.
 :class:`tsfront.sim.script.Script`) replaces that rule for the prompts it answers: the request
-emits exactly the scripted ids, then ``eos_token_id`` (length and stop tokens still apply).
+emits exactly the scripted ids, then ``eos_token_id`` (length and stop tokens still apply);
+a `SCRIPT_ABORT` (-1) among them ends the request there with ``"abort"`` instead, as the
+engine aborts a running request (NaN logits, a failed KV transfer).
 The logprob of token ``t`` is :func:`default_logprob` ``(t)`` =
 ``-(1 + t % 15) / 16``: negative and exact in binary floating point.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "FORCE_STREAM_INTERVAL",
+    "SCRIPT_ABORT",
     "EngineFault",
     "LoadTail",
     "OutputRow",
@@ -38,7 +41,11 @@ __all__ = [
     "default_logprob",
     "default_token",
     "engine_rejection",
+    "grammar_rejection",
 ]
+
+SCRIPT_ABORT = -1
+"""In a script's output ids: end the request here with a terminal ``"abort"`` (no token)."""
 
 FORCE_STREAM_INTERVAL = 50
 """A ``stream=false`` request still emits at completion 1 and every 50 tokens (CONTRACT §3.4)."""
@@ -104,6 +111,42 @@ def engine_rejection(req: Any, *, enable_output_logprobs: bool = True) -> str | 
         validate_request(req, enable_output_logprobs=enable_output_logprobs)
     except InvalidRequest as exc:
         return str(exc)
+    return grammar_rejection(sp)
+
+
+def grammar_rejection(sp: Any) -> str | None:
+    """Why the engine's grammar backend would fail to compile ``sp``'s constraint, or ``None``.
+
+    A stand-in for the engine's compile step (CONTRACT §4: a grammar that does not compile is
+    a terminal ``"abort"``): ``json_schema`` must be JSON text of an object or a boolean,
+    ``regex`` a pattern Python's ``re`` compiles, ``ebnf`` non-blank, ``structural_tag`` JSON
+    text of an object. What it accepts is not checked further (the engine's backend is
+    stricter; the interop suite runs the engine's own decoder).
+    """
+    import json
+    import re
+
+    if sp.json_schema is not None:
+        try:
+            schema = json.loads(sp.json_schema)
+        except ValueError as exc:
+            return f"json_schema is not JSON: {exc}"
+        if not isinstance(schema, (dict, bool)):
+            return "json_schema is not a JSON schema (an object or a boolean)"
+    if sp.regex is not None:
+        try:
+            re.compile(sp.regex)
+        except re.error as exc:
+            return f"regex does not compile: {exc}"
+    if sp.ebnf is not None and not sp.ebnf.strip():
+        return "ebnf is empty"
+    if sp.structural_tag is not None:
+        try:
+            tag = json.loads(sp.structural_tag)
+        except ValueError as exc:
+            return f"structural_tag is not JSON: {exc}"
+        if not isinstance(tag, dict):
+            return "structural_tag is not a JSON object"
     return None
 
 
@@ -126,6 +169,11 @@ class SchedulerConfig:
         page_size: tokens per KV page (also the prefix-cache granularity).
         kv_total_pages: usable KV pages (the load tail's ``kv_total_pages``).
         stream_interval: the engine's ``--stream-interval`` (per-request override wins).
+        chunk_tokens: above 1, a streamed request emits its tokens in chunks of 1 to
+            ``chunk_tokens`` tokens, the size of each drawn from ``crc32`` of its rid and
+            position (reproducible, and different for every request), instead of every
+            ``stream_interval``: tests use it to split one output into engine chunks of
+            random sizes. 1 (the default) keeps the engine's cadence.
         prefix_cache: report ``cached_tokens`` for page-aligned prompt prefixes seen before.
         prefix_cache_pages: pages the prefix cache holds (least recently used go first, the
             deepest page of a prompt before the pages it extends, as a radix cache evicts
@@ -142,6 +190,7 @@ class SchedulerConfig:
     page_size: int = 64
     kv_total_pages: int = 4095
     stream_interval: int = 1
+    chunk_tokens: int = 1
     prefix_cache: bool = True
     enable_output_logprobs: bool = True
     abort_memory_s: float = 300.0
@@ -198,6 +247,7 @@ class _Request:
     pending_vals: list[float] = field(default_factory=list)
     finished_reason: str = ""
     script: list[int] | None = None
+    emit_at: int = 1  # with chunk_tokens: the completion count of the next emission
 
     def pages(self, page_size: int) -> int:
         """KV pages this request holds right now."""
@@ -349,7 +399,7 @@ class Scheduler:
         rows: list[OutputRow] = []
         for request in list(self._running.values()):
             self._decode_one(request)
-            if self._should_emit(request):
+            if self._should_emit(request, self.config.chunk_tokens):
                 rows.append(self._take_row(request))
             if request.finished_reason:
                 del self._running[request.rid]
@@ -376,6 +426,9 @@ class Scheduler:
             token = self._token_fn(request.rid, position)
         else:
             token = script[position] if position < len(script) else self.config.eos_token_id
+            if token == SCRIPT_ABORT:
+                request.finished_reason = "abort"
+                return
         request.completion_tokens += 1
         request.pending_ids.append(token)
         if request.return_logprob:
@@ -390,12 +443,18 @@ class Scheduler:
             request.finished_reason = "stop"
 
     @staticmethod
-    def _should_emit(request: _Request) -> bool:
+    def _should_emit(request: _Request, chunk_tokens: int = 1) -> bool:
         if request.finished_reason:
             return True
         done = request.completion_tokens
         if not request.stream:
             return done == 1 or done % FORCE_STREAM_INTERVAL == 0
+        if chunk_tokens > 1:
+            if done < request.emit_at:
+                return False
+            seed = zlib.crc32(f"{request.rid}:{done}".encode("utf-8", "surrogatepass"))
+            request.emit_at = done + 1 + seed % chunk_tokens
+            return True
         if request.stream_interval == 1:
             return True
         return done % request.stream_interval == 1

@@ -1,0 +1,178 @@
+"""One choice's text split into reasoning, content and tool calls, streamed.
+
+`OutputParser` chains the two parsers of `tsfront.text`: the reasoning parser (if the server
+has ``--reasoning-parser``) splits ``<think>…</think>`` off, and what it calls content goes
+to the tool parser (if the request has tools to parse), so a call after ``</think>`` is
+parsed. Each `~OutputParser.feed` returns the `Pieces` now known; a non-streamed response is
+the same parser fed the whole text at once (`~OutputParser.whole`), so a streamed and a
+non-streamed response of one output always agree.
+
+Two rules of the server's own, on top of the parsers':
+
+- *Blank content is held*: while all content so far is blank, it is held back; the next
+  non-blank content takes it along. A call (or the end, after reasoning or a call) drops
+  it. So ``content`` is ``null`` rather than ``"\\n\\n"`` before a call or after a thought,
+  streamed or not.
+- ``parallel_tool_calls: false`` keeps the first call only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tsfront.text.tools import CallArgs, CallStart, Content
+
+if TYPE_CHECKING:
+    from tsfront.text.reasoning import ReasoningParser
+    from tsfront.text.tools import Delta, ToolParser
+
+__all__ = ["OutputParser", "Pieces"]
+
+
+class Pieces:
+    """What one delta of output turned into: reasoning text, content text, call deltas."""
+
+    __slots__ = ("calls", "content", "reasoning")
+
+    def __init__(self, reasoning: str = "", content: str = "", calls: list[Delta] | None = None):
+        self.reasoning = reasoning
+        self.content = content
+        #: `CallStart` and `CallArgs` deltas, in order.
+        self.calls: list[Delta] = calls if calls is not None else []
+
+    def __bool__(self) -> bool:
+        return bool(self.reasoning or self.content or self.calls)
+
+
+class OutputParser:
+    """The reasoning and tool parsers of one choice (either may be ``None``).
+
+    Args:
+        reasoning: a fresh `tsfront.text.reasoning.ReasoningParser`, or ``None``.
+        tools: a fresh `tsfront.text.tools.ToolParser`, or ``None``.
+        parallel: ``False`` keeps only the first call (``parallel_tool_calls: false``).
+    """
+
+    __slots__ = (
+        "_blank",
+        "_calls",
+        "_content",
+        "_parallel",
+        "_reasoning",
+        "_thought",
+        "_tools",
+        "has_reasoning",
+    )
+
+    def __init__(
+        self,
+        reasoning: ReasoningParser | None,
+        tools: ToolParser | None,
+        parallel: bool = True,
+    ) -> None:
+        self._reasoning = reasoning
+        self._tools = tools
+        self._parallel = parallel
+        #: Whether the response reports ``reasoning_content`` (a reasoning parser runs).
+        self.has_reasoning = reasoning is not None
+        self._blank = ""  # blank content held back
+        self._content: list[str] = []  # all content given out (for `whole`)
+        self._thought: list[str] = []
+        self._calls: dict[int, list[Any]] = {}  # index -> [id, name, argument parts]
+
+    @property
+    def called(self) -> bool:
+        """Whether a call was parsed (``finish_reason: "tool_calls"`` if the engine stopped)."""
+        return bool(self._calls)
+
+    def feed(self, text: str) -> Pieces:
+        """The pieces of the next delta of text."""
+        reasoning_parser = self._reasoning
+        if reasoning_parser is not None:
+            reasoning, text = reasoning_parser.feed(text)
+        else:
+            reasoning = ""
+        tools = self._tools
+        deltas = tools.feed(text) if tools is not None and text else None
+        return self._pieces(reasoning, text, deltas, final=False)
+
+    def finish(self, length: bool = False) -> Pieces:
+        """What was held back, at the end (``length``: the engine stopped at ``max_tokens``)."""
+        reasoning = content = ""
+        if self._reasoning is not None:
+            reasoning, content = self._reasoning.finish()
+        tools = self._tools
+        if tools is None:
+            return self._pieces(reasoning, content, None, final=True)
+        deltas = tools.feed(content) if content else []
+        deltas.extend(tools.finish(length=length))
+        return self._pieces(reasoning, content, deltas, final=True)
+
+    def _pieces(self, reasoning: str, text: str, deltas: list[Delta] | None, final: bool) -> Pieces:
+        out = Pieces(reasoning)
+        if reasoning:
+            self._thought.append(reasoning)
+        if deltas is None:
+            self._add_content(out, text)
+        else:
+            for delta in deltas:
+                if type(delta) is Content:
+                    self._add_content(out, delta.text)
+                elif type(delta) is CallStart:
+                    if delta.index and not self._parallel:
+                        continue
+                    self._blank = ""  # blanks before a call are not content
+                    self._calls[delta.index] = [delta.id, delta.name, []]
+                    out.calls.append(delta)
+                elif type(delta) is CallArgs:
+                    call = self._calls.get(delta.index)
+                    if call is not None:
+                        call[2].append(delta.text)
+                        out.calls.append(delta)
+        if final and self._blank and not (self._calls or self._thought):
+            # Only blanks and nothing else at all: that is the answer.
+            out.content += self._blank
+            self._content.append(self._blank)
+            self._blank = ""
+        return out
+
+    def _add_content(self, out: Pieces, text: str) -> None:
+        if not text:
+            return
+        if not self._content and not text.strip():
+            self._blank += text
+            return
+        if self._blank:
+            text = self._blank + text
+            self._blank = ""
+        self._content.append(text)
+        out.content += text
+
+    def whole(self, text: str, length: bool = False) -> None:
+        """Parse a whole output (a non-streamed response); read the result from `message`."""
+        self.feed(text)
+        self.finish(length)
+
+    def message(self) -> dict[str, Any]:
+        """The ``message`` of a non-streamed response from everything parsed so far.
+
+        ``content`` is ``null`` when it is empty and there were calls or reasoning;
+        ``reasoning_content`` is there when a reasoning parser runs (``null`` if none);
+        ``tool_calls`` when a call was parsed.
+        """
+        content: str | None = "".join(self._content)
+        if not content and (self._calls or self._thought):
+            content = None
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.has_reasoning:
+            message["reasoning_content"] = "".join(self._thought) or None
+        if self._calls:
+            message["tool_calls"] = [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": "".join(parts)},
+                }
+                for call_id, name, parts in (self._calls[i] for i in sorted(self._calls))
+            ]
+        return message
