@@ -20,9 +20,8 @@ import zmq
 
 from tsfront.config import ClientConfig, LoadBalance, Routing
 from tsfront.io.affinity import packed_hashes
-from tsfront.io.engines import Engine
+from tsfront.io.engines import Engine, EngineState
 from tsfront.io.routing import Router
-from tsfront.region import ENGINE_LIVE
 from tsfront.wire import EngineRegistration, SamplingParams, TokenizedGenerateReqInput, encode_add
 
 ENGINES = 4
@@ -35,7 +34,9 @@ def _setup(policy: LoadBalance, tokens: int, with_hashes: bool):
     cfg = ClientConfig(num_engines=ENGINES, routing=Routing.aggregated(policy))
     router = Router(policy, cfg.load_ttl, cfg)
     reg = EngineRegistration(prefix_granularity=64, kv_cache_size_tokens=1 << 20)
-    engines = [Engine(row=i, index=i, state=ENGINE_LIVE, registration=reg) for i in range(ENGINES)]
+    engines = [
+        Engine(row=i, index=i, state=EngineState.LIVE, registration=reg) for i in range(ENGINES)
+    ]
     if router.affinity is not None:
         for e in engines:
             router.affinity.registered(e)

@@ -31,6 +31,23 @@ enum {
     FIN_OTHER = 4,
 };
 
+/* Local terminal codes: ends the I/O process gives a slot itself (Writer.finish, and
+ * Writer.bind's dup_code). The C only stores them; tsfront.ipc.codes names them, and checks
+ * at import that its numbers are these. */
+enum {
+    FIN_LOCAL_FIRST = 16,
+    FIN_ENGINE_DEAD = 16,
+    FIN_SEND_TIMEOUT = 17,
+    FIN_DUPLICATE = 18,
+    FIN_NO_ENGINE = 19,
+    FIN_IO_STOPPING = 20,
+    FIN_RID_ABORTED = 21,
+    FIN_DEADLINE = 22,
+    FIN_PREFILL_DEAD = 23,
+    FIN_PREFILL_SEND_TIMEOUT = 24,
+    FIN_PREFILL_ABORTED = 25,
+};
+
 typedef struct {
     const uint8_t *rid;
     uint32_t rid_len;

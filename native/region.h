@@ -27,6 +27,31 @@
 /* Slot states (slot_a.state). */
 enum { SLOT_IDLE = 0, SLOT_LIVE = 1, SLOT_DONE = 2 };
 
+/* The engine table (ENGINE_BYTES a row: ENGINE_WORDS little-endian u32 words), written by the
+ * I/O process's Python side through numpy and read by workers; the C only sizes it. Word
+ * indices of a row, and the published engine states (word E_STATE). */
+#define ENGINE_WORDS (ENGINE_BYTES / 4)
+enum {
+    E_STATE = 0,
+    E_INDEX = 1,
+    E_IN_FLIGHT = 2,
+    E_RUNNING = 3,
+    E_WAITING = 4,
+    E_KV_ACTIVE = 5,
+    E_KV_TOTAL = 6,
+    E_LOAD_MS_LO = 7,
+    E_LOAD_MS_HI = 8,
+    E_REQUESTS_LO = 9,
+    E_REQUESTS_HI = 10,
+};
+enum {
+    ENGINE_ABSENT = 0,
+    ENGINE_HANDSHAKING = 1,
+    ENGINE_LIVE = 2,
+    ENGINE_DEAD = 3,
+    ENGINE_STALLED = 4,
+};
+
 
 typedef struct {
     uint64_t magic;

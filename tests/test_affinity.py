@@ -17,9 +17,8 @@ from tsfront import LoadBalance, Routing, _native
 from tsfront.config import ClientConfig
 from tsfront.errors import ConfigError
 from tsfront.io.affinity import PrefixIndex, group_block_tokens, packed_hashes
-from tsfront.io.engines import Engine
+from tsfront.io.engines import Engine, EngineState
 from tsfront.io.routing import Router
-from tsfront.region import ENGINE_DEAD, ENGINE_LIVE
 from tsfront.wire import EngineRegistration, SamplingParams, TokenizedGenerateReqInput, encode_add
 
 BLOCK = 256  # index block of a group registered with prefix_granularity 64 (the default min)
@@ -37,7 +36,7 @@ def _router(n: int = 4, **config) -> tuple[Router, list[Engine]]:
     )
     router = Router(LoadBalance.PREFIX_AFFINITY, 2.0, cfg)
     reg = EngineRegistration(prefix_granularity=64, kv_cache_size_tokens=1 << 22)
-    engines = [Engine(row=i, index=i, state=ENGINE_LIVE, registration=reg) for i in range(n)]
+    engines = [Engine(row=i, index=i, state=EngineState.LIVE, registration=reg) for i in range(n)]
     for e in engines:
         router.affinity.registered(e)
     return router, engines
@@ -179,10 +178,10 @@ def test_dead_engines_are_skipped_and_forgotten():
     router, engines = _router(2)
     ids = _tokens(rng, 1000)
     home = _send(router, engines, ids)
-    engines[home].state = ENGINE_DEAD
+    engines[home].state = EngineState.DEAD
     assert _send(router, engines, ids) == 1 - home
     for e in engines:
-        e.state = ENGINE_DEAD
+        e.state = EngineState.DEAD
     assert router.choose(engines, _payload(ids)) is None
 
 

@@ -10,15 +10,14 @@ import pytest
 from core_fixtures import FOREVER, collect, engine_rids, next_chunk, request, rig, wait_until
 
 from tsfront import LoadBalance, Routing
-from tsfront.io.engines import Engine
+from tsfront.io.engines import Engine, EngineState
 from tsfront.io.routing import Router
-from tsfront.region import ENGINE_DEAD, ENGINE_HANDSHAKING, ENGINE_LIVE
 
 ALL_POLICIES = list(LoadBalance)
 
 
 def _engines(n: int, **fields) -> list[Engine]:
-    return [Engine(row=i, index=10 + i, state=ENGINE_LIVE, **fields) for i in range(n)]
+    return [Engine(row=i, index=10 + i, state=EngineState.LIVE, **fields) for i in range(n)]
 
 
 def _fresh(e: Engine, running: int, waiting: int, active: int, total: int) -> None:
@@ -45,8 +44,8 @@ def test_router_ties_never_favour_rank_0(policy):
 def test_router_skips_dead_and_handshaking_engines(policy):
     router = Router(policy, load_ttl=2.0)
     engines = _engines(3)
-    engines[0].state = ENGINE_DEAD
-    engines[2].state = ENGINE_HANDSHAKING
+    engines[0].state = EngineState.DEAD
+    engines[2].state = EngineState.HANDSHAKING
     assert set(_choices(router, engines, 20)) == {1}
 
 
@@ -54,7 +53,7 @@ def test_router_skips_dead_and_handshaking_engines(policy):
 def test_router_returns_none_when_no_engine_is_live(policy):
     engines = _engines(2)
     for e in engines:
-        e.state = ENGINE_DEAD
+        e.state = EngineState.DEAD
     assert Router(policy, load_ttl=2.0).choose(engines) is None
 
 
@@ -68,7 +67,7 @@ def test_round_robin_takes_each_live_engine_in_turn():
 def test_round_robin_shares_equally_among_live_engines_when_one_is_dead():
     router = Router(LoadBalance.ROUND_ROBIN, load_ttl=2.0)
     engines = _engines(3)
-    engines[1].state = ENGINE_DEAD
+    engines[1].state = EngineState.DEAD
     assert Counter(_choices(router, engines, 300)) == {0: 150, 2: 150}
 
 

@@ -19,8 +19,9 @@ from core_fixtures import DEADLINE, FOREVER, collect, in_thread, next_chunk, req
 from raw_engine import raw_rig
 
 from tsfront import ClientConfig, ConfigError, DeadlineExceeded, InvalidRequest
-from tsfront.io.engines import PendingSend
-from tsfront.io.loop import SUBMIT_HEADER, IOLoop, Record
+from tsfront.io.engines import EngineState, PendingSend
+from tsfront.io.loop import IOLoop, Record
+from tsfront.ipc.submit import SUBMIT_HEADER
 from tsfront.region import FIN_DEADLINE, FIN_SEND_TIMEOUT
 
 
@@ -272,12 +273,11 @@ def test_a_queued_add_past_its_deadline_is_dropped_unsent_even_without_the_worke
 
 
 def test_an_add_that_arrives_past_its_deadline_is_never_sent():
-    from tsfront.region import ENGINE_LIVE
 
     loop = _loop()
     try:
         engine = loop.engines[0]
-        engine.state = ENGINE_LIVE
+        engine.state = EngineState.LIVE
         loop.writer = writer = _Writer()
         loop.input = taking = _Taking()
 

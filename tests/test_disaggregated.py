@@ -337,9 +337,9 @@ async def test_a_restarted_prefill_rank_handshakes_on_its_own_groups_socket_and_
 def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_decode():
     import zmq
 
-    from tsfront.io.engines import PendingSend
+    from tsfront.io.engines import EngineState, PendingSend
     from tsfront.io.loop import IOLoop, Record
-    from tsfront.region import ENGINE_LIVE, FIN_PREFILL_SEND_TIMEOUT
+    from tsfront.region import FIN_PREFILL_SEND_TIMEOUT
 
     cfg = ClientConfig(
         routing=Routing.disaggregated(prefill=_group(1, 0), decode=_group(1, 0)),
@@ -365,7 +365,7 @@ def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_deco
 
         loop.writer = writer = _Writer()
         prefill.input = _Full()
-        prefill.state = decode.state = ENGINE_LIVE
+        prefill.state = decode.state = EngineState.LIVE
         record = loop.records[7] = Record(b"r", decode, 3, sent=True)
         record.prefill, record.room = prefill, 5
         loop.pd.pending[(prefill.row, b"r")] = 7

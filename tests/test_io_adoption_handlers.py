@@ -20,9 +20,9 @@ def _adopt(loop) -> None:  # noqa: F811
 def test_a_taken_over_engine_is_live_when_its_output_connection_comes_back(loop):  # noqa: F811
     _adopt(loop)
     engine = loop.engines[0]
-    assert engine.state == ENGINE_HANDSHAKING and loop.adopting
+    assert engine.published_state == ENGINE_HANDSHAKING and loop.adopting
     loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 9)
-    assert engine.state == ENGINE_LIVE and loop.state == "ready"
+    assert engine.published_state == ENGINE_LIVE and loop.state == "ready"
     assert engine.registration.max_model_len == 7 and engine.input_pending
 
 
@@ -33,15 +33,15 @@ def test_a_sentinel_applied_before_the_reconnection_event_keeps_the_engine_dead(
     engine = loop.engines[0]
     engine.pull = _Pull([ENGINE_CORE_DEAD])
     loop._on_output(engine)
-    assert engine.state == ENGINE_DEAD
+    assert engine.published_state == ENGINE_DEAD
     loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 9)
-    assert engine.state == ENGINE_DEAD
+    assert engine.published_state == ENGINE_DEAD
 
 
 def test_ranks_not_back_by_the_deadline_are_dead_and_the_live_ones_serve(loop):  # noqa: F811
     _adopt(loop)
     adoption.expire(loop)
-    assert loop.engines[0].state == ENGINE_DEAD and not loop.adopting
+    assert loop.engines[0].published_state == ENGINE_DEAD and not loop.adopting
     assert "did not come back within handshake_timeout" in loop.engines[0].dead_reason
     assert loop.state == "failed"  # none live: the start fails as a handshake would
 

@@ -8,9 +8,11 @@ import socket
 import zmq
 
 from tsfront import ClientConfig, control
-from tsfront.io.engines import PendingSend
-from tsfront.io.loop import SUBMIT_HEADER, IOLoop, Record, WorkerConn
-from tsfront.region import ENGINE_LIVE, FIN_SEND_TIMEOUT
+from tsfront.io.engines import EngineState, PendingSend
+from tsfront.io.loop import IOLoop, Record, WorkerConn
+from tsfront.ipc.control import Attach, ToWorker
+from tsfront.ipc.submit import SUBMIT_HEADER
+from tsfront.region import FIN_SEND_TIMEOUT
 
 
 class _FullInput:
@@ -99,12 +101,12 @@ def _attach(loop: IOLoop) -> tuple[WorkerConn, socket.socket, int]:
     mine.setblocking(False)
     conn = WorkerConn(mine)
     conn.reader.fds = [os.eventfd(0, os.EFD_CLOEXEC)]
-    loop._attach(conn, {"op": "attach", "pid": os.getpid()})
-    reader = control.MessageReader(peer)
+    loop._attach(conn, Attach(pid=os.getpid()))
+    reader = control.MessageReader(peer, ToWorker)
     (reply,) = reader.feed()
     reader.close_fds()
     # The worker's first ticket: its range's first, or 1 where attaches had no range.
-    return conn, peer, reply.get("ticket_base", 0) + 1
+    return conn, peer, reply.ticket_base + 1
 
 
 def test_a_departed_workers_queued_sends_never_reach_the_engine_nor_touch_the_next_worker():
@@ -112,7 +114,7 @@ def test_a_departed_workers_queued_sends_never_reach_the_engine_nor_touch_the_ne
     peers = []
     try:
         engine = loop.engines[0]
-        engine.state = ENGINE_LIVE
+        engine.state = EngineState.LIVE
         loop.submit_address = "ipc://@unused"  # never bound: workers here are socketpairs
         loop.input = _Input()
         loop.writer = _Writer()

@@ -14,7 +14,9 @@ import zmq
 from core_fixtures import DEADLINE
 
 from tsfront import ClientConfig, _native, control
+from tsfront.io.engines import EngineState
 from tsfront.io.loop import DRAIN, IOLoop, Record, WorkerConn
+from tsfront.ipc.control import Failed, ToWorker
 from tsfront.region import (
     E_IN_FLIGHT,
     E_KV_ACTIVE,
@@ -153,13 +155,13 @@ def _control_pair(loop: IOLoop) -> tuple[WorkerConn, socket.socket]:
 
 def test_control_messages_larger_than_the_socket_buffer_arrive_whole_and_in_order(loop):
     conn, peer = _control_pair(loop)
-    sent = [{"op": "engine", "n": i, "pad": "x" * 3000} for i in range(200)]
+    sent = [Failed(kind=str(i), error="x" * 3000) for i in range(200)]
     for message in sent:
         assert loop._send(conn, message)
     assert conn.out  # the socket took only part of it: the rest waits, whole
     assert dict(loop.poller.sockets)[conn.sock.fileno()] & zmq.POLLOUT
-    reader = control.MessageReader(peer)
-    received: list[dict] = []
+    reader = control.MessageReader(peer, ToWorker)
+    received: list[object] = []
     deadline = time.monotonic() + DEADLINE
     while len(received) < len(sent) and time.monotonic() < deadline:
         received += reader.feed()  # the worker reads what is there...
@@ -173,7 +175,7 @@ def test_control_messages_larger_than_the_socket_buffer_arrive_whole_and_in_orde
 
 def test_a_worker_that_never_reads_its_control_socket_is_detached_not_waited_for(loop):
     conn, peer = _control_pair(loop)
-    big = {"op": "engine", "pad": "x" * (1 << 20)}
+    big = Failed(kind="padding", error="x" * (1 << 20))
     results = [loop._send(conn, big) for _ in range(8)]
     assert results[-1] is False  # over the control backlog bound: dropped
     assert conn.sock.fileno() == -1 and not loop.workers
@@ -195,7 +197,7 @@ def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_decla
         loop.region.map, 0, g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines
     )
     engine = loop.engines[0]
-    engine.state, engine.generation, engine.connections = ENGINE_LIVE, 1, {7: 1}
+    engine.state, engine.generation, engine.connections = EngineState.LIVE, 1, {7: 1}
     reader.expect(0, 1)
     assert loop.writer.bind(b"r", 0, 1, False, FIN_DUPLICATE, engine.index)
     loop.records[0] = Record(b"r", engine, 1)
@@ -204,7 +206,7 @@ def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_decla
     frames = [_rows_frame("r", [], 0) for _ in range(3 * DRAIN)]
     engine.pull = _Pull([*frames, _rows_frame("r", [42], 1, "length")])
     loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 7)
-    assert engine.state == ENGINE_DEAD
+    assert engine.published_state == ENGINE_DEAD
     assert not engine.pull.frames and not loop.records
     assert engine.aborts == []  # it finished: nothing to abort
     assert reader.poll() == [(0, [42], None, None, _native.FIN_LENGTH, 3, 1, 0, 0)]
@@ -215,11 +217,11 @@ def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one(l
     engine = loop.engines[0]
     engine.pull = _Pull([])
     # Connection 5 was accepted before the current process got its INIT (generation 2).
-    engine.state, engine.generation, engine.connections = ENGINE_LIVE, 2, {5: 1}
+    engine.state, engine.generation, engine.connections = EngineState.LIVE, 2, {5: 1}
     loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 5)
-    assert engine.state == ENGINE_LIVE
+    assert engine.published_state == ENGINE_LIVE
     assert loop.counts["stale_disconnects"] == 1 and loop.counts["output_disconnects"] == 1
     loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 6)
     assert engine.connections == {6: 2}
     loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 6)
-    assert engine.state == ENGINE_DEAD
+    assert engine.published_state == ENGINE_DEAD

@@ -29,10 +29,9 @@ from core_fixtures import (
 )
 
 from tsfront import DeadlineExceeded, LoadBalance
-from tsfront.io.engines import Engine, stalled_after
+from tsfront.io.engines import Engine, EngineState, stalled_after
 from tsfront.io.routing import Router
 from tsfront.metrics.exposition import families
-from tsfront.region import ENGINE_DEAD, ENGINE_LIVE
 
 ALL_POLICIES = list(LoadBalance)
 STALL = 1.0  # stall_timeout of the end-to-end tests
@@ -57,13 +56,13 @@ def test_rule_gives_an_engine_idle_for_long_the_whole_timeout_for_its_first_requ
 
 
 def test_placeable_excludes_a_stalled_engine_only_while_it_holds_requests():
-    e = Engine(row=0, index=0, state=ENGINE_LIVE)
+    e = Engine(row=0, index=0, state=EngineState.LIVE)
     assert e.placeable
     e.stalled_since, e.in_flight = 5.0, 2
     assert not e.placeable
     e.in_flight = 0  # its requests ended (by their deadlines): one probe may go
     assert e.placeable
-    e.state, e.stalled_since = ENGINE_DEAD, 0.0
+    e.state, e.stalled_since = EngineState.DEAD, 0.0
     assert not e.placeable
 
 
@@ -71,7 +70,7 @@ def test_placeable_excludes_a_stalled_engine_only_while_it_holds_requests():
 
 
 def _engines(n: int) -> list[Engine]:
-    return [Engine(row=i, index=i, state=ENGINE_LIVE) for i in range(n)]
+    return [Engine(row=i, index=i, state=EngineState.LIVE) for i in range(n)]
 
 
 def _stall(e: Engine, in_flight: int = 1) -> None:

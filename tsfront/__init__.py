@@ -32,7 +32,7 @@ from tsfront.errors import (
     WireDecodeError,
 )
 from tsfront.info import EngineInfo, EngineLoad
-from tsfront.io.process import IOProcess
+from tsfront.ioproc import IOProcess
 from tsfront.stream import OutputChunk, RequestStream
 
 __version__ = "0.1.0"

@@ -30,8 +30,8 @@ from tsfront.errors import (
     RidRecentlyAborted,
 )
 from tsfront.info import EngineInfo, EngineLoad, load_from_row
-from tsfront.io.affinity import group_block_tokens, packed_hashes
-from tsfront.io.process import IOProcess
+from tsfront.ioproc import IOProcess
+from tsfront.ipc.hashes import group_block_tokens, packed_hashes
 from tsfront.metrics.recorder import monotonic_ns
 from tsfront.metrics.snapshot import FrontendMetrics, read_metrics
 from tsfront.stream import RequestStream

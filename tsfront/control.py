@@ -6,13 +6,8 @@ the two file descriptors the design passes (the worker's eventfd one way, the sl
 memfd the other) as SCM_RIGHTS. Its end-of-file is how each side learns that the other died:
 the kernel closes it for a crashed process, so no heartbeat is needed on this hop.
 
-Messages (``op`` key):
-    worker → I/O: ``attach`` {pid} + [eventfd]
-    I/O → worker: ``attached`` {worker, serial, ticket_base, geometry, submit, config,
-                  addresses} + [memfd]
-    I/O → worker: ``engines`` {engines: [registration maps]} once every engine registered,
-                  ``engine`` {engine: map} when an engine re-registers after a restart,
-                  ``failed`` {kind, error} if the handshake cannot complete.
+The messages themselves (msgspec Structs tagged by ``op``) and their framing are
+`tsfront.ipc.control`'s; this module is the socket side.
 """
 
 from __future__ import annotations
@@ -20,20 +15,11 @@ from __future__ import annotations
 import array
 import os
 import socket
-import struct
+from typing import Any
 
-import msgspec
+from tsfront.ipc.control import MAX_MESSAGE, ControlError, Unframer, frame
 
-_LEN = struct.Struct("<I")
-MAX_MESSAGE = 16 << 20
 ADDRESS_PREFIX = "unix:@"
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(dict)
-
-
-class ControlError(Exception):
-    """The control peer sent something that is not a control message."""
 
 
 def socket_name(address: str) -> bytes:
@@ -43,13 +29,12 @@ def socket_name(address: str) -> bytes:
     return b"\0" + address[len(ADDRESS_PREFIX) :].encode()
 
 
-def pack(message: dict) -> bytes:
-    """One framed control message."""
-    body = _encoder.encode(message)
-    return _LEN.pack(len(body)) + body
+def pack(message: object) -> bytes:
+    """One framed control message (see `tsfront.ipc.control.frame`)."""
+    return frame(message)
 
 
-def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> None:
+def send(sock: socket.socket, message: object, fds: list[int] | None = None) -> None:
     """Send one message (blocking), with file descriptors attached if given."""
     data = pack(message)
     if fds:
@@ -61,15 +46,17 @@ def send(sock: socket.socket, message: dict, fds: list[int] | None = None) -> No
 
 
 class MessageReader:
-    """Reassembles framed messages (and received fds) from a non-blocking stream socket."""
+    """Reassembles framed messages of one direction (``kind``: `tsfront.ipc.control.ToIO` or
+    `ToWorker`) and received fds from a non-blocking stream socket."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, kind: Any) -> None:
         self.sock = sock
+        self._unframer = Unframer(kind)
         self.buffer = bytearray()
         self.fds: list[int] = []
         self.eof = False
 
-    def feed(self) -> list[dict]:
+    def feed(self) -> list[Any]:
         """Read what is available; return the complete messages. Sets `eof` on end of file."""
         while True:
             try:
@@ -92,24 +79,8 @@ class MessageReader:
                 break
         return self._split()
 
-    def _split(self) -> list[dict]:
-        out = []
-        while len(self.buffer) >= 4:
-            (n,) = _LEN.unpack_from(self.buffer)
-            if n > MAX_MESSAGE:
-                raise ControlError(f"control message of {n} bytes is over the {MAX_MESSAGE} limit")
-            if len(self.buffer) < 4 + n:
-                break
-            body = bytes(self.buffer[4 : 4 + n])
-            del self.buffer[: 4 + n]
-            try:
-                message = _decoder.decode(body)
-            except msgspec.DecodeError as exc:
-                raise ControlError(f"undecodable control message: {exc}") from None
-            if not isinstance(message.get("op"), str):
-                raise ControlError("control message without an 'op'")
-            out.append(message)
-        return out
+    def _split(self) -> list[Any]:
+        return self._unframer.split(self.buffer)
 
     def take_fds(self) -> list[int]:
         """The file descriptors received so far (the caller now owns them)."""
@@ -123,3 +94,14 @@ class MessageReader:
                 os.close(fd)
             except OSError:
                 pass
+
+
+__all__ = [
+    "ADDRESS_PREFIX",
+    "MAX_MESSAGE",
+    "ControlError",
+    "MessageReader",
+    "pack",
+    "send",
+    "socket_name",
+]

@@ -6,10 +6,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from tsfront.wire import EngineRegistration
 
 if TYPE_CHECKING:
     import numpy as np
+
+    from tsfront.ipc.control import EngineEntry
 
 
 # mypy reads msgspec's Struct as a dataclass and refuses a frozen subclass of a non-frozen
@@ -38,16 +42,15 @@ class EngineInfo(EngineRegistration, kw_only=True, frozen=True):  # type: ignore
         return min(limits) if limits else None
 
     @classmethod
-    def from_message(cls, message: dict) -> EngineInfo:
-        """Build from the I/O process's ``engines`` control message entry."""
-        names = set(EngineRegistration.__struct_fields__)
-        reg = message.get("registration") or {}
-        values = {k: v for k, v in reg.items() if k in names}
+    def from_entry(cls, entry: EngineEntry) -> EngineInfo:
+        """Build from an engine of the I/O process's `Engines` / `EngineUpdate` message."""
+        reg = entry.registration
+        values = msgspec.structs.asdict(reg) if reg is not None else {}
         return cls(
-            index=message["index"],
-            rank=message["rank"],
-            output_address=message.get("output_address", ""),
-            role=message.get("role", "aggregated"),
+            index=entry.index,
+            rank=entry.rank,
+            output_address=entry.output_address,
+            role=entry.role,
             **values,
         )
 

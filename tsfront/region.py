@@ -18,31 +18,36 @@ from dataclasses import dataclass
 import numpy as np
 
 from tsfront import _native
+from tsfront.ipc.codes import (
+    E_IN_FLIGHT,
+    E_INDEX,
+    E_KV_ACTIVE,
+    E_KV_TOTAL,
+    E_LOAD_MS_HI,
+    E_LOAD_MS_LO,
+    E_REQUESTS_HI,
+    E_REQUESTS_LO,
+    E_RUNNING,
+    E_STATE,
+    E_WAITING,
+    ENGINE_ABSENT,
+    ENGINE_DEAD,
+    ENGINE_HANDSHAKING,
+    ENGINE_LIVE,
+    ENGINE_STALLED,
+    FIN_DEADLINE,
+    FIN_DUPLICATE,
+    FIN_ENGINE_DEAD,
+    FIN_IO_STOPPING,
+    FIN_NO_ENGINE,
+    FIN_PREFILL_ABORTED,
+    FIN_PREFILL_DEAD,
+    FIN_PREFILL_SEND_TIMEOUT,
+    FIN_RID_ABORTED,
+    FIN_SEND_TIMEOUT,
+    SERVING_STATES,
+)
 from tsfront.metrics.layout import MetricsLayout
-
-# Engine table row: 16 little-endian u32 words (64 bytes).
-E_STATE, E_INDEX, E_IN_FLIGHT, E_RUNNING, E_WAITING, E_KV_ACTIVE, E_KV_TOTAL = range(7)
-E_LOAD_MS_LO, E_LOAD_MS_HI, E_REQUESTS_LO, E_REQUESTS_HI = 7, 8, 9, 10
-
-ENGINE_ABSENT, ENGINE_HANDSHAKING, ENGINE_LIVE, ENGINE_DEAD = 0, 1, 2, 3
-# Published only: a live engine that holds requests and sent no output frame for
-# ``stall_timeout`` (in the I/O process its state stays ENGINE_LIVE; see tsfront.io.engines).
-ENGINE_STALLED = 4
-# The published states an engine serves in (pins and context limits accept both).
-SERVING_STATES = (ENGINE_LIVE, ENGINE_STALLED)
-
-# Local terminal codes a slot can end with, beside the engine's own (native FIN_*).
-FIN_ENGINE_DEAD = 16
-FIN_SEND_TIMEOUT = 17
-FIN_DUPLICATE = 18
-FIN_NO_ENGINE = 19
-FIN_IO_STOPPING = 20
-FIN_RID_ABORTED = 21
-FIN_DEADLINE = 22
-# Disaggregated serving: failures of the prefill half (the decode half's are the codes above).
-FIN_PREFILL_DEAD = 23
-FIN_PREFILL_SEND_TIMEOUT = 24
-FIN_PREFILL_ABORTED = 25
 
 # Counters the I/O process publishes at header offset 64 (u64 each), in this order.
 METRICS = (
@@ -187,3 +192,41 @@ class Region:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+# The ipc names above are re-exported: the region's readers take them from here.
+__all__ = [
+    "ENGINE_ABSENT",
+    "ENGINE_DEAD",
+    "ENGINE_HANDSHAKING",
+    "ENGINE_LIVE",
+    "ENGINE_STALLED",
+    "E_INDEX",
+    "E_IN_FLIGHT",
+    "E_KV_ACTIVE",
+    "E_KV_TOTAL",
+    "E_LOAD_MS_HI",
+    "E_LOAD_MS_LO",
+    "E_REQUESTS_HI",
+    "E_REQUESTS_LO",
+    "E_RUNNING",
+    "E_STATE",
+    "E_WAITING",
+    "FIN_DEADLINE",
+    "FIN_DUPLICATE",
+    "FIN_ENGINE_DEAD",
+    "FIN_IO_STOPPING",
+    "FIN_NO_ENGINE",
+    "FIN_PREFILL_ABORTED",
+    "FIN_PREFILL_DEAD",
+    "FIN_PREFILL_SEND_TIMEOUT",
+    "FIN_RID_ABORTED",
+    "FIN_SEND_TIMEOUT",
+    "IO_METRICS",
+    "IO_METRICS_OFFSET",
+    "METRICS",
+    "METRICS_OFFSET",
+    "SERVING_STATES",
+    "Geometry",
+    "Region",
+]

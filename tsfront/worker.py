@@ -34,7 +34,8 @@ from tsfront.errors import (
     StreamError,
 )
 from tsfront.info import EngineInfo
-from tsfront.io.loop import (
+from tsfront.ipc.control import Attach, Attached, Engines, EngineUpdate, Failed, ToWorker
+from tsfront.ipc.submit import (
     ABORT_ENTRY,
     SUBMIT_ABORT,
     SUBMIT_ADD,
@@ -114,9 +115,9 @@ class Attachment:
                 f"no I/O process at {address!r} ({exc.strerror}); start one with IOProcess.start"
             ) from None
         self.eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        control.send(sock, {"op": "attach", "pid": os.getpid()}, [self.eventfd])
+        control.send(sock, Attach(pid=os.getpid()), [self.eventfd])
         sock.setblocking(False)
-        self._control = control.MessageReader(sock)
+        self._control = control.MessageReader(sock, ToWorker)
         self._attached = self.loop.create_future()
         self.loop.add_reader(sock.fileno(), self._on_control)
         try:
@@ -147,19 +148,19 @@ class Attachment:
             self.close()
             raise
 
-    def _on_attached(self, message: dict) -> None:
+    def _on_attached(self, message: Attached) -> None:
         fds = self._control.take_fds()
         if len(fds) != 1:
             for fd in fds:
                 os.close(fd)
             raise HandshakeError("the I/O process sent no shared memory")
-        self.worker = message["worker"]
-        # Tickets come from this attach's own range (see tsfront.io.loop.ticket_base).
-        self._ticket_base = message["ticket_base"]
+        self.worker = message.worker
+        # Tickets come from this attach's own range (see tsfront.ipc.submit.ticket_base).
+        self._ticket_base = message.ticket_base
         self._next_ticket = self._ticket_base + 1
-        self.config = ClientConfig.from_dict(message["config"])
-        self.addresses = message["addresses"]
-        geometry = Geometry(*message["geometry"])
+        self.config = ClientConfig.from_dict(message.config)
+        self.addresses = message.addresses
+        geometry = Geometry(*message.geometry)
         self.spw = geometry.slots_per_worker
         self.region = Region(fds[0], geometry)
         self.reader = _native.Reader(
@@ -174,10 +175,10 @@ class Attachment:
         self.recorder = Recorder(self.region, self.worker, self.spw)
         self.ctx = zmq.Context(1)
         dealer = self.ctx.socket(zmq.DEALER)
-        dealer.setsockopt(zmq.IDENTITY, WORKER_IDENTITY.pack(self.worker, message["serial"]))
+        dealer.setsockopt(zmq.IDENTITY, WORKER_IDENTITY.pack(self.worker, message.serial))
         dealer.setsockopt(zmq.SNDHWM, self.config.submit_queue_depth)
         dealer.setsockopt(zmq.LINGER, 0)
-        dealer.connect(message["submit"])
+        dealer.connect(message.submit)
         self.dealer = dealer
         self.loop.add_reader(self.eventfd, self._on_wake)
         self._drain()
@@ -190,27 +191,27 @@ class Attachment:
             self._lost(f"the I/O process sent a bad control message: {exc}")
             return
         for message in messages:
-            op = message["op"]
             try:
-                if op == "attached" and not self._attached.done():
-                    self._on_attached(message)
-                    self._attached.set_result(None)
-                elif op == "engines":
-                    self.engines = [EngineInfo.from_message(m) for m in message["engines"]]
+                if isinstance(message, Attached):
+                    if not self._attached.done():
+                        self._on_attached(message)
+                        self._attached.set_result(None)
+                elif isinstance(message, Engines):
+                    self.engines = [EngineInfo.from_entry(m) for m in message.engines]
                     log.info("every engine registered: %s", [e.index for e in self.engines])
                     if not self._engines_ready.done():
                         self._engines_ready.set_result(None)
-                elif op == "engine":
-                    info = EngineInfo.from_message(message["engine"])
+                elif isinstance(message, EngineUpdate):
+                    info = EngineInfo.from_entry(message.engine)
                     log.info("engine %d (rank %d) registered again", info.index, info.rank)
                     self.engines = [
                         info if (e.index, e.role) == (info.index, info.role) else e
                         for e in self.engines
                     ]
-                elif op == "failed":
-                    kind = HandshakeTimeout if message.get("kind") == "timeout" else HandshakeError
-                    log.info("the I/O process reports: %s", message.get("error"))
-                    self._fail_waiters(kind(message.get("error", "the handshake failed")))
+                elif isinstance(message, Failed):
+                    kind = HandshakeTimeout if message.kind == "timeout" else HandshakeError
+                    log.info("the I/O process reports: %s", message.error)
+                    self._fail_waiters(kind(message.error or "the handshake failed"))
             except Error as exc:
                 self._fail_waiters(exc)
         if self._control.eof:

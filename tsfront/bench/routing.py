@@ -211,9 +211,8 @@ def routing_cpu(
     import zmq
 
     from tsfront.io.affinity import group_block_tokens, packed_hashes
-    from tsfront.io.engines import Engine
+    from tsfront.io.engines import Engine, EngineState
     from tsfront.io.routing import Router
-    from tsfront.region import ENGINE_LIVE
     from tsfront.wire import (
         EngineRegistration,
         SamplingParams,
@@ -246,7 +245,7 @@ def routing_cpu(
             prefix_granularity=p.page_size, kv_cache_size_tokens=p.kv_pages * p.page_size
         )
         engines = [
-            Engine(row=i, index=i, state=ENGINE_LIVE, registration=reg) for i in range(p.ranks)
+            Engine(row=i, index=i, state=EngineState.LIVE, registration=reg) for i in range(p.ranks)
         ]
         if router.affinity is not None:
             for e in engines:

@@ -31,9 +31,9 @@ import time
 from typing import TYPE_CHECKING, cast
 
 from tsfront.errors import WireDecodeError
-from tsfront.io.engines import Engine
+from tsfront.io.engines import Engine, EngineEvent
 from tsfront.io.state import SavedEngine
-from tsfront.region import ENGINE_ABSENT, ENGINE_HANDSHAKING, ENGINE_LIVE
+from tsfront.ipc.control import Engines
 from tsfront.wire import BatchTokenIDOutSlim, decode_output
 
 if TYPE_CHECKING:
@@ -47,16 +47,14 @@ def load(loop: IOLoop, saved: list[SavedEngine]) -> None:
     for s in saved:
         engine = loop.engines[s.row]
         engine.registration = s.registration
-        engine.state = ENGINE_HANDSHAKING
-        engine.adopting = engine.adopted = engine.input_pending = True
+        engine.apply(EngineEvent.LOADED)
         loop.adopting = True
         log.info("engine %d (rank %d): registration loaded, waiting for it", s.index, s.row)
 
 
 def on_accepted(loop: IOLoop, engine: Engine) -> None:
     """The engine's output connection came back: it is live again."""
-    engine.adopting = False
-    engine.state = ENGINE_LIVE
+    engine.apply(EngineEvent.RECONNECTED)
     engine.dead_reason = ""
     loop.dirty.add(engine.row)
     log.warning("engine %d (rank %d) reconnected: taken over", engine.index, engine.row)
@@ -67,18 +65,17 @@ def expire(loop: IOLoop) -> None:
     """``handshake_timeout`` has passed since the start: the ranks not back are dead."""
     loop.adopting = False
     for engine in loop.engines:
-        if engine.adopting or engine.state == ENGINE_ABSENT:
-            engine.adopting = False
+        if engine.can(EngineEvent.EXPIRED):  # still adopting, or never registered
             why = (
                 f"did not come back within handshake_timeout={loop.config.handshake_timeout}s "
                 "after the I/O process restarted"
             )
-            loop._kill(engine, why)
+            loop._kill(engine, EngineEvent.EXPIRED, why)
             loop._forget_registration(engine)
     if loop.state == "handshaking":
-        if any(e.state == ENGINE_LIVE for e in loop.engines):
+        if any(e.live for e in loop.engines):
             loop.state = "ready"
-            loop._broadcast({"op": "engines", "engines": loop._engine_infos()})
+            loop._broadcast(Engines(loop._engine_infos()))
         else:
             loop._fail_handshake()
 

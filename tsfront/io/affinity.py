@@ -6,9 +6,10 @@ keeps, per engine, an approximate index of what it sent there: the chained hashe
 prompt's blocks (block ``i``'s hash names the whole prefix up to the end of block ``i``). A
 block is a whole number of the engines' ``prefix_granularity``-token pages, at least
 `ClientConfig.prefix_block_tokens`. The worker computes the hashes from its ``input_ids``
-(`packed_hashes`) and sends them with the ADD, so the one I/O process only looks them up; it
-hashes the ADD payload itself (`tsfront._native.block_hashes`) only when they are missing or
-made for another block size. The choice is measured in docs/DESIGN.md, *Prefix affinity*.
+(`tsfront.ipc.hashes.packed_hashes`) and sends them with the ADD, so the one I/O process only
+looks them up; it hashes the ADD payload itself (`tsfront._native.block_hashes`) only when they
+are missing or made for another block size. The choice is measured in docs/DESIGN.md, *Prefix
+affinity*.
 
 Data structure (`PrefixIndex`):
 
@@ -38,38 +39,23 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from tsfront import _native
-from tsfront.io.engines import Engine
-from tsfront.region import ENGINE_LIVE
+from tsfront.io.engines import Engine, EngineState
+from tsfront.ipc.hashes import (
+    DEFAULT_GRANULARITY,
+    MAX_BLOCKS,
+    group_block_tokens,
+    index_block_tokens,
+    packed_hashes,
+)
 
 if TYPE_CHECKING:
     import zmq
+    from typing_extensions import Buffer
 
-#: Granularity assumed for an engine whose registration carries none (prefix_granularity 0).
-DEFAULT_GRANULARITY = 64
-
-#: Blocks hashed per prompt at most (a 128k-token prompt at 256 tokens a block is 512).
-MAX_BLOCKS = 1 << 16
-
-
-def index_block_tokens(granularity: int, min_tokens: int) -> int:
-    """Tokens per index block: a whole number of the engine's ``granularity``-token blocks, at
-    least ``min_tokens``, so that index blocks end on the engine's own cache boundaries."""
-    g = granularity if granularity > 0 else DEFAULT_GRANULARITY
-    return g * max(1, -(-min_tokens // g))
-
-
-def group_block_tokens(granularities: Sequence[int], min_tokens: int) -> int:
-    """The index block size of a group whose engines registered these granularities (0 for
-    one not registered yet): from the largest, so it is a multiple of each usual power of 2."""
-    return index_block_tokens(max(granularities, default=0), min_tokens)
-
-
-def packed_hashes(input_ids: list[int], block_tokens: int) -> bytes:
-    """What a worker sends along with an ADD: the prompt's block hashes, packed."""
-    return _native.packed_block_hashes(input_ids, block_tokens, MAX_BLOCKS)
+LIVE = EngineState.LIVE  # a module global: read per engine on the placement path
 
 
 class PrefixIndex:
@@ -212,7 +198,8 @@ class AffinityRouter:
                 if words[0] == self.block_tokens:
                     return words[1:].tolist()
             self.hashed_here += 1  # a block size from another registration, or a bad frame
-        return _native.block_hashes(payload, self.block_tokens, MAX_BLOCKS)
+        # A zmq.Frame or bytes: a buffer, which pyzmq's stub does not say of a Frame.
+        return _native.block_hashes(cast("Buffer", payload), self.block_tokens, MAX_BLOCKS)
 
     def note(
         self, engine: Engine, payload: object, packed: zmq.Frame | bytes | None = None
@@ -238,7 +225,7 @@ class AffinityRouter:
         least_stalled: Engine | None = None
         for k in range(n):
             e = engines[(start + k) % n]
-            if e.state != ENGINE_LIVE:
+            if e.state is not LIVE:
                 continue
             if e.placeable:
                 live |= 1 << e.row
@@ -274,3 +261,14 @@ class AffinityRouter:
         self.matched_blocks += depth
         self.index.record(chosen.row, hashes, depth)
         return chosen
+
+
+# group_block_tokens, index_block_tokens and packed_hashes are the shared protocol's
+# (tsfront.ipc.hashes), re-exported for the routing benchmarks.
+__all__ = [
+    "AffinityRouter",
+    "PrefixIndex",
+    "group_block_tokens",
+    "index_block_tokens",
+    "packed_hashes",
+]

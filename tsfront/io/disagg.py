@@ -31,8 +31,8 @@ import zmq
 
 from tsfront.errors import WireDecodeError
 from tsfront.io.addresses import advertised, bind_socket
+from tsfront.io.engines import EngineEvent
 from tsfront.region import (
-    ENGINE_LIVE,
     FIN_PREFILL_ABORTED,
     FIN_PREFILL_DEAD,
     FIN_PREFILL_SEND_TIMEOUT,
@@ -161,13 +161,13 @@ class Disaggregated:
         # The room decides the prefill rank (TokenSpeed's rule); a room whose rank is down is
         # moved to a live rank's residue, so placement is uniform over the live ranks.
         n = len(self.prefill)
-        live = [e.row - self.prefill[0].row for e in self.prefill if e.state == ENGINE_LIVE]
+        live = [e.row - self.prefill[0].row for e in self.prefill if e.live]
         if not live:
             return None
         while True:
             room = secrets.randbits(ROOM_BITS)
             rank = room % n
-            if self.prefill[rank].state != ENGINE_LIVE:
+            if not self.prefill[rank].live:
                 rank = live[room % len(live)]
                 room = room - room % n + rank
                 if room >> ROOM_BITS:
@@ -216,7 +216,7 @@ class Disaggregated:
             try:
                 batch = decode_output(frame)
                 if batch is ENGINE_DEAD:
-                    loop._kill(engine, "sent ENGINE_CORE_DEAD")
+                    loop._kill(engine, EngineEvent.CORE_DEAD, "sent ENGINE_CORE_DEAD")
                     return
                 self._apply(engine, cast(BatchTokenIDOutSlim, batch))  # not ENGINE_DEAD
             except WireDecodeError as exc:

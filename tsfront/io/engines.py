@@ -1,34 +1,136 @@
-"""The I/O process's view of each engine: identity, handshake state, sockets, load.
+"""The I/O process's view of each engine: identity, lifecycle, sockets, load.
 
-An `Engine` is one attention-DP rank. It moves HANDSHAKING (HELLO seen, INIT sent) → LIVE
-(registration received) → DEAD (ENGINE_CORE_DEAD, a lost output connection, a missed
-heartbeat or an unreachable input), and back to HANDSHAKING if the same identity says HELLO
-again (a restarted rank).
+An `Engine` is one attention-DP rank. Its lifecycle is `EngineState`, and every move of it is
+one entry of `TRANSITIONS` (state, `EngineEvent`) → state; `Engine.apply` is the only way to
+change it, and a pair the table does not hold is a bug (`InvalidTransition`). The table:
+
+* ABSENT --HELLO--> HANDSHAKING (INIT sent) --REGISTERED--> LIVE;
+* ABSENT --LOADED--> ADOPTING: a registration taken over from a predecessor I/O process
+  (`tsfront.io.adoption`), --RECONNECTED--> LIVE when its output connection comes back;
+* LIVE --OUTPUT_LOST--> LOST: the last connection of its output PULL went (an exit, a crash, a
+  missed heartbeat, a network drop). LOST *may come back*: if the same process reconnects
+  (RECONNECTED) it is LIVE again with its registration, since ZMQ redials both its PUSH and its
+  DEALER by itself and nothing it was told is lost;
+* LIVE --INPUT_UNREACHABLE--> DEAD, and any state --CORE_DEAD--> DEAD (it sent
+  ENGINE_CORE_DEAD), and ABSENT / ADOPTING --EXPIRED--> DEAD (not back within
+  ``handshake_timeout``): DEAD *never* comes back by a reconnect. An unreachable input means
+  its DEALER is gone from our ROUTER: an output connection coming back says nothing of the
+  input, and an engine that cannot be sent requests is no use until it handshakes again; a
+  process that said ENGINE_CORE_DEAD is over; one that did not come back in time had its
+  registration dropped;
+* any state but LIVE --HELLO--> HANDSHAKING: a (re)started engine process. (A HELLO while
+  LIVE is deferred by the I/O core until the old connection is known lost.)
+
+`published` maps each state to the engine table's word (`tsfront.ipc.codes`): ADOPTING is
+published HANDSHAKING, LOST is published DEAD.
 
 A LIVE engine may also be *stalled* (`Engine.stalled_since` set): it holds requests and has
-sent no output frame for ``stall_timeout`` seconds (`stalled_after` is the rule; the I/O loop
+sent no output frame for ``stall_timeout`` seconds (`stalled_after` is the rule; the I/O core
 applies it about once a second, never per frame). It stays LIVE (its sockets are up, its
 streams go on, ABORTs still reach it) and is published as ``ENGINE_STALLED``. The policies do
 not place on it while it holds requests (`placeable`); with none left it takes one at a time,
 the probe that shows whether it recovered. Any output frame from it clears the stall; so do
-its death and a new handshake.
+its death and a new handshake. The stall is a condition, not a state: it changes nothing of
+where the lifecycle may go.
+
+An engine taken over from a predecessor is *inherited* for as long as it is that same process
+(no INIT sent to it since): its rows for rids this I/O process never bound are the
+predecessor's orphans. Until a first send to it succeeds, its input DEALER may still be
+reconnecting (`input_pending`): an unreachable input then queues the request instead of
+killing the engine.
 """
 
 from __future__ import annotations
 
 import collections
+import enum
 import time
 from dataclasses import dataclass, field
 
 import zmq
 
 from tsfront.aborts import RecentAborts
-from tsfront.region import ENGINE_ABSENT, ENGINE_LIVE
+from tsfront.ipc.codes import (
+    ENGINE_ABSENT,
+    ENGINE_DEAD,
+    ENGINE_HANDSHAKING,
+    ENGINE_LIVE,
+    ENGINE_STALLED,
+)
 from tsfront.wire import EngineRegistration, engine_identity
 
 # Per engine; at 1,000 aborts a second that is 262 s of the engine's 300 s memory. Past it the
 # oldest go first, and a reuse of one of those would again be dropped silently by the engine.
 ABORTED_RIDS_REMEMBERED = 1 << 18
+
+
+class EngineState(enum.Enum):
+    """Where an engine is in its lifecycle (see the module's table)."""
+
+    ABSENT = "absent"
+    HANDSHAKING = "handshaking"
+    ADOPTING = "adopting"
+    LIVE = "live"
+    LOST = "lost"
+    DEAD = "dead"
+
+    @property
+    def published(self) -> int:
+        """The engine table's state word for this state (a stall is published on top)."""
+        return _PUBLISHED[self]
+
+
+class EngineEvent(enum.Enum):
+    """What can happen to an engine."""
+
+    HELLO = "hello"  # it said HELLO and was sent INIT
+    REGISTERED = "registered"  # its registration arrived on the input socket
+    LOADED = "loaded"  # a predecessor's saved registration of it was loaded
+    RECONNECTED = "reconnected"  # its output connection came (back)
+    OUTPUT_LOST = "output lost"  # the last connection of its output PULL went
+    INPUT_UNREACHABLE = "input unreachable"  # our ROUTER has no route to its DEALER
+    CORE_DEAD = "core dead"  # it sent ENGINE_CORE_DEAD
+    EXPIRED = "expired"  # handshake_timeout passed and it is not back
+
+
+S, E = EngineState, EngineEvent
+#: The whole lifecycle: (state, event) → next state. A pair not here cannot happen.
+TRANSITIONS: dict[tuple[EngineState, EngineEvent], EngineState] = {
+    (S.ABSENT, E.HELLO): S.HANDSHAKING,
+    (S.ABSENT, E.LOADED): S.ADOPTING,
+    (S.ABSENT, E.CORE_DEAD): S.DEAD,
+    (S.ABSENT, E.EXPIRED): S.DEAD,
+    (S.HANDSHAKING, E.HELLO): S.HANDSHAKING,
+    (S.HANDSHAKING, E.REGISTERED): S.LIVE,
+    (S.HANDSHAKING, E.CORE_DEAD): S.DEAD,
+    (S.ADOPTING, E.HELLO): S.HANDSHAKING,
+    (S.ADOPTING, E.RECONNECTED): S.LIVE,
+    (S.ADOPTING, E.CORE_DEAD): S.DEAD,
+    (S.ADOPTING, E.EXPIRED): S.DEAD,
+    (S.LIVE, E.OUTPUT_LOST): S.LOST,
+    (S.LIVE, E.INPUT_UNREACHABLE): S.DEAD,
+    (S.LIVE, E.CORE_DEAD): S.DEAD,
+    (S.LOST, E.HELLO): S.HANDSHAKING,
+    (S.LOST, E.RECONNECTED): S.LIVE,
+    (S.DEAD, E.HELLO): S.HANDSHAKING,
+}
+del S, E
+
+#: The states an engine is dead in (its requests ended; it takes none).
+DOWN = frozenset({EngineState.LOST, EngineState.DEAD})
+
+_PUBLISHED = {
+    EngineState.ABSENT: ENGINE_ABSENT,
+    EngineState.HANDSHAKING: ENGINE_HANDSHAKING,
+    EngineState.ADOPTING: ENGINE_HANDSHAKING,
+    EngineState.LIVE: ENGINE_LIVE,
+    EngineState.LOST: ENGINE_DEAD,
+    EngineState.DEAD: ENGINE_DEAD,
+}
+
+
+class InvalidTransition(Exception):
+    """An event that the engine's state does not allow (a bug of the caller)."""
 
 
 @dataclass
@@ -52,7 +154,7 @@ class Engine:
     output_address: str = ""
     pull: zmq.Socket | None = None
     monitor: zmq.Socket | None = None
-    state: int = ENGINE_ABSENT
+    state: EngineState = EngineState.ABSENT
     registration: EngineRegistration | None = None
     dead_reason: str = ""
     in_flight: int = 0
@@ -80,12 +182,10 @@ class Engine:
     handshake: zmq.Socket | None = None
     input_advertised: str = ""
     peer_host: str = ""
-    # Taken over from a previous I/O process (see tsfront.io.adoption): ``adopting`` until its
-    # output connection comes back; ``adopted`` for as long as it is the same engine process
-    # (its rows for rids we never bound are orphans of the predecessor); ``input_pending``
+    # Taken over from a previous I/O process (see tsfront.io.adoption): ``inherited`` while it
+    # is that same engine process (set by LOADED, cleared by the next HELLO); ``input_pending``
     # until a send to it succeeds (its input DEALER may reconnect after its output PUSH).
-    adopting: bool = False
-    adopted: bool = False
+    inherited: bool = False
     input_pending: bool = False
     # Stall detection: when the engine last sent an output frame, when it last went from no
     # request in flight to one, and since when it is stalled (0.0: it is not); see
@@ -93,6 +193,40 @@ class Engine:
     output_at: float = 0.0
     busy_since: float = 0.0
     stalled_since: float = 0.0
+
+    def can(self, event: EngineEvent) -> bool:
+        """Whether ``event`` is a move of the engine's current state."""
+        return (self.state, event) in TRANSITIONS
+
+    def apply(self, event: EngineEvent) -> EngineState:
+        """Move along the table; the new state. Raises `InvalidTransition` for a pair the
+        table does not hold."""
+        try:
+            self.state = TRANSITIONS[(self.state, event)]
+        except KeyError:
+            raise InvalidTransition(
+                f"engine {self.index}: {event.value} while {self.state.value}"
+            ) from None
+        if event is EngineEvent.LOADED:
+            self.inherited = self.input_pending = True
+        elif event is EngineEvent.HELLO:
+            self.inherited = self.input_pending = False  # a new process
+        if self.state is not EngineState.LIVE:
+            self.stalled_since = 0.0  # a stall is a condition of a live engine only
+        return self.state
+
+    @property
+    def live(self) -> bool:
+        """Whether it is LIVE (serving; possibly stalled)."""
+        return self.state is EngineState.LIVE
+
+    @property
+    def published_state(self) -> int:
+        """The engine table's state word: its state's, or ENGINE_STALLED for a stalled live
+        engine."""
+        if self.stalled_since and self.state is EngineState.LIVE:
+            return ENGINE_STALLED
+        return self.state.published
 
     @property
     def identity(self) -> bytes:
@@ -103,7 +237,7 @@ class Engine:
     def placeable(self) -> bool:
         """Whether a `LoadBalance` policy may choose this engine: live, and not stalled with
         requests still in flight (a stalled engine holding none takes one: the probe)."""
-        return self.state == ENGINE_LIVE and not (self.stalled_since and self.in_flight)
+        return self.state is EngineState.LIVE and not (self.stalled_since and self.in_flight)
 
     def tail_fresh(self, ttl: float, now: float | None = None) -> bool:
         """Whether the load tail is recent enough to route on (and carries data)."""

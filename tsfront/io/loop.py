@@ -16,11 +16,9 @@ import collections
 import logging
 import os
 import socket
-import struct
 import time
 from typing import cast
 
-import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
@@ -30,9 +28,29 @@ from tsfront.errors import WireDecodeError
 from tsfront.io import adoption
 from tsfront.io.addresses import advertised, bind_socket, output_address_for
 from tsfront.io.disagg import DECODE, PREFILL, Disaggregated
-from tsfront.io.engines import Engine, PendingSend, stalled_after
+from tsfront.io.engines import Engine, EngineEvent, EngineState, PendingSend, stalled_after
 from tsfront.io.routing import Router
 from tsfront.io.state import StateDir
+from tsfront.ipc.control import (
+    Attach,
+    Attached,
+    EngineEntry,
+    Engines,
+    EngineUpdate,
+    Failed,
+    ToIO,
+    ToWorker,
+)
+from tsfront.ipc.submit import (
+    ABORT_ENTRY,
+    SUBMIT_ABORT,
+    SUBMIT_ADD,
+    SUBMIT_HEADER,
+    WORKER_IDENTITY,
+    next_serial,
+    ticket_base,
+    ticket_of_attach,
+)
 from tsfront.metrics.recorder import IOStats
 from tsfront.region import (
     E_IN_FLIGHT,
@@ -46,10 +64,6 @@ from tsfront.region import (
     E_RUNNING,
     E_STATE,
     E_WAITING,
-    ENGINE_DEAD,
-    ENGINE_HANDSHAKING,
-    ENGINE_LIVE,
-    ENGINE_STALLED,
     FIN_DEADLINE,
     FIN_DUPLICATE,
     FIN_ENGINE_DEAD,
@@ -71,27 +85,6 @@ from tsfront.wire import (
 )
 
 log = logging.getLogger("tsfront.io")
-
-# Submission header: local slot, ticket, pinned rank (-1: none), logprobs flag, the request's
-# deadline (CLOCK_MONOTONIC seconds, which every process of the machine shares; 0: none); the
-# rid follows; under disaggregated serving, the byte offset of the payload's nil bootstrap
-# fields (0: none) comes before it.
-SUBMIT_HEADER = struct.Struct("<IQiBdI")
-ABORT_ENTRY = struct.Struct("<IQ")
-SUBMIT_ADD = b"A"
-SUBMIT_ABORT = b"X"
-WORKER_IDENTITY = struct.Struct("<IQ")
-# Each attach draws its tickets from its own range, ``(serial mod 2^24) << 40`` + 1..2^40-1,
-# so that no ticket of a departed worker can match a request of the next worker given the same
-# number (a stale backlog entry or abort is matched by slot and ticket).
-TICKET_SHIFT = 40
-TICKET_SERIAL_MASK = (1 << 24) - 1
-
-
-def ticket_base(serial: int) -> int:
-    """The first ticket (minus one) of the attach with this serial."""
-    return (serial & TICKET_SERIAL_MASK) << TICKET_SHIFT
-
 
 # Frames drained from one socket per turn, so one busy peer cannot starve the others.
 DRAIN = 256
@@ -157,7 +150,7 @@ class WorkerConn:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.reader = control.MessageReader(sock)
+        self.reader = control.MessageReader(sock, ToIO)
         self.out = bytearray()
         self.worker: int | None = None
         self.serial = 0
@@ -373,7 +366,7 @@ class IOLoop:
                 self._fail_handshake()
         for e in self.engines:
             try:
-                if e.aborts and e.state == ENGINE_LIVE:
+                if e.aborts and e.live:
                     self._send_aborts(e)
                 if e.backlog:
                     self._retry_backlog(e, now)
@@ -401,7 +394,7 @@ class IOLoop:
         # The engines requests are placed on; a prefill engine's place is fixed by the
         # request's bootstrap room, so its stall would change nothing.
         for e in self.serving:
-            if e.stalled_since or e.state != ENGINE_LIVE:
+            if e.stalled_since or not e.live:
                 continue  # cleared only by an output frame, a death or a new handshake
             if stalled_after(e.in_flight, e.output_at, e.busy_since, now, timeout):
                 e.stalled_since = now
@@ -465,7 +458,7 @@ class IOLoop:
             try:
                 result = ingest(frame, index)
                 if result is None:
-                    self._kill(engine, "sent ENGINE_CORE_DEAD")
+                    self._kill(engine, EngineEvent.CORE_DEAD, "sent ENGINE_CORE_DEAD")
                     self._forget_registration(engine)
                     return
                 _index, running, waiting, kv_active, kv_total, _rows, unknown, finished = result
@@ -474,7 +467,7 @@ class IOLoop:
                     if record is not None:
                         owner = record.engine
                         owner.in_flight -= 1
-                if unknown and engine.adopted:
+                if unknown and engine.inherited:
                     adoption.orphans(self, engine, frame)
                 self.dirty.add(engine.row)
                 if kv_total:
@@ -545,7 +538,7 @@ class IOLoop:
         if local >= self.spw or ticket == 0:
             self.warn("bad-submit", "dropped a submission for slot %d", local)
             return
-        if ticket >> TICKET_SHIFT != worker.serial & TICKET_SERIAL_MASK:
+        if not ticket_of_attach(ticket, worker.serial):
             self.warn(
                 "bad-submit", "worker %s: dropped a submission with a foreign ticket", worker.worker
             )
@@ -560,7 +553,7 @@ class IOLoop:
             self._forget(slot, abort=True)
         if pin >= 0:
             engine = self.serving[pin] if pin < len(self.serving) else None
-            if engine is not None and engine.state != ENGINE_LIVE:
+            if engine is not None and not engine.live:
                 engine = None
             if engine is not None and self.affinity is not None:
                 self.affinity.note(engine, payload, hashes)
@@ -633,7 +626,7 @@ class IOLoop:
             if exc.errno == zmq.EHOSTUNREACH and engine.input_pending:
                 self._queue(engine, slot, payload)  # taken over: its input is reconnecting
             elif exc.errno == zmq.EHOSTUNREACH:
-                self._lost(engine, "input connection unreachable")
+                self._lost(engine, EngineEvent.INPUT_UNREACHABLE, "input connection unreachable")
             else:
                 raise
 
@@ -693,7 +686,7 @@ class IOLoop:
             except zmq.ZMQError:
                 if engine.input_pending:
                     return  # taken over: its input is reconnecting (send_timeout bounds it)
-                self._lost(engine, "input connection unreachable")
+                self._lost(engine, EngineEvent.INPUT_UNREACHABLE, "input connection unreachable")
                 return
             engine.backlog.popleft()
             if pending.prefill:
@@ -790,7 +783,7 @@ class IOLoop:
                     engine.peer_host = frame.get("Peer-Address") or ""  # type: ignore[assignment]
                 except zmq.ZMQError:
                     engine.peer_host = ""
-            if engine.state in (ENGINE_LIVE,):
+            if engine.live:
                 # Either a duplicate of a live engine, or a restart we have not noticed
                 # yet; answer once the old connection is known dead.
                 self.pending_hello.add(engine.row)
@@ -814,7 +807,7 @@ class IOLoop:
         except zmq.ZMQError as exc:
             self.warn("init", "engine %d: INIT not sent: %s", engine.index, exc)
             return
-        engine.state = ENGINE_HANDSHAKING
+        engine.apply(EngineEvent.HELLO)  # a new process: no longer inherited, nor stalled
         # Connections accepted from now on belong to the process we just answered; the
         # earlier ones (its predecessor's, a stray peer's) can no longer kill it.
         engine.generation += 1
@@ -822,8 +815,6 @@ class IOLoop:
         engine.aborted.clear()
         if self.affinity is not None:
             self.affinity.forget(engine)  # nor is anything in its (new) prefix cache
-        engine.adopting = engine.adopted = engine.input_pending = False
-        engine.stalled_since = 0.0  # a new process
         self._forget_registration(engine)  # the old process's; the new one's is saved when it comes
         self.dirty.add(engine.row)
 
@@ -842,7 +833,7 @@ class IOLoop:
         self, frames: list[bytes], by_identity: dict[bytes, Engine] | None = None
     ) -> None:
         engine = (by_identity if by_identity is not None else self.by_identity).get(frames[0])
-        if engine is None or engine.state != ENGINE_HANDSHAKING or len(frames) < 2:
+        if engine is None or engine.state is not EngineState.HANDSHAKING or len(frames) < 2:
             self.warn("bad-input", "dropped an unexpected frame on the input socket")
             return
         try:
@@ -852,7 +843,7 @@ class IOLoop:
             return
         self.stats.engine_registered(engine.row, again=engine.registration is not None)
         engine.registration = registration
-        engine.state = ENGINE_LIVE
+        engine.apply(EngineEvent.REGISTERED)
         if self.affinity is not None:
             self.affinity.registered(engine)
         engine.dead_reason = ""
@@ -870,11 +861,11 @@ class IOLoop:
         # Taking engines over, one live engine is enough to serve: the others come back (or
         # are declared dead) one by one.
         if self.state == "handshaking":
-            if self.adopting or all(e.state == ENGINE_LIVE for e in self.engines):
+            if self.adopting or all(e.live for e in self.engines):
                 self.state = "ready"
-                self._broadcast({"op": "engines", "engines": self._engine_infos()})
+                self._broadcast(Engines(self._engine_infos()))
         elif self.state == "ready":
-            self._broadcast({"op": "engine", "engine": self._engine_info(engine)})
+            self._broadcast(EngineUpdate(self._engine_info(engine)))
 
     def _forget_registration(self, engine: Engine) -> None:
         """The engine is known dead (or replaced): a successor must not wait for it."""
@@ -911,43 +902,47 @@ class IOLoop:
             # Only the last connection going counts: anyone may connect to a PULL, and a
             # stray peer leaving must not kill the engine that is still connected.
             current = engine.generation
-            if engine.state == ENGINE_LIVE and current not in engine.connections.values():
-                self._lost(engine, "lost its output connection (exit, crash or missed heartbeat)")
+            if engine.live and current not in engine.connections.values():
+                self._lost(
+                    engine,
+                    EngineEvent.OUTPUT_LOST,
+                    "lost its output connection (exit, crash or missed heartbeat)",
+                )
             return
         if kind == zmq.EVENT_ACCEPTED:
             engine.connections[fd] = engine.generation
-            if engine.adopting:
+            if engine.state is EngineState.ADOPTING:
                 adoption.on_accepted(self, engine)
                 return
         if (
             kind == zmq.EVENT_ACCEPTED
-            and engine.state == ENGINE_DEAD
-            and engine.dead_reason.startswith("lost")
+            and engine.state is EngineState.LOST
             and engine.row not in self.pending_hello
         ):
             # Same process, reconnected after a transient loss: it keeps its registration.
-            engine.state = ENGINE_LIVE
+            engine.apply(EngineEvent.RECONNECTED)
             engine.dead_reason = ""
             self.dirty.add(engine.row)
             log.warning("engine %d reconnected", engine.index)
 
-    def _lost(self, engine: Engine, reason: str) -> None:
+    def _lost(self, engine: Engine, event: EngineEvent, reason: str) -> None:
         # The engine's connection went, but what it sent before may still sit in its PULL
         # (frames that finish requests among them): apply all of it first, so that only what
         # was truly unfinished ends with EngineDied. Bounded, in case a peer keeps pushing.
         self._on_output(engine, limit=LOST_DRAIN)
-        self._kill(engine, reason)
+        self._kill(engine, event, reason)
 
-    def _kill(self, engine: Engine, reason: str) -> None:
-        if engine.state == ENGINE_DEAD:
+    def _kill(self, engine: Engine, event: EngineEvent, reason: str) -> None:
+        # A death the engine's state has no move for is no news: it is down already (an
+        # ENGINE_CORE_DEAD drained from the PULL of a lost engine, say).
+        if not engine.can(event):
             return
         log.warning("engine %d is dead: %s", engine.index, reason)
         self.stats.engine_died(engine.row)
-        engine.state = ENGINE_DEAD
+        engine.apply(event)
         engine.dead_reason = reason
         if engine.role == PREFILL:  # a prefill engine: there is a prefill group
             cast(Disaggregated, self.pd).kill(engine)
-        engine.adopting = False  # e.g. its ENGINE_CORE_DEAD, queued in the gap, came first
         # The records are the one account of what is in flight where; a death is rare enough
         # to find its requests by a scan rather than keep a second per-engine set.
         for slot in [s for s, r in self.records.items() if r.engine is engine]:
@@ -959,7 +954,6 @@ class IOLoop:
                 cast(Disaggregated, self.pd).forget(record, abort=True)
         engine.backlog.clear()
         engine.in_flight = 0
-        engine.stalled_since = 0.0  # dead now, which says more
         engine.tail = (0, 0, 0, 0)
         if self.affinity is not None:
             self.affinity.forget(engine)
@@ -972,7 +966,7 @@ class IOLoop:
         missing = [
             e.index if e.role != PREFILL else f"prefill {e.index}"
             for e in self.engines
-            if e.state != ENGINE_LIVE
+            if not e.live
         ]
         self.state = "failed"
         self.failure = (
@@ -987,7 +981,7 @@ class IOLoop:
         # it there; logging it as an error too would report one failure twice.
         attached = any(conn.worker is not None for conn in self.workers.values())
         log.log(logging.INFO if attached else logging.ERROR, "handshake failed: %s", self.failure)
-        self._broadcast({"op": "failed", "kind": "timeout", "error": self.failure})
+        self._broadcast(Failed(kind="timeout", error=self.failure))
 
     # ------------------------------------------------------------------ workers
 
@@ -1028,52 +1022,49 @@ class IOLoop:
             self._detach(conn)
             return
         for message in messages:
-            if message["op"] == "attach" and conn.worker is None:
+            if isinstance(message, Attach) and conn.worker is None:
                 self._attach(conn, message)
             else:
-                self.warn("bad-control", "worker %s: unexpected %r", conn.worker, message["op"])
+                self.warn("bad-control", "worker %s: unexpected %r", conn.worker, message)
         if conn.reader.eof:
             self._detach(conn)
 
-    def _attach(self, conn: WorkerConn, message: dict) -> None:
+    def _attach(self, conn: WorkerConn, message: Attach) -> None:
         fds = conn.reader.take_fds()
         if len(fds) != 1 or not self.free_workers:
             for fd in fds:
                 os.close(fd)
             why = "no eventfd attached" if len(fds) != 1 else "every worker place is taken"
-            self._send(conn, {"op": "failed", "kind": "refused", "error": why})
+            self._send(conn, Failed(kind="refused", error=why))
             self._detach(conn)
             return
         worker = self.free_workers.pop()
-        self.serial += 1
-        if self.serial & TICKET_SERIAL_MASK == 0:
-            self.serial += 1  # keep every attach's ticket range off 0 ("no ticket")
+        self.serial = next_serial(self.serial)
         conn.worker = worker
         conn.serial = self.serial
         conn.eventfd = fds[0]
-        conn.pid = int(message.get("pid", 0)) if isinstance(message.get("pid"), int) else 0
+        conn.pid = message.pid
         self.writer.reset_worker(worker)
         self.writer.set_worker_fd(worker, conn.eventfd)
         self.stats.worker_attached(worker, conn.pid)
         identity = WORKER_IDENTITY.pack(worker, conn.serial)
         self.by_submit_identity[identity] = conn
         g = self.geometry
-        reply = {
-            "op": "attached",
-            "worker": worker,
-            "serial": conn.serial,
-            "ticket_base": ticket_base(conn.serial),
-            "geometry": [g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines],
-            "submit": self.submit_address,
-            "config": self.config.to_dict(),
-            "addresses": self.addresses,
-        }
+        reply = Attached(
+            worker=worker,
+            serial=conn.serial,
+            ticket_base=ticket_base(conn.serial),
+            geometry=(g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines),
+            submit=self.submit_address,
+            config=self.config.to_dict(),
+            addresses=self.addresses,
+        )
         if not self._send(conn, reply, [self.region.fd]):
             return
         if self.state == "ready":
-            self._send(conn, {"op": "engines", "engines": self._engine_infos()})
+            self._send(conn, Engines(self._engine_infos()))
         elif self.state == "failed":
-            self._send(conn, {"op": "failed", "kind": "timeout", "error": self.failure})
+            self._send(conn, Failed(kind="timeout", error=self.failure))
         log.info("worker %d attached (pid %d)", worker, conn.pid)
 
     def _detach(self, conn: WorkerConn) -> None:
@@ -1106,7 +1097,7 @@ class IOLoop:
             conn.eventfd = -1
         conn.sock.close()
 
-    def _send(self, conn: WorkerConn, message: dict, fds: list[int] | None = None) -> bool:
+    def _send(self, conn: WorkerConn, message: ToWorker, fds: list[int] | None = None) -> bool:
         """Queue one control message and send what the socket takes now; False if the
         connection was dropped. Never blocks: what does not fit waits in ``conn.out`` and
         goes when the socket is writable, so a message is never torn."""
@@ -1152,7 +1143,7 @@ class IOLoop:
         if not conn.out:
             self.poller.modify(conn.sock.fileno(), zmq.POLLIN)
 
-    def _broadcast(self, message: dict) -> None:
+    def _broadcast(self, message: ToWorker) -> None:
         # Workers act on a message at once: the engine table must already say what it says.
         self._publish_dirty()
         for conn in list(self.workers.values()):
@@ -1161,17 +1152,16 @@ class IOLoop:
 
     # ------------------------------------------------------------------ publishing
 
-    def _engine_info(self, engine: Engine) -> dict:
-        reg = engine.registration
-        return {
-            "index": engine.index,
-            "rank": engine.row if engine.role != PREFILL else engine.row - len(self.serving),
-            "role": engine.role,
-            "output_address": engine.output_address,
-            "registration": msgspec.structs.asdict(reg) if reg is not None else None,
-        }
+    def _engine_info(self, engine: Engine) -> EngineEntry:
+        return EngineEntry(
+            index=engine.index,
+            rank=engine.row if engine.role != PREFILL else engine.row - len(self.serving),
+            role=engine.role,
+            output_address=engine.output_address,
+            registration=engine.registration,
+        )
 
-    def _engine_infos(self) -> list[dict]:
+    def _engine_infos(self) -> list[EngineEntry]:
         return [self._engine_info(e) for e in self.engines]
 
     def _publish_engine(self, e: Engine) -> None:
@@ -1192,7 +1182,7 @@ class IOLoop:
         row[E_REQUESTS_LO] = e.requests_total & 0xFFFFFFFF
         row[E_REQUESTS_HI] = e.requests_total >> 32
         # A stall is published as a state of its own; here it is a condition of a LIVE engine.
-        row[E_STATE] = ENGINE_STALLED if e.stalled_since and e.state == ENGINE_LIVE else e.state
+        row[E_STATE] = e.published_state
 
     # ------------------------------------------------------------------ shutdown
 
@@ -1218,7 +1208,7 @@ class IOLoop:
         self.records.clear()
         self.writer.wake()
         for e in self.engines:
-            if e.aborts and e.state == ENGINE_LIVE:
+            if e.aborts and e.live:
                 self._send_aborts(e)
         for conn in list(self.workers.values()):
             self._detach(conn)
@@ -1227,5 +1217,5 @@ class IOLoop:
         for s in self._sockets:
             s.close(linger=200 if s is getattr(self, "input", None) else 0)
         self.ctx.term()
-        self.writer = None
+        del self.writer  # releases its view of the region's mapping, which closes next
         self.region.close()

@@ -18,7 +18,7 @@ import sys
 from tsfront import _native, heap
 from tsfront.config import ClientConfig
 from tsfront.io.loop import IOLoop, Stop
-from tsfront.io.process import ignore_sigint
+from tsfront.sigint import ignore_sigint
 
 
 class _Terminate(BaseException):

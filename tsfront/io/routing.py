@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING
 
 from tsfront.config import ClientConfig, LoadBalance
 from tsfront.io.affinity import AffinityRouter
-from tsfront.io.engines import Engine
-from tsfront.region import ENGINE_LIVE
+from tsfront.io.engines import Engine, EngineState
 
 if TYPE_CHECKING:
     import zmq
+
+LIVE = EngineState.LIVE  # a module global: read per engine on the placement path
 
 
 class Router:
@@ -66,7 +67,7 @@ class Router:
                     return engines[i]
             for k in range(n):  # every live engine is stalled
                 i = (self._next + k) % n
-                if engines[i].state == ENGINE_LIVE:
+                if engines[i].state is LIVE:
                     self._next = i + 1
                     return engines[i]
             return None
@@ -76,7 +77,7 @@ class Router:
         for k in range(n):
             e = engines[(start + k) % n]
             # Inline `not e.placeable`: a stalled engine still holding requests is skipped.
-            if e.state != ENGINE_LIVE or (e.stalled_since and e.in_flight):
+            if e.state is not LIVE or (e.stalled_since and e.in_flight):
                 continue
             key = self._key(e, now)
             if best is None or key < best_key:
@@ -84,7 +85,7 @@ class Router:
         if best is None:  # every live engine is stalled (or none is live)
             for k in range(n):
                 e = engines[(start + k) % n]
-                if e.state == ENGINE_LIVE:
+                if e.state is LIVE:
                     key = self._key(e, now)
                     if best is None or key < best_key:
                         best, best_key = e, key

@@ -1,0 +1,126 @@
+"""The engine lifecycle (`tsfront.io.engines`): walked from its one table, pair by pair."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import zmq
+from test_io_handlers import _Pull, loop  # noqa: F401
+
+from tsfront.io.engines import (
+    DOWN,
+    TRANSITIONS,
+    Engine,
+    EngineEvent,
+    EngineState,
+    InvalidTransition,
+)
+from tsfront.ipc.codes import ENGINE_DEAD, ENGINE_HANDSHAKING, ENGINE_LIVE, ENGINE_STALLED
+
+S, E = EngineState, EngineEvent
+
+
+def _engine_in(state: EngineState) -> Engine:
+    """An engine brought to ``state`` along the table itself (never by assignment)."""
+    paths = {
+        S.ABSENT: [],
+        S.HANDSHAKING: [E.HELLO],
+        S.ADOPTING: [E.LOADED],
+        S.LIVE: [E.HELLO, E.REGISTERED],
+        S.LOST: [E.HELLO, E.REGISTERED, E.OUTPUT_LOST],
+        S.DEAD: [E.HELLO, E.REGISTERED, E.CORE_DEAD],
+    }
+    engine = Engine(row=0, index=0)
+    for event in paths[state]:
+        engine.apply(event)
+    assert engine.state is state
+    return engine
+
+
+@pytest.mark.parametrize(
+    ("state", "event"), list(itertools.product(EngineState, EngineEvent)), ids=str
+)
+def test_every_pair_moves_as_the_table_says_or_is_refused(state, event):
+    engine = _engine_in(state)
+    if (state, event) in TRANSITIONS:
+        assert engine.can(event)
+        assert engine.apply(event) is TRANSITIONS[(state, event)]
+        assert engine.state is TRANSITIONS[(state, event)]
+    else:
+        assert not engine.can(event)
+        with pytest.raises(InvalidTransition, match=event.value):
+            engine.apply(event)
+        assert engine.state is state  # a refused event changes nothing
+
+
+def test_every_state_is_reachable_from_absent_and_none_is_a_trap():
+    reached, frontier = {S.ABSENT}, [S.ABSENT]
+    while frontier:
+        state = frontier.pop()
+        for (source, _event), target in TRANSITIONS.items():
+            if source is state and target not in reached:
+                reached.add(target)
+                frontier.append(target)
+    assert reached == set(EngineState)
+    # From every state but LIVE a HELLO starts over (a restarted process); LIVE defers it.
+    for state in EngineState:
+        assert ((state, E.HELLO) in TRANSITIONS) is (state is not S.LIVE)
+
+
+def test_only_a_lost_output_connection_may_come_back_by_a_reconnect():
+    # Deaths of a live engine: the state each leads to, and whether a reconnection revives it.
+    revived = {}
+    for death in (E.OUTPUT_LOST, E.INPUT_UNREACHABLE, E.CORE_DEAD):
+        engine = _engine_in(S.LIVE)
+        engine.apply(death)
+        assert engine.state in DOWN and engine.published_state == ENGINE_DEAD
+        revived[death] = engine.can(E.RECONNECTED)
+    assert revived == {E.OUTPUT_LOST: True, E.INPUT_UNREACHABLE: False, E.CORE_DEAD: False}
+    # Nor does one that did not come back in time after a takeover.
+    engine = _engine_in(S.ADOPTING)
+    engine.apply(E.EXPIRED)
+    assert engine.state is S.DEAD and not engine.can(E.RECONNECTED)
+
+
+def test_what_workers_see_of_each_state():
+    published = {state: _engine_in(state).published_state for state in EngineState}
+    assert published == {
+        S.ABSENT: 0,
+        S.HANDSHAKING: ENGINE_HANDSHAKING,
+        S.ADOPTING: ENGINE_HANDSHAKING,
+        S.LIVE: ENGINE_LIVE,
+        S.LOST: ENGINE_DEAD,
+        S.DEAD: ENGINE_DEAD,
+    }
+    engine = _engine_in(S.LIVE)
+    engine.stalled_since = 5.0
+    assert engine.published_state == ENGINE_STALLED and engine.live  # a condition of LIVE
+    engine.apply(E.OUTPUT_LOST)
+    assert engine.stalled_since == 0.0 and engine.published_state == ENGINE_DEAD
+
+
+def test_a_taken_over_engine_is_inherited_until_it_says_hello():
+    engine = _engine_in(S.ADOPTING)
+    assert engine.inherited and engine.input_pending
+    engine.apply(E.RECONNECTED)
+    assert engine.inherited and engine.live  # the same process: its orphans are its own
+    engine.apply(E.OUTPUT_LOST)
+    engine.apply(E.HELLO)
+    assert not engine.inherited and not engine.input_pending  # a new process
+
+
+def test_the_loop_revives_a_lost_engine_on_reconnect_but_not_an_unreachable_one(loop):  # noqa: F811
+    engine = loop.engines[0]
+    engine.apply(E.HELLO)
+    engine.apply(E.REGISTERED)
+    engine.pull = _Pull([])
+    engine.generation, engine.connections = 1, {7: 1}
+    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 7)
+    assert engine.state is S.LOST
+    loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 8)
+    assert engine.state is S.LIVE  # the same process, back: it keeps its registration
+    loop._lost(engine, E.INPUT_UNREACHABLE, "input connection unreachable")
+    assert engine.state is S.DEAD
+    loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 9)
+    assert engine.state is S.DEAD  # an output connection says nothing of its input

@@ -1,0 +1,164 @@
+"""The package's import graph, from the source: no module may take part in an import circle.
+
+Every ``import`` and ``from ... import`` of every module under tsfront/ counts, wherever it
+stands (a function body, an ``if TYPE_CHECKING:`` block): a circle that only type checking
+closes still means two modules that cannot be read, or moved, one without the other.
+
+`ALLOWED_CYCLES` lists the circles that exist outside the I/O process and the shared protocol
+(tsfront/io, tsfront/ipc), each owned by a later step of issue 19 that will break it and
+delete its entry. The test fails on any other circle, on an allowed circle that grew, and on
+an entry whose circle is gone (so the list only shrinks).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "tsfront"
+
+# Each entry: the exact set of modules of one strongly connected component.
+ALLOWED_CYCLES: dict[frozenset[str], str] = {
+    # `tsfront` builds its parser from each command's module, which import it back; the
+    # commands step (tsfront/commands/) breaks these.
+    frozenset({"tsfront.cli", "tsfront.sim.cli", "tsfront.serve.cli"}): "commands step",
+    # The request stream calls its attachment's privates and the attachment the stream's; the
+    # worker-side split (slot table, attachment.py) breaks it.
+    frozenset({"tsfront.stream", "tsfront.worker"}): "worker-side step",
+    # tsfront/serve/ (its owners): the API's formats import the API module back, and the edge
+    # and its admission gate import each other.
+    frozenset({"tsfront.serve.api", "tsfront.serve.formats"}): "serve",
+    frozenset({"tsfront.serve.edge", "tsfront.serve.gate"}): "serve",
+    # This step's own, broken by its next commit (io/core.py): the I/O loop and the adoption
+    # and disaggregation modules that reach into it.
+    frozenset({"tsfront.io.adoption", "tsfront.io.disagg", "tsfront.io.loop"}): "io core",
+}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, pathlib.Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imports_of(name: str, path: pathlib.Path, known: set[str]) -> set[str]:
+    """The tsfront modules (of ``known``) that ``name``'s source imports."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in known:
+                    out.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                if sub in known:
+                    out.add(sub)  # `from tsfront.io import adoption`: the module itself
+                elif source in known:
+                    out.add(source)
+    out.discard(name)
+    return out
+
+
+# Modules without Python source (the C extension; its stub is tsfront/_native.pyi).
+COMPILED = {"tsfront._native"}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods) | COMPILED
+    edges = {name: imports_of(name, path, known) for name, path in mods.items()}
+    return edges | {name: set() for name in COMPILED}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(frozenset(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_circle_and_only_a_circle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+    assert cycles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_the_graph_sees_every_form_of_import() -> None:
+    edges = graph()
+    # `from tsfront import _native, control` (a module named in a from-import) ...
+    assert "tsfront.control" in edges["tsfront.worker"]
+    # ... `from tsfront.io.engines import Engine` (a name of a module) ...
+    assert "tsfront.io.engines" in edges["tsfront.io.routing"]
+    # ... and `from tsfront import IOProcess` (a name of the package).
+    assert "tsfront.ioproc" in edges["tsfront"]
+
+
+def test_no_import_circle_in_tsfront_but_the_listed_ones() -> None:
+    found = cycles(graph())
+    new = [sorted(c) for c in found if c not in ALLOWED_CYCLES]
+    assert not new, f"import circles (break them; never add to ALLOWED_CYCLES): {new}"
+    gone = [sorted(c) for c in ALLOWED_CYCLES if c not in found]
+    assert not gone, f"these circles are gone: delete their ALLOWED_CYCLES entries: {gone}"
+
+
+def test_the_shared_protocol_takes_part_in_no_circle() -> None:
+    for component in cycles(graph()):
+        mine = sorted(m for m in component if m.startswith("tsfront.ipc"))
+        assert not mine, f"{mine} in an import circle: {sorted(component)}"
+
+
+def test_ipc_imports_nothing_of_the_processes() -> None:
+    # The shared protocol is the bottom layer: the processes import it, never the reverse.
+    allowed = ("tsfront.ipc", "tsfront.wire", "tsfront.errors", "tsfront._native")
+    for name, targets in graph().items():
+        if name.startswith("tsfront.ipc"):
+            wrong = sorted(t for t in targets if not t.startswith(allowed))
+            assert not wrong, f"{name} imports {wrong}"
+
+
+def test_the_worker_side_imports_nothing_of_the_io_process() -> None:
+    edges = graph()
+    for name in ("tsfront.worker", "tsfront.client", "tsfront.stream", "tsfront.control"):
+        wrong = sorted(t for t in edges[name] if t.startswith("tsfront.io."))
+        assert not wrong, f"{name} imports {wrong}"

@@ -1,0 +1,122 @@
+"""Types of the C extension (native/module.c and the files it names).
+
+The C returns plain tuples (a named tuple would cost the worker's per-token read); their
+fields are named here, in order, so that a change of shape in the C has to change these
+aliases, and every caller that unpacks one by position fails mypy until it follows.
+"""
+
+from typing import Final, TypeAlias
+
+from typing_extensions import Buffer
+
+#: What `Writer.ingest` returns for an output frame: (engine_index, num_running, num_waiting,
+#: kv_active_pages, kv_total_pages, rows, unknown_rows, finished_slots), the first five from
+#: the frame's load tail (zeros when it has none); ``finished_slots`` are the slots the frame
+#: ended. ``None`` instead of it: the frame was ENGINE_CORE_DEAD.
+IngestResult: TypeAlias = tuple[int, int, int, int, int, int, int, list[int]]
+
+#: One slot's news from `Reader.poll` / `Reader.read`: (local_slot, token_ids,
+#: logprob_values or None, logprob_ids or None, finish (0: still running), prompt_tokens,
+#: completion_tokens, cached_tokens, engine_index (-1: none)).
+SlotUpdate: TypeAlias = tuple[
+    int, list[int], list[float] | None, list[int] | None, int, int, int, int, int
+]
+
+SLOT_IDLE: Final[int]
+SLOT_LIVE: Final[int]
+SLOT_DONE: Final[int]
+FIN_NONE: Final[int]
+FIN_STOP: Final[int]
+FIN_LENGTH: Final[int]
+FIN_ABORT: Final[int]
+FIN_OTHER: Final[int]
+FIN_LOCAL_FIRST: Final[int]
+FIN_ENGINE_DEAD: Final[int]
+FIN_SEND_TIMEOUT: Final[int]
+FIN_DUPLICATE: Final[int]
+FIN_NO_ENGINE: Final[int]
+FIN_IO_STOPPING: Final[int]
+FIN_RID_ABORTED: Final[int]
+FIN_DEADLINE: Final[int]
+FIN_PREFILL_DEAD: Final[int]
+FIN_PREFILL_SEND_TIMEOUT: Final[int]
+FIN_PREFILL_ABORTED: Final[int]
+ENGINE_BYTES: Final[int]
+ENGINE_WORDS: Final[int]
+HEADER_BYTES: Final[int]
+E_STATE: Final[int]
+E_INDEX: Final[int]
+E_IN_FLIGHT: Final[int]
+E_RUNNING: Final[int]
+E_WAITING: Final[int]
+E_KV_ACTIVE: Final[int]
+E_KV_TOTAL: Final[int]
+E_LOAD_MS_LO: Final[int]
+E_LOAD_MS_HI: Final[int]
+E_REQUESTS_LO: Final[int]
+E_REQUESTS_HI: Final[int]
+ENGINE_ABSENT: Final[int]
+ENGINE_HANDSHAKING: Final[int]
+ENGINE_LIVE: Final[int]
+ENGINE_DEAD: Final[int]
+ENGINE_STALLED: Final[int]
+
+def abi_version() -> int: ...
+def first_bad_token(ids: object) -> int: ...
+def block_hashes(payload: Buffer, granularity: int, limit: int) -> list[int]: ...
+def packed_block_hashes(ids: list[int], granularity: int, limit: int) -> bytes: ...
+def layout(
+    num_workers: int, slots_per_worker: int, ring_capacity: int, max_engines: int
+) -> dict[str, int]: ...
+def set_parent_death_signal(signum: int, /) -> None: ...
+
+class Writer:
+    """The I/O process's side of the slot region: binds requests, ingests output frames."""
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        num_workers: int,
+        slots_per_worker: int,
+        ring_capacity: int,
+        max_engines: int,
+    ) -> None: ...
+    def bind(
+        self,
+        rid: bytes,
+        slot: int,
+        ticket: int,
+        with_logprobs: bool,
+        dup_code: int,
+        engine_index: int,
+        /,
+    ) -> bool: ...
+    def unbind(self, slot: int, /) -> bool: ...
+    def finish(self, slot: int, code: int, engine_index: int, /) -> bool: ...
+    def ingest(self, frame: Buffer, engine_index: int = 0, /) -> IngestResult | None: ...
+    def flush_spills(self) -> int: ...
+    def set_worker_fd(self, worker: int, fd: int, /) -> None: ...
+    def wake(self) -> int: ...
+    def reset_worker(self, worker: int, /) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+    def spilling(self) -> int: ...
+
+class Reader:
+    """One worker's side of the slot region: reads its slots' rings."""
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        worker: int,
+        num_workers: int,
+        slots_per_worker: int,
+        ring_capacity: int,
+        max_engines: int,
+    ) -> None: ...
+    def expect(self, local_slot: int, ticket: int, /) -> None: ...
+    def release(self, local_slot: int, /) -> None: ...
+    def poll(self) -> list[SlotUpdate]: ...
+    def read(self, local_slot: int, /) -> SlotUpdate | None: ...
+    def park(self) -> bool: ...
+    def rescans(self) -> int: ...
+    def wakes(self) -> int: ...
