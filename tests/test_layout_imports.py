@@ -25,9 +25,7 @@ ALLOWED_CYCLES: dict[frozenset[str], str] = {
     # The request stream calls its attachment's privates and the attachment the stream's; the
     # worker-side split (slot table, attachment.py) breaks it.
     frozenset({"tsfront.stream", "tsfront.worker"}): "worker-side step",
-    # tsfront/serve/ (its owners): the API's formats import the API module back, and the edge
-    # and its admission gate import each other.
-    frozenset({"tsfront.serve.api", "tsfront.serve.formats"}): "serve",
+    # tsfront/serve/ (its owners): the edge and its admission gate import each other.
     frozenset({"tsfront.serve.edge", "tsfront.serve.gate"}): "serve",
     # This step's own, broken by its next commit (io/core.py): the I/O loop and the adoption
     # and disaggregation modules that reach into it.

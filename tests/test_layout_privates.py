@@ -36,9 +36,8 @@ ALLOWED: dict[str, set[str]] = {
     "tsfront.cli": {"_group_from_args"},
     "tsfront.sim.engine": {"_last_load"},
     "tsfront.sim.group": {"_log", "_registered"},
-    # tsfront/serve/ and tsfront/text/ (their owners): a format builds the API's choice type;
-    # the tool-call parsers share their base module's scanning helpers.
-    "tsfront.serve.formats": {"_Choice"},
+    # tsfront/text/ (its owners): the tool-call parsers share their base module's scanning
+    # helpers.
     "tsfront.text.tools.constrained": {"_balanced", "_tools_given"},
     "tsfront.text.tools.deepseek": {"_search"},
     "tsfront.text.tools.hermes": {"_search"},
