@@ -14,7 +14,7 @@ import socket
 
 import pytest
 import zmq
-from core_fixtures import (
+from support.core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,
@@ -25,7 +25,7 @@ from core_fixtures import (
     rig,
     wait_until,
 )
-from raw_engine import raw_rig
+from support.raw_engine import raw_rig
 
 from tsfront import control
 from tsfront.wire import (

@@ -13,8 +13,8 @@ import time
 
 import pytest
 import zmq
-from core_fixtures import DEADLINE, collect, expected_tokens, in_thread
-from raw_engine import raw_rig
+from support.core_fixtures import DEADLINE, collect, expected_tokens, in_thread
+from support.raw_engine import raw_rig
 
 from tsfront import ClientConfig, EngineClient, IOProcess, SendTimeout
 from tsfront.sim import SimGroup

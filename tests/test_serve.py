@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
 from tsfront.sim.scheduler import default_logprob

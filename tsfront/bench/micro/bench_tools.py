@@ -7,8 +7,8 @@ of detokenization, while no call is in progress); the same text with a ``<`` (a 
 first character) every ~10 tokens, which takes the slow path; and the text followed by two
 calls. The reasoning parser is timed inside and after its section.
 
-Run the table: ``.venv/bin/python bench/bench_tools.py``; under pytest-benchmark:
-``.venv/bin/python -m pytest bench -k tools``.
+Run the table: ``.venv/bin/python tsfront/bench/micro/bench_tools.py``; under pytest-benchmark:
+``.venv/bin/python -m pytest tsfront/bench/micro -k tools``.
 """
 
 from __future__ import annotations
