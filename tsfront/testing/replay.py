@@ -143,7 +143,7 @@ class ReplayEngines:
                 input_ids=[1, 2, 3],
                 stream=True,
                 data_parallel_rank=k,
-                sampling_params=SamplingParams(max_new_tokens=1 << 20),
+                sampling_params=SamplingParams(max_new_tokens=1024),
             )
             for i in range(rows)
             for k in range(self.ranks)
