@@ -10,7 +10,7 @@ import tracemalloc
 from collections import Counter
 
 import pytest
-from core_fixtures import FOREVER, collect, next_chunk, request, rig
+from support.core_fixtures import FOREVER, collect, next_chunk, request, rig
 from test_hardening_support import io_rig, wait_state
 
 from tsfront import LoadBalance, Routing, _native

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -35,3 +36,19 @@ def test_bench_serve_reports_every_figure() -> None:
     assert len(floor["runs"]) == 2  # before and after the targets
     assert math.isfinite(floor["us_per_event"]) and floor["us_per_event"] > 0
     assert all(run["events"] > 0 and run["connections"] == 64 for run in floor["runs"])
+
+
+def test_bench_serve_without_its_extra_refuses_with_the_install_line(tmp_path) -> None:
+    # A package that cannot be imported stands in for a venv without the bench extra: the
+    # run stops before starting anything (exit 2), naming the module and the install line,
+    # instead of reporting every target as skipped.
+    (tmp_path / "aiohttp.py").write_text("raise ImportError('not installed here')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "tsfront", "bench", "serve", "--quick", "--no-smg"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert "tsfront bench serve needs aiohttp" in out.stderr
+    assert "pip install 'tsfront[bench]'" in out.stderr
+    assert out.stdout == ""

@@ -11,7 +11,7 @@ import asyncio
 import gc
 
 import pytest
-from core_fixtures import DEADLINE, FOREVER, collect, in_thread, next_chunk, request, rig
+from support.core_fixtures import DEADLINE, FOREVER, collect, in_thread, next_chunk, request, rig
 
 
 async def _started(r, rid: str):

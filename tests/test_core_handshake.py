@@ -10,7 +10,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from core_fixtures import DEADLINE, collect, engine_rids, expected_tokens, free_port, request, rig
+from support.core_fixtures import (
+    DEADLINE,
+    collect,
+    engine_rids,
+    expected_tokens,
+    free_port,
+    request,
+    rig,
+)
 
 from tsfront import (
     ClientClosed,

@@ -4,7 +4,7 @@ sent (the sim's log shows no ADD), and a rid in flight in another worker → `St
 from __future__ import annotations
 
 import pytest
-from core_fixtures import (
+from support.core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,

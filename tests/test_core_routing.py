@@ -7,7 +7,15 @@ import time
 from collections import Counter
 
 import pytest
-from core_fixtures import FOREVER, collect, engine_rids, next_chunk, request, rig, wait_until
+from support.core_fixtures import (
+    FOREVER,
+    collect,
+    engine_rids,
+    next_chunk,
+    request,
+    rig,
+    wait_until,
+)
 
 from tsfront import LoadBalance, Routing
 from tsfront.io.engines import Engine, EngineState

@@ -7,7 +7,7 @@ import asyncio
 import struct
 
 import pytest
-from core_fixtures import (
+from support.core_fixtures import (
     DEADLINE,
     collect,
     expected_tokens,

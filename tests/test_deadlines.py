@@ -15,8 +15,8 @@ import time
 
 import pytest
 import zmq
-from core_fixtures import DEADLINE, FOREVER, collect, in_thread, next_chunk, request, rig
-from raw_engine import raw_rig
+from support.core_fixtures import DEADLINE, FOREVER, collect, in_thread, next_chunk, request, rig
+from support.raw_engine import raw_rig
 
 from tsfront import ClientConfig, ConfigError, DeadlineExceeded, InvalidRequest
 from tsfront.io.engines import EngineState, PendingSend

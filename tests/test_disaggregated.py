@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from core_fixtures import (
+from support.core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,

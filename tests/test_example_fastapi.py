@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from serve_fixtures import serve_children
+from support.serve_fixtures import serve_children
 
 from tsfront.sim import SimGroup
 

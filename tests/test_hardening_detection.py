@@ -18,7 +18,7 @@ import subprocess
 import time
 
 import pytest
-from core_fixtures import DEADLINE, FOREVER, collect, expected_tokens, next_chunk, request
+from support.core_fixtures import DEADLINE, FOREVER, collect, expected_tokens, next_chunk, request
 from test_hardening_support import io_rig, wait_state
 
 from tsfront import EngineDied

@@ -43,7 +43,7 @@ from typing import Any
 
 import msgspec
 import zmq
-from core_fixtures import DEADLINE, expected_tokens, request, rig, wait_until
+from support.core_fixtures import DEADLINE, expected_tokens, request, rig, wait_until
 from test_hardening_support import slot_state
 
 from tsfront import StreamError

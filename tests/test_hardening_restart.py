@@ -9,7 +9,7 @@ import asyncio
 import time
 
 import pytest
-from core_fixtures import (
+from support.core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,

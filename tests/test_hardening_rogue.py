@@ -14,7 +14,7 @@ import socket
 
 import pytest
 import zmq
-from core_fixtures import (
+from support.core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,
@@ -25,15 +25,18 @@ from core_fixtures import (
     rig,
     wait_until,
 )
-from raw_engine import raw_rig
+from support.raw_engine import RawEngine, raw_rig
 
-from tsfront import control
+from tsfront import ClientConfig, EngineClient, HandshakeTimeout, IOProcess, control
+from tsfront.testing import private_addresses
 from tsfront.wire import (
     BatchTokenIDOutSlim,
+    EngineRegistration,
     decode_init,
     encode_hello,
     encode_output,
     encode_ready,
+    encode_registration,
     engine_identity,
 )
 
@@ -298,3 +301,39 @@ async def test_an_engine_naming_another_engines_rid_never_touches_that_stream():
         assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 3
         assert {c.engine_index for c in chunks} == {0}
         assert client.metrics()["unknown_rows"] == before["unknown_rows"] + 2
+
+
+async def test_a_garbage_registration_is_dropped_and_the_ranks_next_one_counts():
+    # The raw engine lies through the shared handshake's registration hook: its first frame
+    # on the input is no registration at all. The I/O process drops it (the rank stays
+    # handshaking, so a client cannot attach yet), keeps running, and the rank's next,
+    # well-formed registration makes it live and served.
+    cfg = ClientConfig(
+        handshake_address="tcp://127.0.0.1:0",
+        num_engines=1,
+        handshake_timeout=DEADLINE,
+        **private_addresses(),
+    )
+    io = await asyncio.to_thread(IOProcess.start, cfg)
+    ctx = zmq.Context()
+    engine = client = None
+    try:
+        engine = await in_thread(
+            lambda: RawEngine(ctx, io.handshake_address, 0, registration=b"\xc1 not a map")
+        )
+        with pytest.raises(HandshakeTimeout):
+            await EngineClient.attach(io.address, timeout=0.5)
+        engine.input.send(encode_registration(EngineRegistration(max_model_len=1 << 20)))
+        client = await EngineClient.attach(io.address, timeout=DEADLINE)
+        stream = await client.generate(request("after-garbage", 2))
+        assert (await in_thread(engine.recv_add)).rid == "after-garbage"
+        engine.push(engine.tokens_frame("after-garbage", [5, 6], 2, "length"))
+        tokens, chunks = await collect(stream)
+        assert tokens == [5, 6] and chunks[-1].finish_reason == "length"
+    finally:
+        if client is not None:
+            await client.close()
+        if engine is not None:
+            engine.close()
+        ctx.destroy(linger=0)
+        await asyncio.to_thread(io.stop)

@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from core_fixtures import expected_tokens, reap, request, spawn, wait_until
+from support.core_fixtures import expected_tokens, reap, request, spawn, wait_until
 from test_hardening_support import fd_count, io_rig, shm_names, wait_state
 
 from tsfront import EngineClient, StreamError

@@ -13,49 +13,18 @@ import time
 
 import pytest
 import zmq
-from core_fixtures import DEADLINE, collect, expected_tokens, in_thread
-from raw_engine import raw_rig
+from support.core_fixtures import DEADLINE, collect, expected_tokens, in_thread
+from support.raw_engine import RawEngine, raw_rig
 
 from tsfront import ClientConfig, EngineClient, IOProcess, SendTimeout
 from tsfront.sim import SimGroup
 from tsfront.wire import (
-    EngineRegistration,
     SamplingParams,
     TokenizedGenerateReqInput,
-    decode_init,
-    encode_hello,
-    encode_ready,
-    encode_registration,
-    engine_identity,
 )
 
 SEND_TIMEOUT = 0.5
 STUCK = 1  # rank of the engine that never reads
-
-
-def _register_stuck_engine(ctx: zmq.Context, handshake: str) -> list[zmq.Socket]:
-    """Handshake and register rank 1 by hand; its input DEALER is never read."""
-    hs = ctx.socket(zmq.DEALER)
-    hs.setsockopt(zmq.IDENTITY, engine_identity(STUCK))
-    hs.connect(handshake)
-    hs.send(encode_hello())
-    if not hs.poll(int(DEADLINE * 1000)):
-        raise AssertionError("no INIT for the stuck engine")
-    init = decode_init(hs.recv_multipart()[-1])
-    hs.send(encode_ready())
-    inp = ctx.socket(zmq.DEALER)
-    inp.setsockopt(zmq.IDENTITY, engine_identity(STUCK))
-    inp.setsockopt(zmq.RCVHWM, 1)
-    inp.setsockopt(zmq.RCVBUF, 4096)
-    inp.connect(init.addresses.inputs[0])
-    inp.send(
-        encode_registration(
-            EngineRegistration(max_model_len=1 << 20, data_parallel_rank=1, data_parallel_size=2)
-        )
-    )
-    out = ctx.socket(zmq.PUSH)
-    out.connect(init.addresses.outputs[0])
-    return [hs, inp, out]
 
 
 def _big_request(rid: str, pin: int, new_tokens: int = 4) -> TokenizedGenerateReqInput:
@@ -86,11 +55,14 @@ async def test_engine_that_never_reads_gets_send_timeouts_and_the_healthy_rank_s
     ctx = zmq.Context()
     sim = None
     client = None
-    sockets: list[zmq.Socket] = []
+    stuck_engine = None
     try:
         # Rank 0 is a simulated engine; rank 1 is registered by hand and never reads.
         sim = SimGroup(io.handshake_address, 1).start()
-        sockets = await in_thread(_register_stuck_engine, ctx, io.handshake_address)
+        # Rank 1 is a raw engine that registers and then never reads its input.
+        stuck_engine = await in_thread(
+            lambda: RawEngine(ctx, io.handshake_address, STUCK, rank=1, size=2, stuck=True)
+        )
         client = await EngineClient.attach(io.address, timeout=DEADLINE)
         stuck = [await client.generate(_big_request(f"stuck-{i}", STUCK)) for i in range(200)]
         healthy = await client.generate(
@@ -128,8 +100,8 @@ async def test_engine_that_never_reads_gets_send_timeouts_and_the_healthy_rank_s
     finally:
         if client is not None:
             await client.close()
-        for s in sockets:
-            s.close(linger=0)
+        if stuck_engine is not None:
+            stuck_engine.close()
         ctx.term()
         if sim is not None:
             await asyncio.to_thread(sim.stop)

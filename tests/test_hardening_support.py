@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core_fixtures import DEADLINE, wait_until
+from support.core_fixtures import DEADLINE, wait_until
 
 from tsfront import ClientConfig, EngineClient, IOProcess
 

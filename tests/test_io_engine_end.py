@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from core_fixtures import (
+from support.core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,
@@ -18,7 +18,7 @@ from core_fixtures import (
     wait_until,
     wait_until_blocking,
 )
-from raw_engine import RawEngine, raw_rig
+from support.raw_engine import RawEngine, raw_rig
 
 from tsfront import EngineDied, IOProcessDied
 from tsfront.region import FIN_ENGINE_DEAD, FIN_IO_STOPPING

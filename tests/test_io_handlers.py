@@ -11,7 +11,7 @@ import time
 
 import pytest
 import zmq
-from core_fixtures import DEADLINE
+from support.core_fixtures import DEADLINE
 
 from tsfront import ClientConfig, _native, control
 from tsfront.io.engines import EngineState

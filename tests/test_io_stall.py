@@ -15,7 +15,7 @@ import time
 from collections import Counter
 
 import pytest
-from core_fixtures import (
+from support.core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,

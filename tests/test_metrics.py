@@ -19,7 +19,9 @@ import urllib.request
 from typing import Any
 
 import pytest
-from core_fixtures import (
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from support.core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,
@@ -31,8 +33,6 @@ from core_fixtures import (
     spawn,
     wait_until,
 )
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 from test_cli import TSFRONT, Proc
 from test_hardening_support import io_rig, wait_state
 

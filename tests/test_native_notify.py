@@ -1,7 +1,7 @@
 """The notify protocol between a native Writer and a native Reader in two processes.
 
 Every slot of the worker is busy while the Writer streams tokens and ends as fast as it can and
-the Reader (tests/notify_reader.py, its own process) polls and parks as a worker does. Pins:
+the Reader (tests/support/notify_reader.py, its own process) polls and parks as a worker does. Pins:
 every token and every end reaches the reader, in order, in every trial; the Writer never has
 more than ``slots_per_worker`` entries outstanding on a ring (the invariant), so an honest run
 counts no overflow; a reader that breaks the protocol (clears flags without consuming, so the
@@ -31,7 +31,7 @@ from tsfront.wire import BatchTokenIDOutSlim, encode_output
 
 WORKERS, SPW, CAP, ENGINES = 1, 64, 4096, 1
 FIN_DUPLICATE = 18
-HELPER = Path(__file__).with_name("notify_reader.py")
+HELPER = Path(__file__).parent / "support" / "notify_reader.py"
 # Offsets inside a worker control block and a slot's line A (native/region.h).
 CTL_HEAD, CTL_TAIL = 0, 64
 SLOT_NOTIFIED = 44

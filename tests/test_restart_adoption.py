@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from core_fixtures import (
+from support.core_fixtures import (
     DEADLINE,
     FOREVER,
     collect,
@@ -345,7 +345,7 @@ def test_state_dir_files_are_atomic_and_bad_ones_ignored(tmp_path):
 
 
 def _raw(ctx, handshake: str, index: int, size: int):
-    from raw_engine import RawEngine
+    from support.raw_engine import RawEngine
 
     return RawEngine(ctx, handshake, index, rank=index, size=size)
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from core_fixtures import free_port
+from support.core_fixtures import free_port
 from test_cli import ATTACH_SCRIPT, DEADLINE_S, ENV, TSFRONT, Proc, procs, run_tsfront  # noqa: F401
 
 from tsfront.sim import SimGroup, default_token

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import start_served as serve_rig
 
 from tsfront.sim import SimGroup
 from tsfront.sim.scheduler import default_logprob
@@ -70,33 +71,12 @@ class Served:
 
 
 def start_served(model_dir: str, workers: int, context: int = CONTEXT, **sim: object) -> Served:
-    server = ServeProcess(
-        [
-            "--model",
-            model_dir,
-            "--handshake",
-            "tcp://127.0.0.1:0",
-            "--num-engines",
-            "2",
-            "--workers",
-            str(workers),
-            "--port",
-            "0",
-            "--handshake-timeout",
-            "30",
-        ]
+    # The library's rig (tsfront.testing, the plugin's tsfront_serve fixture): the server in a
+    # session of its own, two in-process ranks dialing its handshake.
+    s = serve_rig(
+        model_dir, workers=workers, ranks=2, token_fn=token_fn, max_model_len=context, **sim
     )
-    group = None
-    try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(handshake, 2, token_fn=token_fn, max_model_len=context, **sim).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
-    except BaseException:
-        server.stop()
-        if group is not None:
-            group.stop()
-        raise
-    return Served(server, group, url)
+    return Served(s.server, s.group, s.url)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import asyncio
 
 import httpx
 import pytest
-from core_fixtures import DEADLINE, collect, in_thread, request
-from raw_engine import raw_rig
+from support.core_fixtures import DEADLINE, collect, in_thread, request
+from support.raw_engine import raw_rig
 
 from tsfront.serve.api import RETRY_AFTER_S, OpenAIService
 from tsfront.serve.asgi import ServeApp

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess
 
 from tsfront.serve import gate as gate_module
 from tsfront.serve.edge import EdgeSettings

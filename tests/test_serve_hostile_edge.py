@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
 

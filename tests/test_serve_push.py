@@ -17,7 +17,7 @@ import socket
 import time
 
 import pytest
-from core_fixtures import DEADLINE, expected_tokens, request, rig
+from support.core_fixtures import DEADLINE, expected_tokens, request, rig
 from test_serve import expected_text, start_served
 
 from tsfront.serve.push import Pusher

@@ -20,7 +20,7 @@ import time
 
 import httpx
 import pytest
-from serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
 

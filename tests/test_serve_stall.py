@@ -21,9 +21,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from core_fixtures import free_port
 from prometheus_client.parser import text_string_to_metric_families
-from serve_fixtures import ServeProcess
+from support.core_fixtures import free_port
+from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
 

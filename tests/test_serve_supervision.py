@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import test_sim
-from core_fixtures import DEADLINE, collect, request, rig
+from support.core_fixtures import DEADLINE, collect, request, rig
 from test_sim import Frontend, rows
 
 from tsfront.sim import Scheduler, SchedulerConfig, default_token

@@ -55,7 +55,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from core_fixtures import expected_tokens, private_addresses, reap, request, spawn, wait_until
+from support.core_fixtures import (
+    expected_tokens,
+    private_addresses,
+    reap,
+    request,
+    spawn,
+    wait_until,
+)
 from test_hardening_support import (
     fd_count,
     io_rig,

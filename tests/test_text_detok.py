@@ -13,7 +13,7 @@ import copy
 import random
 
 import pytest
-from text_fixtures import REPLACEMENT, mixed_text, model_dir
+from support.text_fixtures import REPLACEMENT, mixed_text, model_dir
 
 from tsfront.text import Detokenizer, StreamDetokenizer, TableDetokenizer, TextError, TextModel
 

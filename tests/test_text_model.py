@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from text_fixtures import model_dir
+from support.text_fixtures import model_dir
 
 from tsfront.text import ChatTemplateError, TextError, TextModel, TokenizerNotFound
 from tsfront.text.testing import CHATML_TEMPLATE

@@ -183,7 +183,7 @@ def test_detokenized_stream_stops_where_the_full_text_does(
     """Detokenizer and matcher together, as a worker runs them: stop strings of several
     scripts, split across tokens (and across the bytes of a character), end the stream at the
     same place as in the full decode, and the matching chunk is the one that completes them."""
-    from text_fixtures import mixed_text, model_dir
+    from support.text_fixtures import mixed_text, model_dir
 
     from tsfront.text import TextModel
 

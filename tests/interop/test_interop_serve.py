@@ -10,7 +10,6 @@ ABORT the engine decodes (read back from the harness log). About 10 s.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +19,7 @@ import pytest
 from harness_process import Harness, spawn_harness
 from sim_rules import token_at
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from serve_fixtures import ServeProcess
+from tsfront.testing import ServeProcess
 
 DEADLINE = 30.0
 

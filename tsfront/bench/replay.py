@@ -12,9 +12,10 @@ msgpack payload is patched, right before the send, with the send time (CLOCK_MON
 The consumer compares it with its own ``time.monotonic_ns()`` (the clock is system-wide).
 
 :func:`engine_main` is the body of one engine process, driven over a `multiprocessing` pipe:
-it handshakes (HELLO / INIT / READY, registration on the input DEALER, output PUSH) exactly as
-:class:`tsfront.sim.SimEngine` does, records when each ADD arrives, and runs the bursts and
-paced sends the driver asks for, to its output PUSH or to a baseline receiver's PULL.
+it handshakes (HELLO / INIT / READY, registration on the input DEALER, output PUSH) with
+:class:`tsfront.sim.endpoint.EngineEndpoint`, as the simulator does, records when each ADD
+arrives, and runs the bursts and paced sends the driver asks for, to its output PUSH or to a
+baseline receiver's PULL.
 """
 
 from __future__ import annotations
@@ -25,18 +26,8 @@ from multiprocessing.connection import Connection
 
 import zmq
 
-from tsfront.wire import (
-    ADD,
-    BatchTokenIDOutSlim,
-    EngineRegistration,
-    decode_add,
-    decode_init,
-    encode_hello,
-    encode_output,
-    encode_ready,
-    encode_registration,
-    engine_identity,
-)
+from tsfront.sim.endpoint import EngineEndpoint
+from tsfront.wire import ADD, BatchTokenIDOutSlim, EngineRegistration, decode_add, encode_output
 
 STAMP_MASK = (1 << 30) - 1
 STAMP_BIT = 1 << 30
@@ -168,6 +159,7 @@ class ReplayEngine:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.ctx = zmq.Context(1)
+        self.endpoint: EngineEndpoint | None = None
         self.inp: zmq.Socket | None = None
         self.out: zmq.Socket | None = None
         self.frames: dict[str, FrameSet] = {}
@@ -177,26 +169,10 @@ class ReplayEngine:
 
     def handshake(self, address: str, engine_index: int, rank: int, size: int) -> None:
         """Dial the frontend as engine ``engine_index`` and register, like a TokenSpeed rank."""
-        identity = engine_identity(engine_index)
-        hs = self.ctx.socket(zmq.DEALER)
-        hs.setsockopt(zmq.IDENTITY, identity)
-        hs.setsockopt(zmq.LINGER, 0)
-        hs.connect(address)
-        hs.send(encode_hello())
-        if not hs.poll(30_000):
-            raise RuntimeError(f"engine {engine_index}: no INIT within 30 s")
-        init = decode_init(hs.recv_multipart()[-1])
-        hs.send(encode_ready())
-        inp = self.ctx.socket(zmq.DEALER)
-        inp.setsockopt(zmq.IDENTITY, identity)
-        inp.setsockopt(zmq.LINGER, 0)
-        inp.connect(init.addresses.inputs[0])
-        inp.send(encode_registration(registration(rank, size)))
-        out = self.ctx.socket(zmq.PUSH)
-        out.setsockopt(zmq.LINGER, 1000)
-        out.connect(init.addresses.outputs[0])
-        self.inp, self.out = inp, out
-        hs.close()
+        endpoint = EngineEndpoint(self.ctx, address, engine_index)
+        self.endpoint = endpoint
+        self.inp = endpoint.dial(registration(rank, size), timeout_s=30.0, output_linger_ms=1000)
+        self.out = endpoint.output
 
     def _target(self, address: str | None) -> zmq.Socket:
         if address is None:
@@ -282,9 +258,10 @@ class ReplayEngine:
 
     def close(self) -> None:
         """Close every socket and the ZMQ context."""
-        for s in [self.inp, self.out, *self.targets.values()]:
-            if s is not None:
-                s.close()
+        if self.endpoint is not None:
+            self.endpoint.close()
+        for s in self.targets.values():
+            s.close()
         self.ctx.term()
 
 

@@ -487,9 +487,36 @@ def params_from(args: argparse.Namespace) -> ServeParams:
     return p
 
 
+#: What ``bench serve`` imports, in itself or in the processes it starts (all in the bench
+#: extra): the load generator's HTTP client, and ``tsfront serve``'s stack.
+BENCH_SERVE_MODULES = ("aiohttp", "uvicorn", "httptools", "tokenizers", "jinja2")
+
+
+def require_modules(p: ServeParams) -> None:
+    """Refuse to start (exit 2 with the ``pip install`` line) when a module the run needs is
+    missing: a target that cannot start is otherwise only a "skipped" line of the report."""
+    import importlib
+
+    from tsfront.cli import MissingExtra
+
+    wanted = [*BENCH_SERVE_MODULES, *(s for s in p.stacks if s == "granian")]
+    missing = []
+    for module in wanted:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise MissingExtra(
+            f"tsfront bench serve needs {', '.join(missing)}, not installed: "
+            "pip install 'tsfront[bench]'"
+        )
+
+
 def run_cli(args: argparse.Namespace) -> int:
     """``tsfront bench serve``: run and print (JSON with ``--json``, else a table)."""
     p = params_from(args)
+    require_modules(p)
     # SIGTERM unwinds like Ctrl-C, so every server and engine group started is stopped.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     report = run_serve(p, verbose=not args.json)

@@ -25,6 +25,7 @@ import msgspec
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from tsfront.sim.endpoint import EngineEndpoint, HandshakeFailed, HandshakeTimeout
 from tsfront.sim.scheduler import (
     EngineFault,
     OutputRow,
@@ -42,11 +43,7 @@ from tsfront.wire import (
     EngineRegistration,
     decode_abort,
     decode_add,
-    decode_init,
-    encode_hello,
     encode_output,
-    encode_ready,
-    encode_registration,
     engine_identity,
 )
 
@@ -317,9 +314,9 @@ class SimEngine:
     def run(self) -> str:
         """Handshake and serve on the current thread until stopped or a fault; returns outcome."""
         context = zmq.Context()
-        sockets: list[zmq.Socket] = []
+        endpoint = EngineEndpoint(context, self.handshake_address, self.engine_index)
         try:
-            self.outcome = self._run(context, sockets)
+            self.outcome = self._run(endpoint)
         except _Stop:
             self.outcome = "stopped"
         except Exception:
@@ -329,9 +326,9 @@ class SimEngine:
         finally:
             if self.outcome == "stopped" and self._sentinel_on_stop:
                 self._send_sentinel()
-            for sock in sockets:
-                linger = _OUTPUT_LINGER_MS if sock is self._out else 0
-                sock.close(linger=linger)
+            if self._frontend is not None:
+                self._frontend.close(linger=0)
+            endpoint.close(output_linger_ms=_OUTPUT_LINGER_MS)
             context.term()
             if self.outcome == "exited" and self.options.hard_exit:
                 os._exit(1)
@@ -411,50 +408,32 @@ class SimEngine:
 
     # -- handshake ----------------------------------------------------------------------------
 
-    def _run(self, context: zmq.Context, sockets: list[zmq.Socket]) -> str:
-        handshake = context.socket(zmq.DEALER)
-        sockets.append(handshake)
-        handshake.setsockopt(zmq.IDENTITY, self.identity)
-        handshake.connect(self.handshake_address)
-        handshake.send(encode_hello())
-        deadline = time.monotonic() + self.options.handshake_timeout_s
-        while not handshake.poll(int(_POLL_SLICE_S * 1000)):
-            self._check_stop()
-            if time.monotonic() >= deadline:
-                log.error("engine %d: no INIT within the handshake timeout", self.engine_index)
-                return "timeout"
-        frames = handshake.recv_multipart()
+    def _run(self, endpoint: EngineEndpoint) -> str:
+        opts = self.options
+
+        def configure_input(inp: zmq.Socket) -> None:
+            # Watch the input connection so the rank can say when its frontend goes away.
+            self._frontend = inp.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            if opts.input_reconnect_ms is not None:
+                inp.setsockopt(zmq.RECONNECT_IVL, opts.input_reconnect_ms)
+
         try:
-            init = decode_init(frames[-1])
-        except Exception as exc:
-            log.error("engine %d: bad INIT, exiting: %s", self.engine_index, exc)
-            return "handshake_failed"
-        handshake.send(encode_ready())
-        inputs, outputs = init.addresses.inputs, init.addresses.outputs
-        if not inputs or not outputs:
-            log.error("engine %d: INIT without inputs/outputs, exiting", self.engine_index)
-            return "handshake_failed"
-        self.init_addresses = (inputs[0], outputs[0])
-        inp = context.socket(zmq.DEALER)
-        sockets.append(inp)
-        inp.setsockopt(zmq.IDENTITY, self.identity)
-        # Watch the input connection so the rank can say when its frontend goes away.
-        self._frontend = inp.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        sockets.insert(0, self._frontend)
-        if self.options.input_reconnect_ms is not None:
-            inp.setsockopt(zmq.RECONNECT_IVL, self.options.input_reconnect_ms)
-        inp.connect(inputs[0])
-        inp.send(
-            encode_registration(
-                self._registration(), legacy_block_size=self.options.legacy_registration
+            inp = endpoint.dial(
+                self._registration(),
+                timeout_s=opts.handshake_timeout_s,
+                should_stop=self._check_stop,
+                legacy_block_size=opts.legacy_registration,
+                configure_input=configure_input,
+                output_linger_ms=_OUTPUT_LINGER_MS,
             )
-        )
-        out = context.socket(zmq.PUSH)
-        sockets.append(out)
-        out.connect(outputs[0])
-        self._out = out
-        sockets.remove(handshake)
-        handshake.close(linger=0)
+        except HandshakeTimeout:
+            log.error("engine %d: no INIT within the handshake timeout", self.engine_index)
+            return "timeout"
+        except HandshakeFailed as exc:
+            log.error("engine %d: %s, exiting", self.engine_index, exc)
+            return "handshake_failed"
+        self.init_addresses = endpoint.addresses
+        self._out = endpoint.output
         self._registered.set()
         log.info("engine %d registered (dp rank %d)", self.engine_index, self.data_parallel_rank)
         return self._serve(inp)

@@ -1,9 +1,11 @@
 """A rank driven by hand, for tests that need exact control of what an engine sends and when.
 
-`RawEngine` runs the HELLO → INIT → READY → registration handshake with plain ZMQ sockets, then
-lets the test read the ADD/ABORT frames the I/O process sends it and push any output frame
-(well-formed or not) on its output PUSH, connect that PUSH late, or close it abruptly. It
-does nothing on its own: no steps, no threads, no timers. No tests of its own.
+`RawEngine` runs the HELLO → INIT → READY → registration handshake through
+`tsfront.sim.endpoint.EngineEndpoint`, the simulator's own (``hello``, ``ready`` and
+``registration`` replace the frames it sends, for an engine that lies), then lets the test
+read the ADD/ABORT frames the I/O process sends it and push any output frame (well-formed or
+not) on its output PUSH, connect that PUSH late, or close it abruptly. It does nothing on its
+own: no steps, no threads, no timers. No tests of its own.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import zmq
-from core_fixtures import DEADLINE
 
+from support.core_fixtures import DEADLINE
 from tsfront import ClientConfig, EngineClient, IOProcess
+from tsfront.sim.endpoint import EngineEndpoint
 from tsfront.wire import (
     ABORT,
     ADD,
@@ -27,12 +30,7 @@ from tsfront.wire import (
     TokenizedGenerateReqInput,
     decode_abort,
     decode_add,
-    decode_init,
-    encode_hello,
     encode_output,
-    encode_ready,
-    encode_registration,
-    engine_identity,
 )
 
 
@@ -49,37 +47,33 @@ class RawEngine:
         size: int = 1,
         connect_output: bool = True,
         stuck: bool = False,
+        hello: bytes | None = None,
+        ready: bytes | None = None,
+        registration: EngineRegistration | bytes | None = None,
     ) -> None:
         self.ctx = ctx
         self.index = index
-        hs = ctx.socket(zmq.DEALER)
-        hs.setsockopt(zmq.LINGER, 0)
-        hs.setsockopt(zmq.IDENTITY, engine_identity(index))
-        hs.connect(handshake)
+        self.endpoint = endpoint = EngineEndpoint(ctx, handshake, index)
         try:
-            hs.send(encode_hello())
-            if not hs.poll(int(DEADLINE * 1000)):
-                raise AssertionError(f"no INIT for raw engine {index}")
-            init = decode_init(hs.recv_multipart()[-1])
-            hs.send(encode_ready())
+            endpoint.hello(hello)
+            endpoint.wait_init(DEADLINE)
+            endpoint.ready(ready)
         finally:
-            hs.close()
-        self.output_address = init.addresses.outputs[0]
-        self.input = ctx.socket(zmq.DEALER)
-        self.input.setsockopt(zmq.LINGER, 0)
-        self.input.setsockopt(zmq.IDENTITY, engine_identity(index))
-        if stuck:
-            # An engine that stops reading: its queue and socket buffer hold very little.
-            self.input.setsockopt(zmq.RCVHWM, 1)
-            self.input.setsockopt(zmq.RCVBUF, 4096)
-        self.input.connect(init.addresses.inputs[0])
-        self.input.send(
-            encode_registration(
-                EngineRegistration(
-                    max_model_len=1 << 20, data_parallel_rank=rank, data_parallel_size=size
-                )
+            endpoint.close_handshake()
+        assert endpoint.addresses is not None
+        self.output_address = endpoint.addresses[1]
+
+        def configure(inp: zmq.Socket) -> None:
+            if stuck:
+                # An engine that stops reading: its queue and socket buffer hold very little.
+                inp.setsockopt(zmq.RCVHWM, 1)
+                inp.setsockopt(zmq.RCVBUF, 4096)
+
+        if registration is None:
+            registration = EngineRegistration(
+                max_model_len=1 << 20, data_parallel_rank=rank, data_parallel_size=size
             )
-        )
+        self.input = endpoint.register(registration, configure_input=configure)
         self.output: zmq.Socket | None = None
         if connect_output:
             self.connect_output()
@@ -90,11 +84,10 @@ class RawEngine:
         It lives in a context of its own, so that `close_output` can wait until every frame
         pushed has been written to the connection before it closes."""
         self._output_ctx = zmq.Context(1)
-        out = self._output_ctx.socket(zmq.PUSH)
-        out.setsockopt(zmq.LINGER, 5000)
-        out.setsockopt(zmq.SNDHWM, 0)  # a test's burst never blocks, whoever is not reading
-        out.connect(self.output_address)
-        self.output = out
+        # A test's burst never blocks, whoever is not reading.
+        self.output = self.endpoint.connect_output(
+            context=self._output_ctx, linger_ms=5000, sndhwm=0
+        )
 
     def recv_add(self, timeout: float = DEADLINE) -> TokenizedGenerateReqInput:
         """The next ADD the I/O process sent (ABORTs before it are skipped)."""
@@ -163,14 +156,14 @@ class RawEngine:
         """Close the PUSH once every queued frame is written to the connection (at most 5 s);
         the I/O process then sees the frames, then the disconnect."""
         if self.output is not None:
-            self.output.close(linger=5000)
+            self.endpoint.close_output(5000)
             self.output = None
             self._output_ctx.term()
 
     def close(self) -> None:
         """Close every socket."""
         self.close_output()
-        self.input.close(linger=0)
+        self.endpoint.close()
 
 
 @contextlib.asynccontextmanager

@@ -1,4 +1,4 @@
-"""Collect ``bench_*.py`` files as test modules, so ``pytest bench`` runs the benchmarks."""
+"""Collect ``bench_*.py`` files as test modules: ``pytest tsfront/bench/micro`` runs them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Benchmarks of the tsfront.wire hot paths: output decode, ADD encode, request validation.
 
-Run: ``.venv/bin/python -m pytest bench -q``.
+Run: ``.venv/bin/python -m pytest tsfront/bench/micro -q``.
 """
 
 from __future__ import annotations

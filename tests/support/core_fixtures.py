@@ -2,9 +2,11 @@
 
 A `Rig` is one real I/O process (``IOProcess.start``) with a group of simulated ranks dialing
 its handshake socket over loopback TCP and one attached `EngineClient`; `rig()` starts it and
-stops everything it started, in reverse order, whatever the test did. Waits are events with
-deadlines: the sim's ``wait_*`` hooks (run in a thread so the event loop keeps serving the
-client), stream iteration under ``asyncio.wait_for``, or `wait_until` polling a condition.
+stops everything it started, in reverse order, whatever the test did. Both are the library's
+(`tsfront.testing.engine_rig`, which the pytest plugin's ``tsfront_engines`` fixture uses).
+Waits are events with deadlines: the sim's ``wait_*`` hooks (run in a thread so the event
+loop keeps serving the client), stream iteration under ``asyncio.wait_for``, or `wait_until`
+polling a condition.
 Tokens are predicted with the sim's deterministic `default_token` rule.
 
 The module-level ``*_main`` functions are the bodies of spawned worker processes: each
@@ -16,15 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
-import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from tsfront import ClientConfig, EngineClient, IOProcess, OutputChunk, RequestStream
+from tsfront import EngineClient, OutputChunk, RequestStream
 from tsfront.sim import SimGroup, default_token
+from tsfront.testing import EngineRig, engine_rig
+from tsfront.testing import private_addresses as private_addresses
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 
 #: Seconds any single wait may take before the test fails (never reached when things work).
@@ -39,17 +41,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def private_addresses() -> dict[str, str]:
-    """Input and output addresses on private abstract ipc names, as config fields.
-
-    An ephemeral TCP port may be one that a rank of another test (or test run) still
-    reconnects to, and its ENGINE_CORE_DEAD would then kill our engine. Only the handshake
-    must be TCP.
-    """
-    private = f"ipc://@tsfront-test-{secrets.token_hex(8)}"
-    return {"input_address": f"{private}-in", "output_address": f"{private}-out"}
 
 
 def expected_tokens(rid: str, n: int) -> list[int]:
@@ -139,63 +130,15 @@ def engine_rids(sim: SimGroup, index: int) -> list[str]:
     return [r.rid for r in sim.engine(index).requests()]
 
 
-@dataclass
-class Rig:
-    """A running I/O process, its simulated ranks and the clients attached to it."""
-
-    io: IOProcess
-    sim: SimGroup | None
-    client: EngineClient
-    config: ClientConfig
-    clients: list[EngineClient] = field(default_factory=list)
-
-    async def attach(self) -> EngineClient:
-        """Another worker of the same I/O process (closed with the rig)."""
-        client = await EngineClient.attach(self.io.address, timeout=DEADLINE)
-        self.clients.append(client)
-        return client
+#: The rig of the core suite is the library's (tsfront.testing, the pytest plugin's too).
+Rig = EngineRig
 
 
-@contextlib.asynccontextmanager
-async def rig(
-    num_engines: int = 2,
-    *,
-    first_engine_index: int = 0,
-    config: dict[str, Any] | None = None,
-    rank_options: dict[int, dict[str, Any]] | None = None,
-    **sim_options: Any,
-) -> AsyncIterator[Rig]:
-    """Start an I/O process for ``num_engines`` ranks, the sim ranks and one client."""
-    options = private_addresses()
-    options.update(config or {})
-    cfg = ClientConfig(
-        handshake_address="tcp://127.0.0.1:0",
-        num_engines=num_engines,
-        first_engine_index=first_engine_index,
-        handshake_timeout=DEADLINE,
-        **options,
-    )
-    io = await asyncio.to_thread(IOProcess.start, cfg)
-    sim = None
-    clients: list[EngineClient] = []
-    try:
-        sim = SimGroup(
-            io.handshake_address,
-            num_engines,
-            first_engine_index,
-            rank_options=rank_options,
-            **sim_options,
-        ).start()
-        client = await EngineClient.attach(io.address, timeout=DEADLINE)
-        clients.append(client)
-        r = Rig(io, sim, client, cfg, clients)
-        yield r
-    finally:
-        for c in reversed(clients):
-            await c.close()
-        if sim is not None:
-            await asyncio.to_thread(sim.stop)
-        await asyncio.to_thread(io.stop)
+def rig(num_engines: int = 2, **options: Any) -> contextlib.AbstractAsyncContextManager[Rig]:
+    """Start an I/O process for ``num_engines`` ranks, the sim ranks and one client
+    (`tsfront.testing.engine_rig`, with this suite's `DEADLINE`)."""
+    options.setdefault("deadline", DEADLINE)
+    return engine_rig(num_engines, **options)
 
 
 # ---------------------------------------------------------------------------------- workers

@@ -7,7 +7,7 @@ arrive back to back (a ping-pong of one message would measure ZMQ's I/O-thread h
 not its cost per message). Each wake-up benchmark is one signal, polled and consumed.
 Compare them side by side from one run:
 
-    .venv/bin/python -m pytest bench/bench_queue.py --benchmark-columns=median,ops
+    .venv/bin/python -m pytest tsfront/bench/micro/bench_queue.py --benchmark-columns=median,ops
 
 Results are recorded in docs/DESIGN.md ("Local queue: the choice"). The POSIX message queue
 candidates need ``posix_ipc`` (the ``bench`` extra: ``pip install -e '.[test,bench]'``); without

@@ -6,7 +6,8 @@ Four live engines, 64 distinct prompts in rotation, 32 requests kept in flight. 
 between the token counts is the per-token cost; the goal is ≤ 5 µs a request + ≤ 2 µs per
 1,000 prompt tokens of I/O CPU.
 
-Run: ``.venv/bin/python -m pytest bench/bench_routing.py --benchmark-columns=median,ops``.
+Run:
+``.venv/bin/python -m pytest tsfront/bench/micro/bench_routing.py --benchmark-columns=median,ops``.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def _setup(policy: LoadBalance, tokens: int, with_hashes: bool):
     def route() -> None:
         payload, hashes = next(cycle)
         e = router.choose(engines, payload, hashes)
+        assert e is not None  # four live engines: there is always one to choose
         e.in_flight += 1
         window.append(e)
         if len(window) > IN_FLIGHT:

@@ -6,8 +6,8 @@ fed one token at a time, as a worker does at one token per chunk, through a deto
 (so text is held back and released). Goal: ≤ 2 µs per token.
 
 Run the side-by-side table (every algorithm in one run, best of rounds, ratios):
-``.venv/bin/python bench/bench_text.py``; under pytest-benchmark:
-``.venv/bin/python -m pytest bench -k text`` (a round is one stream of 2000 tokens, so
+``.venv/bin/python tsfront/bench/micro/bench_text.py``; under pytest-benchmark:
+``.venv/bin/python -m pytest tsfront/bench/micro -k text`` (a round is one stream of 2000 tokens, so
 µs per token is the round time in ms divided by 2).
 """
 

@@ -2,7 +2,8 @@
 per frame, and msgspec's `decode_output` on the same frame for comparison.
 
 The end-to-end suite (processes, sockets, CPU from /proc) is ``tsfront bench``; these are its
-two native building blocks, for quick regressions. Run: ``.venv/bin/python -m pytest bench``.
+two native building blocks, for quick regressions.
+Run: ``.venv/bin/python -m pytest tsfront/bench/micro``.
 """
 
 from __future__ import annotations

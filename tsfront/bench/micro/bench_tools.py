@@ -10,8 +10,8 @@ calls. The reasoning parser is timed inside and after its section. The server's
 chunk: the parsers chained, plus the pieces it hands the response) is timed on the plain text,
 over ``hermes`` alone and over ``qwen3`` reasoning then ``hermes``.
 
-Run the table: ``.venv/bin/python bench/bench_tools.py``; under pytest-benchmark:
-``.venv/bin/python -m pytest bench -k tools``.
+Run the table: ``.venv/bin/python tsfront/bench/micro/bench_tools.py``; under pytest-benchmark:
+``.venv/bin/python -m pytest tsfront/bench/micro -k tools``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A worker's side of the notify protocol in its own process, for tests/test_native_notify.py.
 
-Run as ``python tests/notify_reader.py MEMFD EVENTFD WORKERS SPW CAP ENGINES``. It maps the
+Run as ``python tests/support/notify_reader.py MEMFD EVENTFD WORKERS SPW CAP ENGINES``. It maps the
 region, then serves trials read as JSON lines on stdin: ``{"tickets": [...], "deadline": s}``
 makes it expect those tickets on its local slots (worker 0) and print ``ready`` (with
 ``"asleep": true``, parked first, and reading nothing until its eventfd is written); it then polls

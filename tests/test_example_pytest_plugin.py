@@ -1,0 +1,43 @@
+"""The pytest plugin's example (examples/pytest_plugin, docs/TESTING.md) runs as a user runs it.
+
+``python -m pytest examples/pytest_plugin`` in a subprocess, with the example's own
+``pytest.ini`` (so nothing of tsfront's test configuration helps it): its three tests must
+pass (simulated ranks through ``tsfront_engines``, replayed frames through ``tsfront_replay``
+under pytest-benchmark, ``tsfront serve`` through ``tsfront_serve``), the benchmark table
+must be printed, and the benchmark's JSON must hold a positive cost per token.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "pytest_plugin"
+
+
+def test_the_plugin_example_passes_and_prints_its_benchmark(tmp_path: Path) -> None:
+    report = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(EXAMPLE), "-q", f"--benchmark-json={report}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert re.search(r"^3 passed", out, re.M), out
+    # pytest-benchmark's table: a header and the benchmark's row with its figures.
+    assert re.search(r"benchmark: 1 tests", out), out
+    row = re.search(r"^test_consumer_cost_per_token\s+([\d.]+)\s+([\d.]+)", out, re.M)
+    assert row and float(row.group(1)) > 0, out
+    (bench,) = json.loads(report.read_text())["benchmarks"]
+    assert bench["name"] == "test_consumer_cost_per_token"
+    assert bench["stats"]["rounds"] == 5
+    assert bench["extra_info"]["tokens_per_round"] == 64 * 32
+    assert 0 < bench["extra_info"]["us_per_token"] < 1e6
+    print(f"example consumer: {bench['extra_info']['us_per_token']:.2f} us per token")
