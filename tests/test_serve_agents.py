@@ -17,7 +17,7 @@ from typing import Any
 
 import agents  # openai-agents (the test extra)
 import pytest
-from serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
 from tsfront.sim.script import Script

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
 

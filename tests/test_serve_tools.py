@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
 from tsfront.sim.scheduler import SCRIPT_ABORT
