@@ -159,6 +159,38 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def edge_events(edge: Edge) -> dict[str, float]:
+    """``tsfront:http_edge_events_total`` by event, from the server's ``/metrics``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{edge.url}/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "tsfront:http_edge_events":
+            return {s.labels["event"]: s.value for s in family.samples if s.name.endswith("_total")}
+    raise AssertionError("no tsfront:http_edge_events family in /metrics")
+
+
+def test_what_the_edge_refuses_is_counted_in_metrics(edge: Edge) -> None:
+    """Idle connections closed at the header deadline and a 431 show in ``/metrics``
+    (published with the worker's heartbeat, so within about a second)."""
+    before = edge_events(edge)
+    socks = [edge.connect() for _ in range(5)]
+    for sock in socks:
+        closed, _ = closed_within(sock, 8)
+        assert closed
+        sock.close()
+    big = httpx.get(f"{edge.url}/health", headers={"x-big": "a" * 120_000}, timeout=5)
+    assert big.status_code == 431
+    edge.wait(
+        "the header timeouts and the 431 in /metrics",
+        lambda: (
+            (now := edge_events(edge))["header_timeout"] >= before["header_timeout"] + 5
+            and now["too_large"] >= before["too_large"] + 1
+        ),
+    )
+    assert set(before) == {"refused", "evicted", "header_timeout", "body_timeout", "too_large"}
+
+
 # ---------------------------------------------------------------------- header deadline
 
 

@@ -9,8 +9,10 @@ store by the block's one writer, as in the metrics area of the shared region
 
 * a worker place's block: its heartbeat (the worker's loop stores ``time.monotonic_ns()``
   every `heartbeat_interval`; the master reads it, nothing per request), then its HTTP
-  responses counted by route and status. A replacement continues from the counts its
-  predecessor left (nobody zeroes them), so a counter never goes back in a scrape;
+  responses counted by route and status, then what its HTTP edge refused or cut
+  (`EDGE_EVENTS`, published with each heartbeat, so a worker that dies loses at most its
+  last interval's). A replacement continues from the counts its predecessor left (nobody
+  zeroes them), so a counter never goes back in a scrape;
 * the master's block: the workers it replaced.
 
 Any worker reads every block, so one ``GET /metrics`` shows every worker's counts.
@@ -21,10 +23,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["ROUTES", "STATUSES", "ServeCounters", "heartbeat_interval"]
+__all__ = ["EDGE_EVENTS", "ROUTES", "STATUSES", "ServeCounters", "heartbeat_interval"]
 
 #: Routes counted (``other``: no such route).
-ROUTES = ("completions", "chat", "models", "health", "metrics", "other")
+ROUTES = (
+    "completions", "chat", "models", "tokenize", "detokenize", "health", "metrics", "other",
+)  # fmt: skip
+#: What the HTTP edge refused or cut (`tsfront.serve.protocol.EdgeLimits.counts`): connections
+#: refused at the cap, idle ones evicted for a new one, header and body deadlines, 431s.
+EDGE_EVENTS = ("refused", "evicted", "header_timeout", "body_timeout", "too_large")
 #: Statuses counted one by one; ``other`` is any other status, ``none`` a request whose client
 #: left before any response started.
 STATUSES = (
@@ -38,7 +45,8 @@ _OTHER_ROUTE = _ROUTE_INDEX["other"]
 
 BEAT = 0
 _COUNTS = 1
-_PLACE_WORDS = (_COUNTS + len(ROUTES) * len(STATUSES) + 7) // 8 * 8  # a whole cache line or more
+_EDGE = _COUNTS + len(ROUTES) * len(STATUSES)
+_PLACE_WORDS = (_EDGE + len(EDGE_EVENTS) + 7) // 8 * 8  # a whole cache line or more
 RESTARTS = 0
 _MASTER_WORDS = 8
 
@@ -85,6 +93,17 @@ class ServeCounters:
         r = _ROUTE_INDEX.get(route, _OTHER_ROUTE)
         self._words[place * _PLACE_WORDS + _COUNTS + r * len(STATUSES) + s] += 1
 
+    def edge(self, place: int) -> list[int]:
+        """Worker place ``place``'s published `EDGE_EVENTS` counts (a replacement's base)."""
+        base = place * _PLACE_WORDS + _EDGE
+        return [int(n) for n in self._words[base : base + len(EDGE_EVENTS)]]
+
+    def set_edge(self, place: int, counts: list[int]) -> None:
+        """Publish worker place ``place``'s `EDGE_EVENTS` counts (totals, in that order)."""
+        base = place * _PLACE_WORDS + _EDGE
+        for i, n in enumerate(counts):
+            self._words[base + i] = n
+
     # ------------------------------------------------------------------ the master writes
 
     def add_restart(self) -> None:
@@ -101,6 +120,14 @@ class ServeCounters:
     def restarts(self) -> int:
         """Workers the master replaced."""
         return int(self._words[self._master + RESTARTS])
+
+    def edge_totals(self) -> dict[str, int]:
+        """`EDGE_EVENTS` counts of every worker place so far."""
+        totals = [0] * len(EDGE_EVENTS)
+        for place in range(self.places):
+            for i, n in enumerate(self.edge(place)):
+                totals[i] += n
+        return dict(zip(EDGE_EVENTS, totals, strict=True))
 
     def requests(self) -> dict[tuple[str, str], int]:
         """Responses of every worker place so far, by (route, status); zero counts left out."""

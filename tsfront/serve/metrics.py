@@ -60,6 +60,17 @@ class MetricsPage:
             for (route, status), n in sorted(counters.requests().items()):
                 http.add_metric([route, status], n)
             yield http
+            edge = CounterMetricFamily(
+                PREFIX + "http_edge_events",
+                "Connections and requests the HTTP edge of every worker refused or cut: "
+                "'refused' at the connection cap, 'evicted' (an idle connection closed for a new "
+                "one), 'header_timeout', 'body_timeout', 'too_large' (431). Published with each "
+                "worker heartbeat.",
+                labels=["event"],
+            )
+            for event, n in counters.edge_totals().items():
+                edge.add_metric([event], n)
+            yield edge
             yield CounterMetricFamily(
                 PREFIX + "worker_restarts",
                 "Worker processes the server's master replaced (died, or missed heartbeats).",

@@ -173,9 +173,15 @@ class Drain:
         server.should_exit = True
 
 
-async def _heartbeat(counters: Any, index: int, interval: float) -> None:
+async def _heartbeat(counters: Any, index: int, interval: float, limits: Any) -> None:
+    # With each beat, the edge's counts (on top of what a predecessor in this place left).
+    from tsfront.serve.counters import EDGE_EVENTS
+
+    base = counters.edge(index)
+    counts = limits.counts
     while True:
         counters.beat(index)
+        counters.set_edge(index, [b + counts[e] for b, e in zip(base, EDGE_EVENTS, strict=True)])
         await asyncio.sleep(interval)
 
 
@@ -193,11 +199,11 @@ async def _serve(
     from tsfront.serve.metrics import MetricsPage
     from tsfront.text import TextModel
 
-    protocol, gate, _ = setup_worker_edge(opts.edge)
+    protocol, gate, limits = setup_worker_edge(opts.edge)
     beating = None
     if counters is not None:
         beating = asyncio.ensure_future(
-            _heartbeat(counters, index, heartbeat_interval(opts.worker_timeout))
+            _heartbeat(counters, index, heartbeat_interval(opts.worker_timeout), limits)
         )
     text = TextModel.load(opts.model)
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
