@@ -24,7 +24,7 @@ from typing import Any
 __all__ = ["ROUTES", "STATUSES", "ServeCounters", "heartbeat_interval"]
 
 #: Routes counted (``other``: no such route).
-ROUTES = ("completions", "chat", "models", "health", "metrics", "other")
+ROUTES = ("completions", "chat", "responses", "models", "health", "metrics", "other")
 #: Statuses counted one by one; ``other`` is any other status, ``none`` a request whose client
 #: left before any response started.
 STATUSES = (
