@@ -558,17 +558,49 @@ def test_an_agent_in_responses_mode_calls_a_tool_and_answers(served: Served) -> 
     assert "run_item_stream_event" in kinds
 
 
-# ---------------------------------------------------------------------- last: the store dies
+# ---------------------------------------------------------------------- last: the store stops
 
 
-def test_a_dead_store_is_a_503_and_store_false_still_works(served: Served) -> None:
-    found = re.search(r"responses store process (\d+)", served.server.stderr())
-    assert found, served.server.stderr()
+def _store_pid(s: Served) -> int:
+    found = re.findall(r"responses store process (\d+)$", s.server.stderr(), re.M)
+    assert found, s.server.stderr()
+    return int(found[-1])
+
+
+def test_a_stuck_store_is_a_503_and_store_false_still_works(served: Served) -> None:
     stored = create(served, input="PLAIN")
-    os.kill(int(found.group(1)), signal.SIGKILL)
-    with pytest.raises(openai.InternalServerError) as err:
-        create(served, input="PLAIN")
-    assert err.value.status_code == 503 and "store" in str(err.value)
-    with pytest.raises(openai.InternalServerError):
+    pid = _store_pid(served)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(openai.InternalServerError) as err:
+            create(served, input="PLAIN")
+        # The store client's timeout (2 s), not the worker's loop, bounds it.
+        assert err.value.status_code == 503 and "store" in str(err.value)
+        assert time.monotonic() - t0 < 10
+        with pytest.raises(openai.InternalServerError):
+            served.client.responses.retrieve(stored.id)
+        assert create(served, input="PLAIN", store=False).output_text == "Just text."
+        assert served.client.models.list().data  # the worker's loop runs on meanwhile
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert served.client.responses.retrieve(stored.id).id == stored.id
+
+
+def test_a_dead_store_is_replaced_empty(served: Served) -> None:
+    stored = create(served, input="PLAIN")
+    pid = _store_pid(served)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + DEADLINE
+    while True:  # until the master noticed and started a new one (every 0.5 s)
+        assert time.monotonic() < deadline, "no new store process"
+        try:
+            fresh = create(served, input="PLAIN")
+            break
+        except openai.InternalServerError as exc:
+            assert exc.status_code == 503
+        time.sleep(0.05)
+    assert _store_pid(served) != pid
+    assert served.client.responses.retrieve(fresh.id).id == fresh.id
+    with pytest.raises(openai.NotFoundError):  # what the old one held is gone
         served.client.responses.retrieve(stored.id)
-    assert create(served, input="PLAIN", store=False).output_text == "Just text."

@@ -502,6 +502,11 @@ def run(args: argparse.Namespace) -> int:
                 for i in reattaching:
                     addresses[i].put(io.address)
                 continue
+            if store is not None and not store.alive():
+                # Same address: the workers' clients connect to the new one by themselves.
+                _note(f"the responses store process {store.pid} exited; starting a new one")
+                store = store.restart()
+                _note(f"responses store process {store.pid}")
             sup.tick(now)
         cut = False
         _note(

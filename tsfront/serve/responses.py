@@ -65,6 +65,8 @@ _BUILTIN_TOOLS = frozenset(
         "custom",
     }
 )
+#: The longest id looked up (ours are 29 characters).
+_MAX_ID = 256
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
 # Chat's names for what a refusal names, in the Responses API's terms.
 _PARAMS = {
@@ -418,6 +420,10 @@ class Responses:
             raise _unavailable(exc) from None
 
     async def _stored(self, rid: str, param: str) -> dict[str, Any]:
+        if len(rid) > _MAX_ID:  # never one of ours: no need to ask the store
+            err = _not_found(rid[:64] + "...")
+            err.param = param
+            raise err
         try:
             blob = await self.store.get(rid)
         except StoreUnavailable as exc:
@@ -763,4 +769,4 @@ def response_id_of(path: str) -> str | None:
     if not path.startswith(prefix):
         return None
     rid = path[len(prefix) :]
-    return rid if rid and "/" not in rid and len(rid) <= 256 else None
+    return rid if rid and "/" not in rid and len(rid) <= _MAX_ID else None

@@ -10,8 +10,9 @@ name, no file: nothing is left when it stops) to the same user only (``SO_PEERCR
 workers talk to it with `StoreClient`, one connection each, every operation under a timeout,
 so a store that is slow or gone costs a request at most `STORE_TIMEOUT_S` and a 503
 (`StoreUnavailable`), never a wedged worker loop. The process dies with the master
-(PR_SET_PDEATHSIG); a restart of the server loses what it held. An embedded `ServeApp` (no
-master) keeps an in-process `LocalStore` instead.
+(PR_SET_PDEATHSIG); the master replaces one that exits (empty, on the same address, which
+the workers' clients connect to again by themselves); a restart loses what it held. An
+embedded `ServeApp` (no master) keeps an in-process `LocalStore` instead.
 
 Frames are a 4-byte big-endian length and a msgpack array: ``[op, id, blob]`` asked (op
 ``get``, ``put``, ``delete``), ``[ok, blob]`` answered.
@@ -265,13 +266,17 @@ def store_main(address: str, items: int, size: int, ready: Any) -> None:
 class StoreProcess:
     """The store process of a ``tsfront serve`` master (``ctx``: its multiprocessing context)."""
 
-    def __init__(self, proc: Any, address: str) -> None:
+    def __init__(self, proc: Any, address: str, ctx: Any, items: int, size: int) -> None:
         self.proc = proc
         self.address = address
+        self._again = (ctx, items, size)
 
     @classmethod
-    def start(cls, ctx: Any, items: int, size: int, timeout: float = 30.0) -> StoreProcess:
-        address = new_address()
+    def start(
+        cls, ctx: Any, items: int, size: int, timeout: float = 30.0, address: str | None = None
+    ) -> StoreProcess:
+        """Start the process (on ``address``, else a fresh one) and wait until it serves."""
+        address = address or new_address()
         theirs, ours = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=store_main,
@@ -290,7 +295,16 @@ class StoreProcess:
             raise RuntimeError("the responses store process died at start") from None
         finally:
             theirs.close()
-        return cls(proc, address)
+        return cls(proc, address, ctx, items, size)
+
+    def alive(self) -> bool:
+        return bool(self.proc.is_alive())
+
+    def restart(self) -> StoreProcess:
+        """A new, empty store on the same address (this one exited: what it held is lost)."""
+        self.stop()
+        ctx, items, size = self._again
+        return StoreProcess.start(ctx, items, size, address=self.address)
 
     @property
     def pid(self) -> int:
