@@ -118,19 +118,22 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("responses")
-    model_dir: Path = make_test_model(base / "resp-model", "bytelevel")
     (base / "template.jinja").write_text(TEMPLATE)
+    return make_test_model(base / "resp-model", "bytelevel")
+
+
+def _start(model_dir: Path, workers: int, *flags: str) -> Served:
     model = TextModel.load(model_dir)
     server = ServeProcess(
         [
             "--model", str(model_dir), "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-            "--workers", "2", "--port", "0", "--handshake-timeout", "60",
-            "--chat-template", str(base / "template.jinja"),
-            "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
+            "--workers", str(workers), "--port", "0", "--handshake-timeout", "60",
+            "--chat-template", str(model_dir.parent / "template.jinja"),
+            "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", *flags,
         ],
-        stderr=base / "stderr.txt",
+        stderr=model_dir.parent / f"stderr-{workers}-{len(flags)}.txt",
     )  # fmt: skip
     group = None
     try:
@@ -145,11 +148,28 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             step_ms=0.5,
         ).start()
         url = server.wait_line(r"^listening: (http://\S+)", 90).group(1)
-        yield Served(server, group, url, model)
-    finally:
-        assert server.stop() == 0
+    except BaseException:
+        server.stop()
         if group is not None:
             group.stop()
+        raise
+    return Served(server, group, url, model)
+
+
+def _stop(s: Served) -> None:
+    try:
+        assert s.server.stop() == 0
+    finally:
+        s.group.stop()
+
+
+@pytest.fixture(scope="module")
+def served(model_dir: Path) -> Iterator[Served]:
+    s = _start(model_dir, 2)
+    try:
+        yield s
+    finally:
+        _stop(s)
 
 
 _ids = iter(range(1_000_000))
@@ -463,6 +483,26 @@ def test_the_store_process_serves_workers_and_leaves_nothing() -> None:
 
     asyncio.run(run())
     assert not store.proc.is_alive()
+
+
+def test_the_servers_store_keeps_what_its_flags_say(model_dir: Path) -> None:
+    s = _start(model_dir, 1, "--responses-store-items", "2")
+    try:
+        first, second, third = (create(s, input="PLAIN") for _ in range(3))
+        with pytest.raises(openai.NotFoundError):
+            s.client.responses.retrieve(first.id)  # the least recently used of three
+        assert s.client.responses.retrieve(second.id).id == second.id
+        assert s.client.responses.retrieve(third.id).id == third.id
+    finally:
+        _stop(s)
+    small = _start(model_dir, 1, "--responses-store-bytes", "300")
+    try:
+        # A response and its conversation: more than 300 bytes of JSON, so none is kept.
+        out = create(small, input="PLAIN")
+        with pytest.raises(openai.NotFoundError):
+            small.client.responses.retrieve(out.id)
+    finally:
+        _stop(small)
 
 
 # ---------------------------------------------------------------------- refusals, disconnects
