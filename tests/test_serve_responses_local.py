@@ -54,9 +54,9 @@ async def test_an_embedded_app_stores_responses_in_process(text: TextModel) -> N
 
 
 PARENT = """
-import multiprocessing, sys
+import sys
 from tsfront.serve.store import StoreProcess
-store = StoreProcess.start(multiprocessing.get_context("spawn"), 10, 1000)
+store = StoreProcess.start(10, 1000)
 print(store.pid, flush=True)
 sys.stdin.read()
 """

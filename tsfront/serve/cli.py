@@ -401,7 +401,7 @@ def run(args: argparse.Namespace) -> int:
         if args.metrics_port is not None:
             reserved.append(listening_socket(args.host, args.metrics_port, listen=False))
             metrics_port = reserved[1].getsockname()[1]
-        store = StoreProcess.start(ctx, args.responses_store_items, args.responses_store_bytes)
+        store = StoreProcess.start(args.responses_store_items, args.responses_store_bytes)
         _note(f"responses store process {store.pid}")
         opts = WorkerOptions(
             responses_store=store.address,

@@ -5,7 +5,7 @@ it ends, as `tsfront.serve.responses` encodes them), least recently used first o
 a count and by the bytes of its blobs. A blob larger than the byte bound is not kept.
 
 ``tsfront serve`` runs one `Memory` in a store process of its own (`StoreProcess`, started
-by the master, ``tsfront-responses-store``) that serves it on an abstract unix socket (a
+by the master: ``python -m tsfront.serve.store``) that serves it on an abstract unix socket (a
 name, no file: nothing is left when it stops) to the same user only (``SO_PEERCRED``); the
 workers talk to it with `StoreClient`, one connection each, every operation under a timeout,
 so a store that is slow or gone costs a request at most `STORE_TIMEOUT_S` and a 503
@@ -25,9 +25,12 @@ import contextlib
 import ctypes
 import os
 import secrets
+import select
 import signal
 import socket
 import struct
+import subprocess
+import sys
 from collections import OrderedDict
 from typing import Any
 
@@ -245,8 +248,8 @@ async def _serve(address: str, items: int, size: int, ready: Any) -> None:
     server = await asyncio.start_unix_server(
         lambda r, w: _serve_connection(memory, r, w), path=address
     )
-    ready.send("ready")
-    ready.close()
+    ready.write("ready\n")
+    ready.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -254,66 +257,72 @@ async def _serve(address: str, items: int, size: int, ready: Any) -> None:
         await stop.wait()
 
 
-def store_main(address: str, items: int, size: int, ready: Any) -> None:
-    """Entry point of the store process: serve `Memory` on ``address`` until SIGTERM (or the
-    master's death)."""
+def store_main(argv: list[str] | None = None) -> int:
+    """Entry point of the store process (``python -m tsfront.serve.store ADDRESS ITEMS BYTES
+    PARENT``): serve `Memory` on ``ADDRESS`` until SIGTERM or the parent's death; prints
+    ``ready`` once it serves."""
+    address, items, size, parent = (argv if argv is not None else sys.argv[1:])[:4]
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != int(parent):
+        return 0  # the parent died before PR_SET_PDEATHSIG took: nothing to serve
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the master
-    asyncio.run(_serve(address, items, size, ready))
+    asyncio.run(_serve(address.replace("@", "\0", 1), int(items), int(size), sys.stdout))
+    return 0
 
 
 class StoreProcess:
-    """The store process of a ``tsfront serve`` master (``ctx``: its multiprocessing context)."""
+    """The store process of a ``tsfront serve`` master: ``python -m tsfront.serve.store``."""
 
-    def __init__(self, proc: Any, address: str, ctx: Any, items: int, size: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, items: int, size: int):
         self.proc = proc
         self.address = address
-        self._again = (ctx, items, size)
+        self._again = (items, size)
 
     @classmethod
     def start(
-        cls, ctx: Any, items: int, size: int, timeout: float = 30.0, address: str | None = None
+        cls, items: int, size: int, timeout: float = 30.0, address: str | None = None
     ) -> StoreProcess:
         """Start the process (on ``address``, else a fresh one) and wait until it serves."""
         address = address or new_address()
-        theirs, ours = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=store_main,
-            args=(address, items, size, ours),
-            name="tsfront-responses-store",
-            daemon=True,
-        )
-        proc.start()
-        ours.close()
-        try:
-            if not theirs.poll(timeout) or theirs.recv() != "ready":
-                raise RuntimeError("the responses store process did not start")
-        except (EOFError, OSError):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tsfront.serve.store", address.replace("\0", "@", 1),
+             str(items), str(size), str(os.getpid())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+        )  # fmt: skip
+        assert proc.stdout is not None
+        ready = select.select([proc.stdout], [], [], timeout)[0]
+        line = proc.stdout.readline() if ready else b""
+        proc.stdout.close()
+        if line.strip() != b"ready":
             proc.kill()
-            proc.join()
-            raise RuntimeError("the responses store process died at start") from None
-        finally:
-            theirs.close()
-        return cls(proc, address, ctx, items, size)
+            proc.wait()
+            raise RuntimeError("the responses store process did not start")
+        return cls(proc, address, items, size)
 
     def alive(self) -> bool:
-        return bool(self.proc.is_alive())
+        return self.proc.poll() is None
 
     def restart(self) -> StoreProcess:
         """A new, empty store on the same address (this one exited: what it held is lost)."""
         self.stop()
-        ctx, items, size = self._again
-        return StoreProcess.start(ctx, items, size, address=self.address)
+        items, size = self._again
+        return StoreProcess.start(items, size, address=self.address)
 
     @property
     def pid(self) -> int:
-        return int(self.proc.pid)
+        return self.proc.pid
 
     def stop(self, timeout: float = 5.0) -> None:
-        if self.proc.is_alive():
+        if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.join(timeout)
-            if self.proc.is_alive():
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
                 self.proc.kill()
-        self.proc.join()
+        self.proc.wait()
+
+
+if __name__ == "__main__":
+    raise SystemExit(store_main())
