@@ -109,7 +109,6 @@ _SAMPLING_FIELDS = (
     "frequency_penalty",
     "repetition_penalty",
 )
-_DONE = b"data: [DONE]\n\n"
 
 #: The streamed hot path (tsfront/serve/push.py); ``TSFRONT_SERVE_PUSH=0`` turns it off, to
 #: measure what it saves (``tsfront bench serve --stacks pull``) or to rule it out.
@@ -389,6 +388,25 @@ class OpenAIService:
     async def chat(self, body: bytes, record: RequestRecord | None = None) -> Reply | SSEReply:
         """``POST /v1/chat/completions`` (``record`` as for `completions`)."""
         return await self._generate(body, _CHAT, self._plan_chat, self._chat_format, record)
+
+    async def chat_request(
+        self,
+        req: ChatRequest,
+        size: int,
+        format_of: Callable[[], Format],
+        record: RequestRecord | None = None,
+    ) -> Reply | SSEReply:
+        """A decoded chat request (``size``: the bytes of the body it came from) run as
+        `chat` runs it, its output in the shape ``format_of()`` makes; every choice's text is
+        parsed (`OutputParser`: reasoning and tools when asked, else all content), so the
+        format sees `Format.pieces` and the parser's ``message()``. For other APIs over the
+        chat path (``/v1/responses``); refusals raise `ApiError` or `Refused`."""
+        plan = await self._plan_chat(req, size)
+        if plan.parse is None:
+            from tsfront.serve.parsing import OutputParser
+
+            plan.parse = lambda: OutputParser(None, None)
+        return await self._run(plan, format_of(), record)
 
     def tokenize(self, body: bytes) -> Reply:
         """``POST /v1/tokenize`` (and ``/tokenize``), as vLLM serves it: a ``prompt``, or chat
@@ -1053,7 +1071,7 @@ class OpenAIService:
         try:
             async for event in self._many(plan, fmt, choices, first):
                 yield event
-            yield Final(fmt.usage_event(choices) + _DONE if plan.include_usage else _DONE)
+            yield Final(fmt.usage_event(choices) + fmt.done if plan.include_usage else fmt.done)
         finally:
             for ch in choices:
                 ch.stream.abort()
@@ -1115,7 +1133,7 @@ class OpenAIService:
             ending = [last] if last else []
             if plan.include_usage:
                 ending.append(fmt.usage_event([ch]))
-            ending.append(_DONE)
+            ending.append(fmt.done)
             yield Final(b"".join(ending))
         elif last:
             yield last
@@ -1172,7 +1190,7 @@ class OpenAIService:
             ending = [last] if last else []
             if plan.include_usage:
                 ending.append(fmt.usage_event([ch]))
-            ending.append(_DONE)
+            ending.append(fmt.done)
             yield Final(b"".join(ending))
         elif last:
             yield last

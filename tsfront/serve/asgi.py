@@ -1,6 +1,7 @@
 """A lean raw ASGI app over `OpenAIService` (no framework on the per-token path).
 
-Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``POST
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (and
+``GET``/``DELETE /v1/responses/{id}``), ``GET /v1/models``, ``POST
 /v1/tokenize``, ``POST /v1/detokenize`` (also without ``/v1``, as vLLM serves them; counted as
 ``other``), ``GET /health``, ``GET /metrics`` (when given a page to render, on ``metrics_port``
 only if one is set; rendered in a thread). While the worker drains (`draining`), ``/health``
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tsfront.serve.api import ApiError, Final, OpenAIService, Reply, SSEReply
 from tsfront.serve.metrics import CONTENT_TYPE
+from tsfront.serve.responses import Responses, response_id_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -65,6 +67,8 @@ class ServeApp:
         counters: the server's `ServeCounters` to count responses in (place ``place``).
         metrics: renders the ``GET /metrics`` page (blocking: it is called in a thread).
         metrics_port: serve ``/metrics`` on this local port only (and nothing else there).
+        responses: the ``/v1/responses`` routes (`tsfront.serve.responses.Responses`, with the
+            server's shared store); None: made over ``service`` with an in-process store.
     """
 
     def __init__(
@@ -79,8 +83,10 @@ class ServeApp:
         place: int = 0,
         metrics: Callable[[], bytes] | None = None,
         metrics_port: int | None = None,
+        responses: Responses | None = None,
     ) -> None:
         self.service = service
+        self.responses = responses
         self.gate = gate
         self.draining = False
         # The generation requests running, with their state lists (see `_request`): `cut`
@@ -97,6 +103,7 @@ class ServeApp:
         self._routes = {
             ("POST", "/v1/completions"): "completions",
             ("POST", "/v1/chat/completions"): "chat",
+            ("POST", "/v1/responses"): "responses",
             ("GET", "/v1/models"): "models",
             ("POST", "/v1/tokenize"): "tokenize",
             ("POST", "/v1/detokenize"): "detokenize",
@@ -165,6 +172,15 @@ class ServeApp:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
+    def _responses_of(self, service: OpenAIService) -> Responses:
+        responses = self.responses
+        if responses is None or responses.service is not service:
+            from tsfront.serve.store import LocalStore
+
+            store = responses.store if responses is not None else LocalStore()
+            responses = self.responses = Responses(service, store)
+        return responses
+
     def cut(self) -> int:
         """End every generation request still running (the worker stops after its graceful
         timeout): a streamed response gets an error event and ``[DONE]``, one not started yet
@@ -195,6 +211,11 @@ class ServeApp:
 
     async def _request(self, scope: dict, receive: Any, send: Any, ex: Exchange | None) -> None:
         route = self._routes.get((scope["method"], scope["path"]))
+        stored_id = None
+        if route is None and scope["method"] in ("GET", "DELETE"):
+            stored_id = response_id_of(scope["path"])
+            if stored_id is not None:
+                route = "stored"
         if self._metrics_port is not None:
             server = scope.get("server")
             on_metrics_port = server is not None and server[1] == self._metrics_port
@@ -215,6 +236,14 @@ class ServeApp:
             return
         if route == "models":
             await _send_reply(send, service.models(), ex)
+            return
+        if route == "stored":
+            responses = self._responses_of(service)
+            assert stored_id is not None
+            if scope["method"] == "GET":
+                await _send_reply(send, await responses.retrieve(stored_id), ex)
+            else:
+                await _send_reply(send, await responses.delete(stored_id), ex)
             return
         if route == "health":
             extra = None if self._counters is None else {"worker_restarts": self._counters.restarts}
@@ -249,7 +278,12 @@ class ServeApp:
         pusher = None
         started = False
         try:
-            handler = service.completions if route == "completions" else service.chat
+            if route == "completions":
+                handler = service.completions
+            elif route == "responses":
+                handler = self._responses_of(service).create
+            else:
+                handler = service.chat
             reply = await handler(body, None if ex is None else ex.record)
             if type(reply) is SSEReply:
                 headers = reply.headers if ex is None else ex.head(200, reply.headers)[0]

@@ -38,6 +38,7 @@ from tsfront.config import ClientConfig
 from tsfront.errors import Error
 from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
 from tsfront.serve.edge import add_edge_arguments, edge_settings
+from tsfront.serve.store import DEFAULT_BYTES, DEFAULT_ITEMS
 from tsfront.serve.templates import add_template_arguments, template_options
 
 if TYPE_CHECKING:
@@ -180,6 +181,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds of the restart budget's window (60)",
     )
+    store = parser.add_argument_group("responses store (/v1/responses with store: true)")
+    store.add_argument(
+        "--responses-store-items",
+        type=int,
+        default=DEFAULT_ITEMS,
+        metavar="N",
+        help=f"stored responses kept, least recently used out first ({DEFAULT_ITEMS})",
+    )
+    store.add_argument(
+        "--responses-store-bytes",
+        type=int,
+        default=DEFAULT_BYTES,
+        metavar="B",
+        help=f"bytes of stored responses kept ({DEFAULT_BYTES})",
+    )
     add_chat_arguments(parser)
     add_edge_arguments(parser)
     add_template_arguments(parser)
@@ -280,6 +296,8 @@ def _check(args: argparse.Namespace) -> None:
     # A bad command line exits 2 pointing at --help, as every command's does.
     if not 1 <= args.workers <= 256:
         raise bad(f"--workers={args.workers}: must be between 1 and 256")
+    if args.responses_store_items < 0 or args.responses_store_bytes < 0:
+        raise bad("--responses-store-items and --responses-store-bytes must be >= 0 (0: keep none)")
     if not 1 <= args.slots_per_worker <= 65536:
         raise bad(f"--slots-per-worker={args.slots_per_worker}: must be 1..65536")
     if args.attach is not None and args.slots_per_worker != 2048:
@@ -315,6 +333,7 @@ def run(args: argparse.Namespace) -> int:
     from tsfront.cli import CommandError, UsageError
     from tsfront.io.process import IOProcess
     from tsfront.serve.counters import ServeCounters
+    from tsfront.serve.store import StoreProcess
     from tsfront.serve.supervisor import Place, RestartPolicy, Supervisor
     from tsfront.serve.worker import WorkerOptions, listening_socket, worker_main
 
@@ -350,6 +369,7 @@ def run(args: argparse.Namespace) -> int:
     places: list[Place] = []
     addresses: dict[int, Queue[Any]] = {}
     io = None
+    store = None
     reserved: list = []
     cut = True  # stopping on an error: no drain
     try:
@@ -381,7 +401,10 @@ def run(args: argparse.Namespace) -> int:
         if args.metrics_port is not None:
             reserved.append(listening_socket(args.host, args.metrics_port, listen=False))
             metrics_port = reserved[1].getsockname()[1]
+        store = StoreProcess.start(args.responses_store_items, args.responses_store_bytes)
+        _note(f"responses store process {store.pid}")
         opts = WorkerOptions(
+            responses_store=store.address,
             model=args.model,
             model_name=name,
             host=args.host,
@@ -479,6 +502,11 @@ def run(args: argparse.Namespace) -> int:
                 for i in reattaching:
                     addresses[i].put(io.address)
                 continue
+            if store is not None and not store.alive():
+                # Same address: the workers' clients connect to the new one by themselves.
+                _note(f"the responses store process {store.pid} exited; starting a new one")
+                store = store.restart()
+                _note(f"responses store process {store.pid}")
             sup.tick(now)
         cut = False
         _note(
@@ -495,6 +523,8 @@ def run(args: argparse.Namespace) -> int:
             q.join_thread()
         if io is not None:
             io.stop()
+        if store is not None:
+            store.stop()
         events.close()
         events.join_thread()
         for signum, handler in previous.items():

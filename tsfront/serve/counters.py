@@ -27,7 +27,8 @@ __all__ = ["EDGE_EVENTS", "ROUTES", "STATUSES", "ServeCounters", "heartbeat_inte
 
 #: Routes counted (``other``: no such route).
 ROUTES = (
-    "completions", "chat", "models", "tokenize", "detokenize", "health", "metrics", "other",
+    "completions", "chat", "responses", "models", "tokenize", "detokenize", "health", "metrics",
+    "other",
 )  # fmt: skip
 #: What the HTTP edge refused or cut (`tsfront.serve.protocol.EdgeLimits.counts`): connections
 #: refused at the cap, idle ones evicted for a new one, header and body deadlines, 431s.

@@ -33,6 +33,8 @@ class Format:
     object_whole = ""
     object_chunk = ""
     id_prefix = ""
+    #: What ends a stream after its last event.
+    done = b"data: [DONE]\n\n"
 
     def __init__(self, model: str, text: Any, prompts: int, include_usage: bool) -> None:
         self.id = f"{self.id_prefix}{secrets.token_hex(12)}"

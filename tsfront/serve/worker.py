@@ -62,6 +62,8 @@ class WorkerOptions:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     #: The tool-call and reasoning parsers (tsfront.serve.chatsettings).
     chat: ChatSettings = field(default_factory=ChatSettings)
+    #: The address of the server's responses store process (None: a store in the worker).
+    responses_store: str | None = None
 
 
 def listening_socket(host: str, port: int, *, listen: bool) -> socket.socket:
@@ -197,6 +199,8 @@ async def _serve(
     from tsfront.serve.counters import heartbeat_interval
     from tsfront.serve.edge import setup_worker_edge
     from tsfront.serve.metrics import MetricsPage
+    from tsfront.serve.responses import Responses
+    from tsfront.serve.store import LocalStore, StoreClient
     from tsfront.text import TextModel
 
     protocol, gate, limits = setup_worker_edge(opts.edge)
@@ -218,8 +222,10 @@ async def _serve(
         chat=opts.chat,
     )
     page = MetricsPage(lambda: service.client, counters)
+    store: Any = LocalStore() if opts.responses_store is None else StoreClient(opts.responses_store)
     app = ServeApp(
         service,
+        responses=Responses(service, store),
         gate=gate,
         counters=counters,
         place=index,
@@ -288,6 +294,7 @@ async def _serve(
         for sock in sockets:
             sock.close()
         await client.close()
+        await store.close()
     return 1 if client.closed and not server.should_exit else 0
 
 
