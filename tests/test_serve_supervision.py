@@ -343,6 +343,43 @@ def test_streams_longer_than_the_graceful_timeout_are_cut_and_aborted(
     assert s.proc.proc.wait(DEADLINE) == 0
 
 
+def test_a_cut_responses_stream_ends_with_its_own_error_event(
+    model_dir: str, tmp_path: Path, servers: list[Server]
+) -> None:
+    """A /v1/responses stream cut by the graceful timeout ends with the Responses API's own
+    ``error`` event (not chat's ``data: {"error"}`` and ``[DONE]``)."""
+    s = start(model_dir, tmp_path, 1, "--graceful-timeout", "1")
+    servers.append(s)
+    lines: list[str] = []
+    began = threading.Event()
+    ended = threading.Event()
+
+    def read() -> None:
+        body = {"input": "w5", "max_output_tokens": 3000, "stream": True, "store": False}
+        try:
+            with httpx.stream("POST", f"{s.url}/v1/responses", json=body, timeout=60) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    lines.append(line)
+                    if line.startswith("event: response.output_text.delta"):
+                        began.set()
+        finally:
+            began.set()
+            ended.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert began.wait(DEADLINE)
+    s.proc.proc.send_signal(signal.SIGTERM)
+    assert ended.wait(DEADLINE)
+    events = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    assert events[-1] == "error", events[-3:]
+    last = json.loads(next(line for line in reversed(lines) if line.startswith("data: "))[6:])
+    assert last["type"] == "error" and "shutting down" in last["message"], last
+    assert "data: [DONE]" not in lines
+    assert "Traceback" not in s.proc.stderr()
+    assert s.proc.proc.wait(DEADLINE) == 0
+
+
 def test_a_second_sigterm_stops_at_once(
     model_dir: str, tmp_path: Path, servers: list[Server]
 ) -> None:

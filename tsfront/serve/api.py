@@ -130,6 +130,12 @@ _PARAMS = {
 }
 
 
+#: Why a stopping server cut a request (`tsfront.serve.asgi.ServeApp.cut`).
+CUT_MESSAGE = (
+    "the server is shutting down and cut this request after its graceful timeout; retry it"
+)
+
+
 class Reply:
     """A complete response: status, JSON body bytes, extra headers."""
 
@@ -159,7 +165,7 @@ class SSEReply:
     Closing the iterator early (``aclose``) aborts every engine request still running.
     """
 
-    __slots__ = ("events", "push")
+    __slots__ = ("cut", "events", "push")
 
     status = 200
     headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -168,11 +174,15 @@ class SSEReply:
         self,
         events: AsyncGenerator[bytes, None],
         push: Callable[[_Send], Pusher] | None = None,
+        cut: bytes | None = None,
     ) -> None:
         self.events = events
         #: For a response that can take the hot path: given the ASGI ``send`` (after the
         #: response start), installs and returns the `Pusher` of its one choice.
         self.push = push
+        #: The last bytes when a stopping server cuts the stream (None: a chat-shaped error
+        #: event and ``[DONE]``).
+        self.cut = cut
 
 
 class ApiError(Exception):

@@ -27,7 +27,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, cast
 
-from tsfront.serve.api import ApiError, Final, OpenAIService, Reply, SSEReply
+from tsfront.serve.api import CUT_MESSAGE, ApiError, Final, OpenAIService, Reply, SSEReply
 from tsfront.serve.metrics import CONTENT_TYPE
 from tsfront.serve.responses import Responses, response_id_of
 
@@ -322,7 +322,8 @@ class ServeApp:
             else:
                 if pusher is not None:
                     pusher.cancel()
-                await _send_cut(send, started, ex)
+                ending = reply.cut if type(reply) is SSEReply else None
+                await _send_cut(send, started, ex, ending)
         except OSError:
             # The connection broke while sending; the events' close aborts the request.
             if ex is not None:
@@ -352,21 +353,16 @@ _DRAINING = Reply(
 
 _CUT_EVENT = (
     b"data: "
-    + ApiError(
-        503,
-        "the server is shutting down and cut this request after its graceful timeout; retry it",
-        kind="service_unavailable_error",
-    )
-    .reply()
-    .body
+    + ApiError(503, CUT_MESSAGE, kind="service_unavailable_error").reply().body
     + b"\n\ndata: [DONE]\n\n"
 )
 
 
-async def _send_cut(send: Any, started: bool, ex: Exchange | None) -> None:
+async def _send_cut(send: Any, started: bool, ex: Exchange | None, ending: bytes | None) -> None:
     try:
         if started:
-            await send({"type": "http.response.body", "body": _CUT_EVENT, "more_body": False})
+            body = _CUT_EVENT if ending is None else ending
+            await send({"type": "http.response.body", "body": body, "more_body": False})
         else:
             await _send_reply(send, _DRAINING, ex)
     except OSError:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tsfront.serve.api import ApiError, Final, Reply, SSEReply
+from tsfront.serve.api import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
 from tsfront.serve.formats import Format
 from tsfront.serve.limits import Refused, decode_error
 from tsfront.serve.schema import ChatRequest
@@ -382,7 +382,12 @@ class Responses:
         reply = await self.service.chat_request(chat, size, format_of, record)
         conversation = history + new
         if type(reply) is SSEReply:
-            return SSEReply(self._stored_stream(reply.events, fmt[0], conversation, req.store))
+            cut = fmt[0].error_event(
+                Exception(CUT_MESSAGE), 503, "service_unavailable_error"
+            )  # a stopping server's last event (`ServeApp.cut`)
+            return SSEReply(
+                self._stored_stream(reply.events, fmt[0], conversation, req.store), cut=cut
+            )
         if req.store and fmt:
             await self._keep(fmt[0], conversation)
         return reply
