@@ -19,9 +19,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "tsfront"
 
 # Each entry: the exact set of modules of one strongly connected component.
 ALLOWED_CYCLES: dict[frozenset[str], str] = {
-    # `tsfront` builds its parser from each command's module, which import it back; the
-    # commands step (tsfront/commands/) breaks these.
-    frozenset({"tsfront.cli", "tsfront.sim.cli", "tsfront.serve.cli"}): "commands step",
     # The request stream calls its attachment's privates and the attachment the stream's; the
     # worker-side split (slot table, attachment.py) breaks it.
     frozenset({"tsfront.stream", "tsfront.worker"}): "worker-side step",
@@ -159,4 +156,18 @@ def test_the_worker_side_imports_nothing_of_the_io_process() -> None:
     edges = graph()
     for name in ("tsfront.worker", "tsfront.client", "tsfront.stream", "tsfront.control"):
         wrong = sorted(t for t in edges[name] if t.startswith("tsfront.io."))
+        assert not wrong, f"{name} imports {wrong}"
+
+
+# Entry points (``python -m ...``): they start the commands, nothing imports them.
+ENTRY_POINTS = {"tsfront.__main__", "tsfront.sim.__main__"}
+
+
+def test_no_library_module_imports_the_commands() -> None:
+    # The commands sit on top (commands -> server -> client -> ipc/wire): the library, the
+    # simulator, the bench suite and the test rigs never import them.
+    for name, targets in graph().items():
+        if name.startswith("tsfront.commands") or name in ENTRY_POINTS:
+            continue
+        wrong = sorted(t for t in targets if t.startswith("tsfront.commands"))
         assert not wrong, f"{name} imports {wrong}"

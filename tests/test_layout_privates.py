@@ -30,10 +30,8 @@ ALLOWED: dict[str, set[str]] = {
     "tsfront.worker": {"_deliver", "_done", "_expire", "_fail", "_slot", "_ticket"},
     "tsfront.client": {"_slot"},
     # Commands and tools (the commands step): the bench drives an attachment's internals, the
-    # parser builds a group from another command's helper, the simulator's engine and group
-    # read each other's state.
+    # simulator's engine and group read each other's state.
     "tsfront.bench.measure": {"_att", "_batch", "_deliver", "_pending"},
-    "tsfront.cli": {"_group_from_args"},
     "tsfront.sim.engine": {"_last_load"},
     "tsfront.sim.group": {"_log", "_registered"},
     # tsfront/text/ (its owners): the tool-call parsers share their base module's scanning

@@ -460,7 +460,7 @@ class Block:
         if name.split(".")[0] in ("uvicorn", "httptools"):
             raise ImportError("blocked: " + name)
 sys.meta_path.insert(0, Block())
-from tsfront.cli import main
+from tsfront.commands import main
 sys.exit(main(sys.argv[1:]))
 """
 

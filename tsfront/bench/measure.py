@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 from tsfront import _native
 from tsfront.bench import baselines, replay
 from tsfront.bench.replay import make_rids, stamp_age_ns
-from tsfront.io.process import hold_sigint, ignore_sigint
+from tsfront.sigint import hold_sigint, ignore_sigint
 
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnContext
@@ -509,7 +509,7 @@ class Session:
         use_uvloop: bool,
     ) -> None:
         from tsfront.config import ClientConfig
-        from tsfront.io.process import IOProcess
+        from tsfront.ioproc import IOProcess
 
         self.rows, self.nw, self.nr = rows, workers, ranks
         self.mp = multiprocessing.get_context("spawn")
