@@ -218,6 +218,7 @@ def test_io_handshake_failure_is_reported_once(procs) -> None:
         ),
         (["io", *LOCAL, "--heartbeat-timeout", "-1"], "--heartbeat-timeout=-1"),
         (["sim", "--handshake", "tcp://127.0.0.1:1", "--bogus"], "unrecognized arguments"),
+        (["sim", "--handshake", "tcp://127.0.0.1:1", "--log-level", "loud"], "--log-level='loud'"),
     ],
 )
 def test_bad_command_lines_exit_2_pointing_at_the_commands_help(

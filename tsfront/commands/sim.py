@@ -230,6 +230,12 @@ def group_from_args(args: argparse.Namespace) -> SimGroup:
 def run(args: argparse.Namespace) -> int:
     """Run ``tsfront sim`` until SIGINT/SIGTERM (0) or a rank's death (1)."""
     # What the simulator refuses is a bad command line: one line, exit 2, like every command.
+    if not isinstance(logging.getLevelName(args.log_level.upper()), int):
+        raise UsageError(
+            "tsfront sim",
+            f"--log-level={args.log_level!r}: not a logging level; use DEBUG, INFO, WARNING "
+            "or ERROR",
+        )
     try:
         group = group_from_args(args)
     except (TypeError, ValueError) as exc:
