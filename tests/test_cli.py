@@ -23,7 +23,7 @@ import pytest
 from tsfront.sim import SimGroup, default_token
 
 DEADLINE_S = 30.0
-TSFRONT = [sys.executable, "-m", "tsfront.cli"]
+TSFRONT = [sys.executable, "-m", "tsfront"]
 LOCAL = ["--handshake", "tcp://127.0.0.1:0", "--num-engines", "1"]
 TIMEOUT = ["--handshake-timeout", "0.5"]
 ENV = {k: v for k, v in os.environ.items() if k != "TSFRONT_LOG"}

@@ -118,6 +118,54 @@ def test_client_config_gives_library_users_the_same_error() -> None:
         ClientConfig(input_address="localhost:5")
 
 
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--handshake", "bogus://x"], "unknown scheme bogus://"),
+        (["--handshake", "127.0.0.1:5"], "missing the tcp:// scheme"),
+        ([*LOCAL[:2], "--input-address", "127.0.0.1:5"], "missing the tcp:// or ipc://"),
+        ([*LOCAL[:2], "--output-address", "udp://127.0.0.1:5"], "unknown scheme udp://"),
+        ([*LOCAL[:2], "--num-engines", "0"], "--num-engines=0"),
+        (
+            [*LOCAL[:2], "--num-engines", "2", "--output-address", "tcp://127.0.0.1:65535"],
+            "above 65535; pick a lower port or 0",
+        ),
+    ],
+)
+def test_serve_checks_the_engine_options_before_loading_the_model(
+    args: list[str], why: str, tmp_path: Path
+) -> None:
+    # The model folder does not exist: an engine option refused only after loading the model
+    # (as `serve` did with options of its own) would be the model's error instead, exit 1.
+    missing = str(tmp_path / "no-such-model")
+    line = one_usage_error(run_tsfront("serve", "--model", missing, *args), "serve")
+    assert why in line, line
+    assert "no-such-model" not in line
+
+
+@pytest.mark.parametrize("command", ["demo", "generate", "io", "sim", "serve", "bench"])
+def test_only_tsfront_bench_imports_the_bench_suite(command: str) -> None:
+    # Each command's parser is built from its own module: none but `bench` loads the suite
+    # (the bench extra's code), even for its --help.
+    probe = (
+        "import contextlib, io, sys\n"
+        "from tsfront.commands import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    code = main([{command!r}, '--help'])\n"
+        "print(code, sorted(m for m in sys.modules if m.startswith('tsfront.bench')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=ENV
+    )
+    assert result.returncode == 0, result.stderr
+    code, _, loaded = result.stdout.strip().partition(" ")
+    assert code == "0"
+    if command == "bench":
+        assert "'tsfront.bench.cli'" in loaded  # the probe sees an import when there is one
+    else:
+        assert loaded == "[]", loaded
+
+
 # ---------------------------------------------------------------------- 3: Ctrl-C
 
 
@@ -170,6 +218,7 @@ def test_io_handshake_failure_is_reported_once(procs) -> None:
         ),
         (["io", *LOCAL, "--heartbeat-timeout", "-1"], "--heartbeat-timeout=-1"),
         (["sim", "--handshake", "tcp://127.0.0.1:1", "--bogus"], "unrecognized arguments"),
+        (["sim", "--handshake", "tcp://127.0.0.1:1", "--log-level", "loud"], "--log-level='loud'"),
     ],
 )
 def test_bad_command_lines_exit_2_pointing_at_the_commands_help(

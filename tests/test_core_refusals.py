@@ -184,7 +184,7 @@ async def test_busy_when_the_local_queue_is_full_and_everything_queued_before_is
     prompt = list(range(3, 2003))  # ~8 KB per ADD: the kernel buffers fill after a few dozen
     async with rig(1, config={"submit_queue_depth": depth}, max_model_len=4096) as r:
         c = r.client
-        free_before = len(r.client._att.free)
+        free_before = len(r.client._att.slots.free)
         os.kill(r.io.pid, signal.SIGSTOP)
         streams = []
         try:
@@ -195,9 +195,9 @@ async def test_busy_when_the_local_queue_is_full_and_everything_queued_before_is
             os.kill(r.io.pid, signal.SIGCONT)
         assert depth <= len(streams) < 2000
         # The refused request's slot went back; each queued one holds its own.
-        assert len(r.client._att.free) == free_before - len(streams)
+        assert len(r.client._att.slots.free) == free_before - len(streams)
         for i, stream in enumerate(streams):
             tokens, chunks = await collect(stream, timeout=DEADLINE * 3)
             assert tokens == expected_tokens(f"q{i}", 2)
             assert chunks[-1].finish_reason == "length"
-        assert len(r.client._att.free) == free_before
+        assert len(r.client._att.slots.free) == free_before

@@ -117,7 +117,7 @@ def _slot_spilled(client, stream) -> int:
     # White-box: the slot header's `spilled` counter (u64 at byte 48, docs/DESIGN.md).
     att = client._att
     layout = att.region.layout
-    slot = att.worker * att.spw + stream._slot
+    slot = att.worker * att.spw + stream.slot
     off = layout["slots_off"] + slot * layout["slot_bytes"] + 48
     return struct.unpack_from("<Q", att.region.map, off)[0]
 

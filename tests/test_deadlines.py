@@ -27,7 +27,7 @@ from tsfront.region import FIN_DEADLINE, FIN_SEND_TIMEOUT
 
 def _slots_free(client) -> bool:
     att = client._att
-    return len(att.free) == att.spw and not att.streams
+    return len(att.slots.free) == att.spw and not att.slots.streams
 
 
 async def _in_flight_zero(client) -> None:
@@ -101,7 +101,7 @@ async def test_queued_in_the_backlog_of_a_stuck_engine_the_add_is_never_sent():
             await next_chunk(late)
         assert time.monotonic() - started < 0.3 + 1.0
         att = client._att
-        assert len(att.free) == att.spw - len(held)  # its slot is free; the holders' are not
+        assert len(att.slots.free) == att.spw - len(held)  # its slot is free; the holders' are not
         # The I/O process forgot it (in flight: the holders only).
         deadline = time.monotonic() + DEADLINE
         while client.load()[0].in_flight != len(held):
@@ -154,8 +154,8 @@ async def test_many_deadlines_share_one_timer_and_end_in_order():
         streams = [
             await r.client.generate(request(f"d-{i}", 5), deadline=s) for i, s in enumerate(seconds)
         ]
-        assert len(att._deadlines) == 20
-        timers = [h for h in [att._deadline_timer] if h is not None]
+        assert len(att.slots._deadlines) == 20
+        timers = [h for h in [att.slots._deadline_timer] if h is not None]
         assert len(timers) == 1 and not timers[0].cancelled()
         ended: list[str] = []
 
@@ -166,7 +166,7 @@ async def test_many_deadlines_share_one_timer_and_end_in_order():
 
         await asyncio.gather(*(one(s) for s in streams))
         assert ended == [f"d-{i}" for i in reversed(range(20))]
-        assert not att._deadlines and att._deadline_timer is None
+        assert not att.slots._deadlines and att.slots._deadline_timer is None
         assert _slots_free(r.client)
         for i in range(20):
             await in_thread(r.sim.wait_abort, f"d-{i}", DEADLINE)
@@ -180,7 +180,7 @@ async def test_the_deadline_heap_stays_bounded_by_the_open_streams():
         for i in range(300):
             stream = await r.client.generate(request(f"short-{i}", 1), deadline=3600.0)
             await collect(stream)
-        assert len(att._deadlines) <= 64 + 1, len(att._deadlines)
+        assert len(att.slots._deadlines) <= 64 + 1, len(att.slots._deadlines)
         open_stream = await r.client.generate(request("open", FOREVER), deadline=0.2)
         with pytest.raises(DeadlineExceeded):
             await collect(open_stream)

@@ -209,7 +209,7 @@ async def test_an_abort_reaches_both_sides():
         await in_thread(r.prefill.wait_abort, "both", DEADLINE)
         await in_thread(r.decode.wait_abort, "both", DEADLINE)
         att = r.client._att
-        assert len(att.free) == att.spw
+        assert len(att.slots.free) == att.spw
 
 
 async def test_a_prefill_failure_ends_the_stream_with_a_prefill_error_and_aborts_decode():

@@ -415,9 +415,9 @@ class Streams:
                 done, _ = await asyncio.wait({task}, timeout=DEADLINE)
                 if not done:
                     att = self.client._att
-                    state = slot_state(att.region, att.worker, stream._slot)
+                    state = slot_state(att.region, att.worker, stream.slot)
                     raise AssertionError(
-                        f"{stream.rid}: no chunk for {DEADLINE}s (slot {stream._slot}: {state})"
+                        f"{stream.rid}: no chunk for {DEADLINE}s (slot {stream.slot}: {state})"
                     )
             finally:
                 if not task.done():

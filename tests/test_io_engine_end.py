@@ -79,27 +79,32 @@ async def test_tokens_spilled_before_an_engine_death_are_all_delivered_then_engi
         assert client.metrics()["spilled_tokens"] >= len(burst) - 8
 
 
-class _Attachment:
-    """What a stream needs of its worker: a loop, and the slot release it reports."""
+class _Slots:
+    """A stream's `SlotOwner`: a loop, and the slot release it reports."""
+
+    disaggregated = False
 
     def __init__(self) -> None:
         self.loop = asyncio.get_running_loop()
         self.released: list[int] = []
 
-    def _release(self, stream: RequestStream) -> None:
-        self.released.append(stream._slot)
+    def release(self, stream: RequestStream) -> None:
+        self.released.append(stream.slot)
 
-    def _abort(self, stream: RequestStream) -> None:
+    def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
+        raise AssertionError("an ended stream must not abort")
+
+    def dropped(self, stream: RequestStream) -> None:
         raise AssertionError("an ended stream must not abort")
 
 
 @pytest.mark.parametrize("code", [FIN_ENGINE_DEAD, FIN_IO_STOPPING])
 async def test_an_update_with_tokens_and_a_local_end_yields_the_tokens_then_the_error(code):
-    att = _Attachment()
+    att = _Slots()
     stream = RequestStream(att, "r", 3, 1)
     # An earlier update the consumer has not read yet is coalesced with the last tokens.
-    stream._deliver((3, [1, 2], None, None, 0, 3, 2, 0, 0))
-    stream._deliver((3, BURST, None, None, code, 3, 7, 0, 0))
+    stream.deliver((3, [1, 2], None, None, 0, 3, 2, 0, 0))
+    stream.deliver((3, BURST, None, None, code, 3, 7, 0, 0))
     assert att.released == [3]
     chunk = await anext(stream)
     assert chunk.output_ids == [1, 2, *BURST]

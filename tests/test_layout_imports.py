@@ -19,20 +19,6 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "tsfront"
 
 # Each entry: the exact set of modules of one strongly connected component.
 ALLOWED_CYCLES: dict[frozenset[str], str] = {
-    # `tsfront` builds its parser from each command's module, which import it back; the
-    # commands step (tsfront/commands/) breaks these.
-    frozenset(
-        {
-            "tsfront.cli",
-            "tsfront.sim.cli",
-            "tsfront.serve.cli",
-            "tsfront.bench.cli",
-            "tsfront.bench.serve",
-        }
-    ): "commands step",
-    # The request stream calls its attachment's privates and the attachment the stream's; the
-    # worker-side split (slot table, attachment.py) breaks it.
-    frozenset({"tsfront.stream", "tsfront.worker"}): "worker-side step",
     # tsfront/serve/ (its owners): the edge and its admission gate import each other.
     frozenset({"tsfront.serve.edge", "tsfront.serve.gate"}): "serve",
     # This step's own, broken by its next commit (io/core.py): the I/O loop and the adoption
@@ -133,7 +119,7 @@ def test_the_cycle_finder_finds_a_circle_and_only_a_circle() -> None:
 def test_the_graph_sees_every_form_of_import() -> None:
     edges = graph()
     # `from tsfront import _native, control` (a module named in a from-import) ...
-    assert "tsfront.control" in edges["tsfront.worker"]
+    assert "tsfront.control" in edges["tsfront.attachment"]
     # ... `from tsfront.io.engines import Engine` (a name of a module) ...
     assert "tsfront.io.engines" in edges["tsfront.io.routing"]
     # ... and `from tsfront import IOProcess` (a name of the package).
@@ -165,6 +151,36 @@ def test_ipc_imports_nothing_of_the_processes() -> None:
 
 def test_the_worker_side_imports_nothing_of_the_io_process() -> None:
     edges = graph()
-    for name in ("tsfront.worker", "tsfront.client", "tsfront.stream", "tsfront.control"):
+    for name in (
+        "tsfront.attachment",
+        "tsfront.slots",
+        "tsfront.client",
+        "tsfront.stream",
+        "tsfront.control",
+    ):
         wrong = sorted(t for t in edges[name] if t.startswith("tsfront.io."))
         assert not wrong, f"{name} imports {wrong}"
+
+
+# Entry points (``python -m ...``): they start the commands, nothing imports them.
+ENTRY_POINTS = {"tsfront.__main__", "tsfront.sim.__main__"}
+
+
+def test_no_library_module_imports_the_commands() -> None:
+    # The commands sit on top (commands -> server -> client -> ipc/wire): the library, the
+    # simulator, the bench suite and the test rigs never import them.
+    for name, targets in graph().items():
+        if name.startswith("tsfront.commands") or name in ENTRY_POINTS:
+            continue
+        wrong = sorted(t for t in targets if t.startswith("tsfront.commands"))
+        assert not wrong, f"{name} imports {wrong}"
+
+
+def test_the_stream_knows_its_slot_table_only_by_its_protocol() -> None:
+    # The stream is the consumer side: it imports neither the attachment nor the slot table
+    # (they import it), so the worker side reads top-down: client -> attachment -> slots ->
+    # stream.
+    edges = graph()
+    assert not {"tsfront.attachment", "tsfront.slots", "tsfront.client"} & edges["tsfront.stream"]
+    assert "tsfront.stream" in edges["tsfront.slots"]
+    assert "tsfront.slots" in edges["tsfront.attachment"]

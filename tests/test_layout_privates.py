@@ -23,17 +23,9 @@ STDLIB_PRIVATE_API = {"_replace", "_asdict", "_fields", "_make", "_exit", "_getf
 
 # module → the foreign private names it still uses, and whose step removes them.
 ALLOWED: dict[str, set[str]] = {
-    # The worker side is one object across two files (the worker-side step splits it into a
-    # slot table behind a protocol): the stream calls the attachment's, the attachment the
-    # stream's, the client reads a stream's slot.
-    "tsfront.stream": {"_abort", "_dropped", "_release"},
-    "tsfront.worker": {"_deliver", "_done", "_expire", "_fail", "_slot", "_ticket"},
-    "tsfront.client": {"_slot"},
     # Commands and tools (the commands step): the bench drives an attachment's internals, the
-    # parser builds a group from another command's helper, the simulator's engine and group
-    # read each other's state.
-    "tsfront.bench.measure": {"_att", "_batch", "_deliver", "_pending"},
-    "tsfront.cli": {"_group_from_args"},
+    # simulator's engine and group read each other's state.
+    "tsfront.bench.measure": {"_att", "_batch", "_pending"},
     "tsfront.sim.engine": {"_last_load"},
     "tsfront.sim.group": {"_log", "_registered"},
     # tsfront/text/ (its owners): the tool-call parsers share their base module's scanning

@@ -375,6 +375,10 @@ def test_a_cut_responses_stream_ends_with_its_own_error_event(
     assert events[-1] == "error", events[-3:]
     last = json.loads(next(line for line in reversed(lines) if line.startswith("data: "))[6:])
     assert last["type"] == "error" and "shutting down" in last["message"], last
+    numbers = [
+        json.loads(line[6:])["sequence_number"] for line in lines if line.startswith("data: ")
+    ]
+    assert numbers == list(range(len(numbers)))  # the cut's event numbered after the rest
     assert "data: [DONE]" not in lines
     assert "Traceback" not in s.proc.stderr()
     assert s.proc.proc.wait(DEADLINE) == 0
@@ -497,7 +501,7 @@ class Block:
         if name.split(".")[0] in ("uvicorn", "httptools"):
             raise ImportError("blocked: " + name)
 sys.meta_path.insert(0, Block())
-from tsfront.cli import main
+from tsfront.commands import main
 sys.exit(main(sys.argv[1:]))
 """
 

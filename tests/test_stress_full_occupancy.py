@@ -180,8 +180,8 @@ class Worker:
         await asyncio.gather(*lanes)
         watchdog.cancel()
         att = self.att
-        if len(att.free) != att.spw or len(att.streams):
-            held = sorted(set(range(att.spw)) - set(att.free))
+        if len(att.slots.free) != att.spw or len(att.slots.streams):
+            held = sorted(set(range(att.spw)) - set(att.slots.free))
             self.tally.fail("ends", f"{self.tag}: slots {held} not free after every stream ended")
         report = self.tally.report()
         report["worker"] = att.worker
@@ -220,7 +220,7 @@ class Worker:
                     raise AssertionError(f"{rid}: Busy for {self.size.stall_s}s") from None
                 await asyncio.sleep(0.001)
                 continue
-            if not self.att.free:
+            if not self.att.slots.free:
                 self.tally.counts["all_slots_busy"] += 1
             return stream
 
@@ -402,12 +402,12 @@ class Worker:
     def _describe_hang(self, watch: Watch, waited: float) -> str:
         stream = watch.stream
         att = self.att
-        local = stream._slot
+        local = stream.slot
         what = {
             "rid": watch.rid,
             "worker": att.worker,
             "slot": local,
-            "ticket": stream._ticket,
+            "ticket": stream.ticket,
             "waited_s": round(waited, 2),
             "tokens_seen": len(watch.got),
             "tokens_expected": watch.n,

@@ -2,6 +2,6 @@
 
 import sys
 
-from tsfront.cli import main
+from tsfront.commands import main
 
 sys.exit(main())

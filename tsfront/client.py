@@ -20,6 +20,7 @@ import time
 from typing import cast
 
 from tsfront import region as shm
+from tsfront.attachment import Attachment
 from tsfront.config import ClientConfig, LoadBalance
 from tsfront.errors import (
     ClientClosed,
@@ -37,7 +38,6 @@ from tsfront.metrics.snapshot import FrontendMetrics, read_metrics
 from tsfront.stream import RequestStream
 from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
 from tsfront.wire.request import ENGINE_ABORT_MEMORY_S, bootstrap_offset
-from tsfront.worker import Attachment
 
 log = logging.getLogger("tsfront.client")
 
@@ -111,7 +111,7 @@ class EngineClient:
                 self._att.recorder.refused(exc)
             raise
         if self._att.recorder is not None:
-            self._att.recorder.started(stream._slot, t0)
+            self._att.recorder.started(stream.slot, t0)
         return stream
 
     def _submit(self, request: TokenizedGenerateReqInput, deadline: float | None) -> RequestStream:
@@ -142,15 +142,15 @@ class EngineClient:
         pin = request.data_parallel_rank
         limit = self._context_limit(pin)
         validate_request(request, max_model_len=limit)
-        if request.rid in att.by_rid:
+        if request.rid in att.slots.by_rid:
             raise DuplicateRequest(
                 "rid",
                 request.rid,
                 "a request with this rid is in flight on this client",
                 "use a fresh rid for every request (engines remember rids for 300 s)",
             )
-        if att.aborted:
-            age = att.aborted.age(request.rid, time.monotonic())
+        if att.slots.aborted:
+            age = att.slots.aborted.age(request.rid, time.monotonic())
             if age is not None:
                 raise RidRecentlyAborted(
                     "rid",
@@ -213,7 +213,7 @@ class EngineClient:
 
     def abort(self, rid: str) -> bool:
         """Abort the in-flight request ``rid`` of this client; False if there is none."""
-        stream = self._att.by_rid.get(rid)
+        stream = self._att.slots.by_rid.get(rid)
         if stream is None:
             return False
         stream.abort()

@@ -19,6 +19,11 @@ class ConfigError(Error, ValueError):
     """A `ClientConfig` (or an address in it) cannot be used as given."""
 
 
+class MissingExtra(Error):
+    """An optional dependency is not installed; the message carries the ``pip install`` line
+    (the ``tsfront`` commands exit 2 on it, as on a bad command line)."""
+
+
 class StateDirMismatch(ConfigError):
     """The state directory was written for another engine group (other addresses, first
     index or count), or is not a tsfront state directory; the message names the difference."""

@@ -1,10 +1,12 @@
 """`OutputChunk` and `RequestStream`: one request's outputs as an async iterator.
 
-A stream is fed by its worker's `Attachment` with the tuples the native reader copies out of
-the request's slot; it never touches shared memory itself. It ends exactly once: after the
-chunk that carries a finish reason, or by raising one `StreamError`. Leaving an ``async for``
-early, cancelling the task, calling `abort`, or dropping the stream aborts the request on its
-engine and frees its slot.
+A stream is fed by its worker's `Attachment` (tsfront.attachment) with the tuples the native
+reader copies out of the request's slot (`RequestStream.deliver`), and ended by it or by the
+slot table (`fail`, `expire`); it never touches shared memory itself. It ends exactly once:
+after the chunk that carries a finish reason, or by raising one `StreamError`. Leaving an
+``async for`` early, cancelling the task, calling `abort`, or dropping the stream aborts the
+request on its engine and frees its slot, through the one thing it knows of its worker: a
+`SlotOwner` (the worker's `tsfront.slots.SlotTable`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from tsfront import region
 from tsfront.errors import (
@@ -31,7 +33,28 @@ log = logging.getLogger("tsfront.stream")
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from tsfront.worker import Attachment
+
+class SlotOwner(Protocol):
+    """What a stream asks of the table that holds its slot (`tsfront.slots.SlotTable`)."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop its reader waits on."""
+        ...
+
+    @property
+    def disaggregated(self) -> bool:
+        """Whether prefill and decode are served apart (the errors name the side)."""
+        ...
+
+    def release(self, stream: RequestStream) -> None:
+        """The stream saw its end in the slot: free the slot."""
+
+    def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
+        """Abort the request on its engine and free the slot (the stream ended early)."""
+
+    def dropped(self, stream: RequestStream) -> None:
+        """The unfinished stream is being collected: abort it and free the slot."""
 
 
 class OutputChunk:
@@ -209,38 +232,50 @@ class RequestStream:
 
     __slots__ = (
         "__weakref__",
-        "_attachment",
         "_deadline",
         "_done",
         "_error",
+        "_owner",
         "_pending",
         "_sink",
-        "_slot",
-        "_ticket",
         "_waiter",
         "engine_index",
         "rid",
+        "slot",
+        "ticket",
     )
 
-    def __init__(self, attachment: Attachment, rid: str, slot: int, ticket: int) -> None:
+    def __init__(
+        self,
+        owner: SlotOwner,
+        rid: str,
+        slot: int,
+        ticket: int,
+        deadline: float | None = None,
+    ) -> None:
         self.rid = rid
         #: The engine that last produced output for it (None before the first chunk).
         self.engine_index: int | None = None
-        self._attachment = attachment
-        self._slot = slot
-        self._ticket = ticket
+        #: Its local slot in the worker's slot table, and the ticket of this use of the slot.
+        self.slot = slot
+        self.ticket = ticket
+        self._owner = owner
         # A list, not a deque: it never holds more than one chunk (later ones are absorbed), and
         # an empty deque is 760 bytes against 56 (the bulk of a stream's heap).
         self._pending: list[OutputChunk] = []
         self._waiter: asyncio.Future | None = None
         self._done = False  # no more input from the slot
         self._error: StreamError | None = None
-        self._deadline: float | None = None  # seconds, as given (set by the attachment)
+        self._deadline = deadline  # seconds, as given (None: none)
         self._sink: Callable[[list[int]], bool] | None = None
 
-    # -- fed by the attachment ------------------------------------------------------------
+    # -- fed by the attachment and the slot table ---------------------------------------------
 
-    def _deliver(self, update: tuple) -> None:
+    def deliver(self, update: tuple) -> None:
+        """Take one update of the slot (a tuple of the native reader's ``poll``): offer plain
+        tokens to the sink, else queue them as a chunk for the reader (coalesced with an unread
+        one); a finish reason ends the stream and frees the slot, a local end code (engine
+        death, the I/O process stopping) ends it with its `StreamError` after any tokens."""
         _local, tokens, lp_val, lp_idx, finish, prompt, completion, cached, engine = update
         sink = self._sink
         if (
@@ -264,7 +299,7 @@ class RequestStream:
                 self._sink = None
         local_end = finish >= region.FIN_ENGINE_DEAD
         if local_end and not tokens:
-            self._fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
+            self.fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
             return
         self.engine_index = engine
         # A local end (engine death, the I/O process stopping) can arrive in the same update
@@ -283,41 +318,39 @@ class RequestStream:
         )
         if finish and not local_end:
             self._done = True
-            self._attachment._release(self)
+            self._owner.release(self)
         if self._pending and not self._pending[-1].finished:
             self._pending[-1]._absorb(chunk)
         else:
             self._pending.append(chunk)
         if local_end:
-            self._fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
+            self.fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
             return
         self._wake()
 
-    def _fail(self, error: StreamError) -> None:
+    def fail(self, error: StreamError) -> None:
+        """End the stream with ``error`` after what is unread (nothing to abort: the request
+        is over, or its I/O process or client is gone); frees the slot. No-op once ended."""
         if self._done:
             return
         self._done = True
         self._error = error
         log.info("stream %r ended: %s: %s", self.rid, type(error).__name__, error)
-        self._attachment._release(self)
+        self._owner.release(self)
         self._wake()
 
     def _pd(self) -> bool:
-        config = getattr(self._attachment, "config", None)
-        return config is not None and config.routing.is_disaggregated
+        return self._owner.disaggregated
 
-    def _expire(self) -> None:
-        # The deadline passed: what arrived stays readable, then DeadlineExceeded; the
-        # request is aborted on its engine (or dropped unsent by the I/O process) and the
-        # slot freed, as by `abort`.
+    def expire(self) -> None:
+        """The deadline passed: what arrived stays readable, then `DeadlineExceeded`; the
+        request is aborted on its engine (or dropped unsent by the I/O process) and the slot
+        freed, as by `abort`. No-op once ended."""
         if self._done:
             return
         self._done = True
         self._error = _deadline_error(self.rid, self.engine_index, self._deadline)
-        recorder = self._attachment.recorder
-        if recorder is not None and self._attachment.streams.get(self._slot) is self:
-            recorder.cancelled(self._slot, "DeadlineExceeded")
-        self._attachment._abort(self)
+        self._owner.abort(self, "DeadlineExceeded")
         self._wake()
 
     def _wake(self) -> None:
@@ -354,7 +387,7 @@ class RequestStream:
                 raise error
             if self._done:
                 raise StopAsyncIteration
-            waiter = self._waiter = self._attachment.loop.create_future()
+            waiter = self._waiter = self._owner.loop.create_future()
             try:
                 await waiter
             except asyncio.CancelledError:
@@ -393,7 +426,7 @@ class RequestStream:
         if self._done:
             return
         self._done = True
-        self._attachment._abort(self)
+        self._owner.abort(self)
         self._wake()
 
     async def aclose(self) -> None:
@@ -409,7 +442,7 @@ class RequestStream:
     def __del__(self) -> None:
         if not self._done:
             try:
-                self._attachment._dropped(self)
+                self._owner.dropped(self)
             except Exception:
                 pass
 

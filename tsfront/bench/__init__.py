@@ -5,7 +5,8 @@
 * :mod:`~tsfront.bench.baselines` — the designs tsfront is compared with, on the same frames:
   a bare PULL, PULL + msgspec decode, per-batch forwarding, one asyncio process;
 * :mod:`~tsfront.bench.measure` — sessions, phases, CPU accounting from /proc, the figures;
-* :mod:`~tsfront.bench.cli` — the ``tsfront bench`` command (``--json``, ``--quick``).
+* :mod:`~tsfront.bench.cli` — the suite's options and run (``--json``, ``--quick``), for the
+  ``tsfront bench`` command (`tsfront.commands.bench`) and ``python -m tsfront.bench.cli``.
 
 See docs/PERFORMANCE.md for what each figure includes.
 """

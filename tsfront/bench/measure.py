@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 from tsfront import _native
 from tsfront.bench import baselines, replay
 from tsfront.bench.replay import make_rids, stamp_age_ns
-from tsfront.io.process import hold_sigint, ignore_sigint
+from tsfront.sigint import hold_sigint, ignore_sigint
 
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnContext
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from tsfront.client import EngineClient
     from tsfront.stream import RequestStream
     from tsfront.wire import TokenizedGenerateReqInput
-    from tsfront.worker import Attachment
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -286,16 +285,22 @@ def reader_poll_ns_per_token(rows: int, steps: int = 200, tokens_per_row: int = 
     return total / (steps * rows * tokens_per_row)
 
 
-class _Attachment:
-    """What a `RequestStream` needs of its attachment, for the in-process measure."""
+class _Slots:
+    """What a `RequestStream` needs of its slot table (`SlotOwner`), for the in-process
+    measure."""
+
+    disaggregated = False
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
 
-    def _release(self, stream: RequestStream) -> None:
+    def release(self, stream: RequestStream) -> None:
         pass
 
-    def _abort(self, stream: RequestStream) -> None:
+    def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
+        pass
+
+    def dropped(self, stream: RequestStream) -> None:
         pass
 
 
@@ -305,7 +310,7 @@ def deliver_ns_per_token(rows: int, steps: int = 2000, *, consumers: bool = True
     One Writer and one worker's Reader on a real region (`Region.create`, metrics area
     included) and ``rows`` streams, each consumed by an ``async for`` task on a uvloop. Each
     step ingests a frame of one-token rows (untimed), then times what the worker does with it:
-    the clock reading, ``poll()``, the stream lookup and `RequestStream._deliver` per update
+    the clock reading, ``poll()``, the stream lookup and `RequestStream.deliver` per update
     (as `Attachment._drain` does), `Recorder.updates` on every other step, and the loop
     iteration that runs every consumer task to its next chunk. Only the eventfd read is left
     out. Steps alternate off/on, so both figures share the same frames, cache state and
@@ -330,14 +335,14 @@ async def _deliver_ns_per_token(rows: int, steps: int, consumers: bool) -> dict:
     w = _native.Writer(region.map, 1, rows, 256, 1)
     r = _native.Reader(region.map, 0, 1, rows, 256, 1)
     rec = Recorder(region, 0, rows)
-    att = _Attachment(asyncio.get_running_loop())
+    att = _Slots(asyncio.get_running_loop())
     rids = make_rids("rec", rows)
     streams = {}
     t0 = monotonic_ns()
     for i, rid in enumerate(rids):
         w.bind(rid.encode(), i, i + 1, False, 18, 0)
         r.expect(i, i + 1)
-        streams[i] = RequestStream(cast("Attachment", att), rid, i, i + 1)  # a stand-in
+        streams[i] = RequestStream(att, rid, i, i + 1)
         rec.started(i, t0)
     consumed = [0]
 
@@ -360,7 +365,7 @@ async def _deliver_ns_per_token(rows: int, steps: int, consumers: bool) -> dict:
         for update in updates:
             stream = streams.get(update[0])
             if stream is not None:
-                stream._deliver(update)
+                stream.deliver(update)
         if on and updates:
             rec.updates(updates, now)
         while consumed[0] < want:
@@ -509,7 +514,7 @@ class Session:
         use_uvloop: bool,
     ) -> None:
         from tsfront.config import ClientConfig
-        from tsfront.io.process import IOProcess
+        from tsfront.ioproc import IOProcess
 
         self.rows, self.nw, self.nr = rows, workers, ranks
         self.mp = multiprocessing.get_context("spawn")

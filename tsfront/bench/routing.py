@@ -142,7 +142,7 @@ async def _replay_tsfront(
     trace: list[list[list[int]]], p: RoutingParams, policy: LoadBalance, ideal: bool
 ) -> dict:
     from tsfront.client import EngineClient
-    from tsfront.io.process import IOProcess
+    from tsfront.ioproc import IOProcess
     from tsfront.sim import SimGroup
     from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 

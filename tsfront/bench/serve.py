@@ -497,7 +497,7 @@ def require_modules(p: ServeParams) -> None:
     missing: a target that cannot start is otherwise only a "skipped" line of the report."""
     import importlib
 
-    from tsfront.cli import MissingExtra
+    from tsfront.errors import MissingExtra
 
     wanted = [*BENCH_SERVE_MODULES, *(s for s in p.stacks if s == "granian")]
     missing = []

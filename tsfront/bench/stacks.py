@@ -23,7 +23,7 @@ import urllib.request
 from typing import cast
 
 from tsfront.config import ClientConfig
-from tsfront.io.process import IOProcess
+from tsfront.ioproc import IOProcess
 
 __all__ = ["main"]
 

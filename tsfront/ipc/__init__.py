@@ -1,7 +1,7 @@
 """What the processes of one machine agree on: no sockets, no loops, nothing that runs.
 
-The I/O process (`tsfront.io`) and the worker side (`tsfront.worker`, `tsfront.client`) both
-import this package and nothing of each other:
+The I/O process (`tsfront.io`) and the worker side (`tsfront.attachment`, `tsfront.slots`,
+`tsfront.stream`, `tsfront.client`) both import this package and nothing of each other:
 
 * `tsfront.ipc.submit`: the frames of a submission on the submit socket (the header, the
   abort entries), the workers' ZMQ identities and the ticket ranges of their attaches;

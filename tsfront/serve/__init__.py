@@ -5,5 +5,7 @@
 * :mod:`~tsfront.serve.schema` — the request bodies (msgspec structs);
 * :mod:`~tsfront.serve.asgi` — the raw ASGI app (`ServeApp`) that carries them;
 * :mod:`~tsfront.serve.worker` — one worker process (uvicorn + httptools on a SO_REUSEPORT port);
-* :mod:`~tsfront.serve.cli` — ``tsfront serve``, the master.
+* :mod:`~tsfront.serve.supervisor` — the master's rules for workers that die or go silent.
+
+The master itself, ``tsfront serve``, is the command `tsfront.commands.serve`.
 """

@@ -174,14 +174,14 @@ class SSEReply:
         self,
         events: AsyncGenerator[bytes, None],
         push: Callable[[_Send], Pusher] | None = None,
-        cut: bytes | None = None,
+        cut: Callable[[], bytes] | None = None,
     ) -> None:
         self.events = events
         #: For a response that can take the hot path: given the ASGI ``send`` (after the
         #: response start), installs and returns the `Pusher` of its one choice.
         self.push = push
-        #: The last bytes when a stopping server cuts the stream (None: a chat-shaped error
-        #: event and ``[DONE]``).
+        #: Makes the last bytes when a stopping server cuts the stream, at that moment (None:
+        #: a chat-shaped error event and ``[DONE]``).
         self.cut = cut
 
 

@@ -322,7 +322,7 @@ class ServeApp:
             else:
                 if pusher is not None:
                     pusher.cancel()
-                ending = reply.cut if type(reply) is SSEReply else None
+                ending = reply.cut() if type(reply) is SSEReply and reply.cut else None
                 await _send_cut(send, started, ex, ending)
         except OSError:
             # The connection broke while sending; the events' close aborts the request.

@@ -382,11 +382,13 @@ class Responses:
         reply = await self.service.chat_request(chat, size, format_of, record)
         conversation = history + new
         if type(reply) is SSEReply:
-            cut = fmt[0].error_event(
-                Exception(CUT_MESSAGE), 503, "service_unavailable_error"
-            )  # a stopping server's last event (`ServeApp.cut`)
+            shape = fmt[0]
+
+            def cut() -> bytes:  # a stopping server's last event (`ServeApp.cut`), numbered then
+                return shape.error_event(Exception(CUT_MESSAGE), 503, "service_unavailable_error")
+
             return SSEReply(
-                self._stored_stream(reply.events, fmt[0], conversation, req.store), cut=cut
+                self._stored_stream(reply.events, shape, conversation, req.store), cut=cut
             )
         if req.store and fmt:
             await self._keep(fmt[0], conversation)

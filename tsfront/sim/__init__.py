@@ -5,8 +5,9 @@
 * :mod:`~tsfront.sim.engine` — one rank: handshake, input DEALER, output PUSH, fault injection
   and test hooks;
 * :mod:`~tsfront.sim.group` — N ranks as threads (tests) or OS processes;
-* :mod:`~tsfront.sim.script` — scripted answers (a marker in the prompt → output text);
-* :mod:`~tsfront.sim.cli` — the ``tsfront sim`` command.
+* :mod:`~tsfront.sim.script` — scripted answers (a marker in the prompt → output text).
+
+The ``tsfront sim`` command is `tsfront.commands.sim`.
 
 Tokens are deterministic: see :func:`~tsfront.sim.scheduler.default_token`.
 """

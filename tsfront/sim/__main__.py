@@ -1,7 +1,8 @@
-"""``python -m tsfront.sim``: the same as ``tsfront sim``."""
+"""``python -m tsfront.sim``: the same as ``tsfront sim`` (an entry point, like
+``python -m tsfront``: the one place of tsfront.sim that imports the commands)."""
 
 import sys
 
-from tsfront.sim.cli import cli_main
+from tsfront.commands import main
 
-sys.exit(cli_main())
+sys.exit(main(["sim", *sys.argv[1:]]))

@@ -18,7 +18,7 @@ from typing import Any
 
 from tsfront.client import EngineClient
 from tsfront.config import ClientConfig
-from tsfront.io.process import IOProcess
+from tsfront.ioproc import IOProcess
 from tsfront.sim import SimGroup
 
 __all__ = ["DEADLINE", "EngineRig", "engine_rig", "private_addresses"]

@@ -18,12 +18,14 @@ import json
 import signal
 import sys
 
-from tsfront.cli import UsageError, config_from_args, progress
 from tsfront.client import EngineClient
+from tsfront.commands.base import Command, UsageError, progress
+from tsfront.commands.options import add_engine_arguments, config_from_args
+from tsfront.config import ClientConfig
 from tsfront.errors import Error
-from tsfront.io.process import IOProcess
+from tsfront.ioproc import IOProcess
 
-__all__ = ["run"]
+__all__ = ["COMMAND", "arguments", "run"]
 
 _WATCH_S = 0.25
 
@@ -141,3 +143,80 @@ def run(args: argparse.Namespace) -> int:
     import uvloop
 
     return uvloop.run(_main(args))
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``tsfront io`` options to ``parser``."""
+    add_engine_arguments(parser, handshake_timeout=600.0)
+    tune = parser.add_argument_group("I/O process")
+    defaults = ClientConfig()
+    tune.add_argument(
+        "--max-workers",
+        type=int,
+        default=defaults.max_workers,
+        help=f"worker processes that may attach at once ({defaults.max_workers}; one more is "
+        "taken by this command's own monitor unless --no-monitor)",
+    )
+    tune.add_argument(
+        "--slots-per-worker",
+        type=int,
+        default=defaults.slots_per_worker,
+        help=f"requests one worker may have in flight ({defaults.slots_per_worker})",
+    )
+    tune.add_argument(
+        "--send-timeout",
+        type=float,
+        default=defaults.send_timeout,
+        help=f"seconds an engine may take to accept a request ({defaults.send_timeout:g})",
+    )
+    tune.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=defaults.heartbeat_timeout,
+        help=f"seconds of silence before an engine is dead ({defaults.heartbeat_timeout:g})",
+    )
+    tune.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=defaults.stall_timeout,
+        help="seconds an engine with requests in flight may send no output before it is "
+        f"marked stalled and new requests go elsewhere ({defaults.stall_timeout:g}; 0: never)",
+    )
+    tune.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="keep each engine's registration in DIR, so that a new 'tsfront io' started with "
+        "the same options and DIR takes the running engines over (after a crash, or SIGUSR1 "
+        "for an upgrade) instead of waiting for them to restart; needs fixed addresses",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the addresses as one JSON object (address, handshake_address, "
+        "input_address, output_addresses, pid)",
+    )
+    parser.add_argument(
+        "--no-monitor",
+        action="store_true",
+        help="do not attach a monitor (no engine reports on stderr; exit only on a signal or "
+        "if the I/O process dies)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics (GET /metrics, every worker's and engine's figures) on "
+        "0.0.0.0:PORT once every engine registered; uses the monitor's attachment",
+    )
+
+
+COMMAND = Command(
+    name="io",
+    help="run an I/O process on its own, for a server's workers to attach to",
+    description="Start an I/O process bound to --handshake, print its attach address "
+    "(workers call EngineClient.attach(ADDRESS)) and serve until SIGINT/SIGTERM. Engine "
+    "registration and liveness changes are reported on stderr.",
+    arguments=arguments,
+    run=run,
+)

@@ -34,6 +34,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from tsfront.commands.base import Command, CommandError, MissingExtra, UsageError
+from tsfront.commands.options import add_engine_arguments, config_from_args
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
 from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
@@ -44,9 +46,9 @@ from tsfront.serve.templates import add_template_arguments, template_options
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
 
-    from tsfront.io.process import IOProcess
+    from tsfront.ioproc import IOProcess
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["COMMAND", "arguments", "run"]
 
 #: Seconds the workers may take beyond the handshake timeout to attach and listen.
 READY_MARGIN_S = 30.0
@@ -57,7 +59,7 @@ _WATCH_S = 0.2
 SERVE_MODULES = ("tokenizers", "jinja2", "uvicorn", "httptools")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``tsfront serve`` options to ``parser``."""
     parser.add_argument(
         "--model",
@@ -69,43 +71,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--served-model-name", metavar="NAME", help="the model's name in the API (default: DIR's)"
     )
-    engines = parser.add_argument_group("engine group")
-    src = engines.add_mutually_exclusive_group(required=True)
-    src.add_argument(
-        "--handshake",
-        metavar="ADDR",
-        help="handshake endpoint to bind, which the engines dial, e.g. tcp://127.0.0.1:30500 "
-        "(port 0 picks a free one; the bound address is printed)",
+    src = parser.add_argument_group("I/O process").add_mutually_exclusive_group(required=True)
+    engines = add_engine_arguments(
+        parser, handshake_timeout=600.0, num_engines=1, handshake_in=src, load_balance=False
     )
     src.add_argument(
         "--attach",
         metavar="IO_ADDRESS",
         help="use a running I/O process (the address `tsfront io` prints) instead of starting "
-        "one; the engine options are then that process's",
-    )
-    engines.add_argument("--num-engines", type=int, default=1, metavar="N", help="ranks (1)")
-    engines.add_argument(
-        "--first-engine-index", type=int, default=0, metavar="I", help="identity of rank 0 (0)"
-    )
-    engines.add_argument(
-        "--handshake-timeout",
-        type=float,
-        default=600.0,
-        metavar="S",
-        help="seconds for every engine to register (600)",
-    )
-    engines.add_argument(
-        "--input-address",
-        default="tcp://127.0.0.1:0",
-        metavar="ADDR",
-        help="input endpoint the engines connect to (tcp://127.0.0.1:0: a free port)",
-    )
-    engines.add_argument(
-        "--output-address",
-        default="tcp://127.0.0.1:0",
-        metavar="ADDR",
-        help="output endpoint of rank 0 (rank i gets port P+i, or ipc path.i); "
-        "tcp://127.0.0.1:0: free ports",
+        "one (--handshake); the engine options are then that process's",
     )
     engines.add_argument(
         "--state-dir",
@@ -273,8 +247,6 @@ def _stop_workers(procs: list, grace: float, signals: list[int], cut: bool = Fal
 
 
 def _require_extras() -> None:
-    from tsfront.cli import MissingExtra
-
     missing = []
     for module in SERVE_MODULES:
         try:
@@ -288,8 +260,6 @@ def _require_extras() -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from tsfront.cli import UsageError
-
     def bad(message: str) -> UsageError:
         return UsageError("tsfront serve", message)
 
@@ -330,14 +300,23 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the server until SIGINT/SIGTERM; returns the exit status."""
-    from tsfront.cli import CommandError, UsageError
-    from tsfront.io.process import IOProcess
+    from tsfront.ioproc import IOProcess
     from tsfront.serve.counters import ServeCounters
     from tsfront.serve.store import StoreProcess
     from tsfront.serve.supervisor import Place, RestartPolicy, Supervisor
     from tsfront.serve.worker import WorkerOptions, listening_socket, worker_main
 
     _check(args)
+    # The engine options are judged here, with the command line, before anything loads.
+    config = None
+    if args.attach is None:
+        config = config_from_args(
+            args,
+            max_workers=args.workers,
+            slots_per_worker=args.slots_per_worker,
+            state_dir=args.state_dir,
+            stall_timeout=args.stall_timeout or None,
+        )
     try:
         edge = edge_settings(args)
         chat = chat_settings(args)
@@ -373,19 +352,7 @@ def run(args: argparse.Namespace) -> int:
     reserved: list = []
     cut = True  # stopping on an error: no drain
     try:
-        if args.attach is None:
-            config = ClientConfig(
-                handshake_address=args.handshake,
-                num_engines=args.num_engines,
-                first_engine_index=args.first_engine_index,
-                handshake_timeout=args.handshake_timeout,
-                max_workers=args.workers,
-                slots_per_worker=args.slots_per_worker,
-                input_address=args.input_address,
-                output_address=args.output_address,
-                state_dir=args.state_dir,
-                stall_timeout=args.stall_timeout or None,
-            )
+        if config is not None:
             io = IOProcess.start(config)
             address = io.address
             _say(f"handshake: {io.handshake_address}")
@@ -496,6 +463,7 @@ def run(args: argparse.Namespace) -> int:
                     "(the engines keep running)"
                 )
                 io.stop()  # reap it
+                assert config is not None  # only a process we started dies here
                 io = IOProcess.start(config)
                 opts = dataclasses.replace(opts, address=io.address)
                 reattaching = {p.index for p in places if p.state == "serving"}
@@ -529,3 +497,15 @@ def run(args: argparse.Namespace) -> int:
         events.join_thread()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+COMMAND = Command(
+    name="serve",
+    help="serve the OpenAI API (completions, chat) from W worker processes",
+    description="Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, "
+    "/health) from W worker processes on one port, for an engine group that dials "
+    "--handshake. Prints 'handshake: ADDR', then 'listening: http://HOST:PORT' once every "
+    "engine registered and every worker listens; SIGINT/SIGTERM stop it.",
+    arguments=arguments,
+    run=run,
+)

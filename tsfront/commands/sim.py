@@ -13,19 +13,22 @@ import argparse
 import logging
 import signal
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tsfront.cli import endpoint
-from tsfront.sim.group import SimGroup
+from tsfront.commands.base import Command, UsageError, one_line
+from tsfront.commands.options import endpoint
 
-__all__ = ["add_arguments", "cli_main"]
+if TYPE_CHECKING:
+    from tsfront.sim.group import SimGroup
+
+__all__ = ["COMMAND", "arguments", "group_from_args", "run"]
 
 _FAULTS = ("dead_after_steps", "exit_after_steps", "silent_after_steps")
 _WATCH_S = 0.05
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``tsfront sim`` options to ``parser`` (for embedding as a subcommand)."""
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``tsfront sim`` options to ``parser``."""
     parser.add_argument(
         "--handshake",
         required=True,
@@ -183,7 +186,10 @@ def _model_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _group_from_args(args: argparse.Namespace) -> SimGroup:
+def group_from_args(args: argparse.Namespace) -> SimGroup:
+    """The `SimGroup` the options describe (not started); raises what `SimGroup` refuses."""
+    from tsfront.sim.group import SimGroup
+
     options: dict[str, Any] = {
         "step_ms": args.step_ms,
         "max_batch": args.max_batch,
@@ -221,22 +227,27 @@ def _group_from_args(args: argparse.Namespace) -> SimGroup:
     )
 
 
-def cli_main(argv: list[str] | None = None) -> int:
-    """Run ``tsfront sim`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="tsfront sim", description=__doc__.split("\n\n")[0] if __doc__ else None
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run ``tsfront sim`` until SIGINT/SIGTERM (0) or a rank's death (1)."""
+    # What the simulator refuses is a bad command line: one line, exit 2, like every command.
+    if not isinstance(logging.getLevelName(args.log_level.upper()), int):
+        raise UsageError(
+            "tsfront sim",
+            f"--log-level={args.log_level!r}: not a logging level; use DEBUG, INFO, WARNING "
+            "or ERROR",
+        )
+    try:
+        group = group_from_args(args)
+    except (TypeError, ValueError) as exc:
+        message = one_line(exc)
+        field, sep, rest = message.partition("=")
+        if sep and field.isidentifier() and field != "handshake_address":
+            # The options are named after the EngineOptions fields (minus the "_s" unit).
+            message = f"--{field.removesuffix('_s').replace('_', '-')}={rest}"
+        raise UsageError("tsfront sim", message) from None
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    try:
-        group = _group_from_args(args)
-    except (TypeError, ValueError) as exc:
-        parser.error(str(exc))
-    except Exception as exc:  # a model folder that does not load (TextError and the like)
-        parser.error(f"--model {args.model}: {exc}")
     stop = threading.Event()
     previous = {
         signum: signal.signal(signum, lambda signum, frame: stop.set())
@@ -259,3 +270,13 @@ def _any_rank_ended(group: SimGroup) -> bool:
     if group.processes:
         return any(code is not None for code in group.exitcodes())
     return any(engine.outcome is not None for engine in group.engines)
+
+
+COMMAND = Command(
+    name="sim",
+    help="run simulated TokenSpeed ranks that dial a frontend",
+    description="Run simulated TokenSpeed ranks (no GPU) that dial --handshake exactly as "
+    "real engines do; serve until SIGINT/SIGTERM. Exits 1 as soon as a rank dies.",
+    arguments=arguments,
+    run=run,
+)

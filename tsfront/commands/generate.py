@@ -20,13 +20,14 @@ import sys
 import time
 from typing import Any
 
-from tsfront.cli import CommandError, UsageError, config_from_args, one_line, progress
 from tsfront.client import ClientListener, EngineClient
+from tsfront.commands.base import Command, CommandError, UsageError, one_line, progress
+from tsfront.commands.options import add_engine_arguments, config_from_args
 from tsfront.errors import Error, InvalidRequest
 from tsfront.stream import OutputChunk
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput, validate_request
 
-__all__ = ["parse_ids", "parse_requests", "run"]
+__all__ = ["COMMAND", "arguments", "parse_ids", "parse_requests", "run"]
 
 _PROGRESS_S = 2.0
 _SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
@@ -324,3 +325,73 @@ def run(args: argparse.Namespace) -> int:
     # one-line error already, so keep it quiet unless TSFRONT_LOG says otherwise.
     os.environ.setdefault("TSFRONT_LOG", "CRITICAL")
     return uvloop.run(_main(args))
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``tsfront generate`` options to ``parser``."""
+    add_engine_arguments(parser, handshake_timeout=60.0)
+    req = parser.add_argument_group("requests")
+    what = req.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--input-ids", metavar="IDS", help="the prompt of one request, comma-separated token ids"
+    )
+    what.add_argument(
+        "--requests",
+        metavar="FILE",
+        help="a JSON-lines file of requests, one object per line ('-' reads stdin)",
+    )
+    req.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=16,
+        metavar="M",
+        help="default max_new_tokens (16)",
+    )
+    req.add_argument(
+        "--stop-token-ids",
+        metavar="IDS",
+        help="default stop_token_ids, comma-separated",
+    )
+    req.add_argument(
+        "--temperature", type=float, default=None, metavar="T", help="default temperature"
+    )
+    req.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        metavar="R",
+        help="pin requests to this data-parallel rank (default: load-balanced)",
+    )
+    req.add_argument(
+        "--concurrency",
+        type=int,
+        default=64,
+        metavar="C",
+        help="requests in flight at once (64)",
+    )
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per chunk (rid, output_ids, finish_reason, prompt_tokens, "
+        "completion_tokens, cached_tokens, engine_index); errors as {rid, error}",
+    )
+    out.add_argument(
+        "--quiet", action="store_true", help="no progress on stderr (errors still shown)"
+    )
+
+
+COMMAND = Command(
+    name="generate",
+    help="bind the handshake, wait for the engines, run requests and print their tokens",
+    description="Be the frontend of an engine group: bind the handshake at --handshake, "
+    "wait for --num-engines engines to dial it and register, run one request "
+    "(--input-ids) or many (--requests FILE.jsonl), printing tokens as they arrive.",
+    epilog="Each line of a --requests file is a JSON object with 'input_ids' (a list of "
+    "ints) and optionally 'rid', 'data_parallel_rank', and any SamplingParams field "
+    "('max_new_tokens', 'stop_token_ids', 'temperature', 'top_p', 'top_k', 'ignore_eos', "
+    "'seed', ...), at the top level or under 'sampling_params'. Stop strings are refused: "
+    "tsfront sends token ids only. Exit status: 0 if every request finished, 1 otherwise.",
+    arguments=arguments,
+    run=run,
+)

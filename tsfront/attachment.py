@@ -1,28 +1,27 @@
-"""`Attachment`: one worker process's connection to the I/O process.
+"""`Attachment`: one worker process's connection to the I/O process: its sockets and the drain.
 
 It owns the worker's control socket, its eventfd, its mapping of the slot region with a native
 `Reader`, and a ZMQ DEALER (the local submission queue). Submissions go out on the DEALER
 without waiting (a full queue is `Busy`); outputs come in through shared memory: the I/O
 process writes the worker's eventfd only when the worker has published that it is parked, the
 loop's reader callback drains every notified slot in one native call, hands each update to its
-stream, and parks again. Nothing here blocks the event loop.
+stream (`RequestStream.deliver`), and parks again. Nothing here blocks the event loop. Which
+request holds which slot, until when, and the aborts are the slot table's
+(`tsfront.slots.SlotTable`, ``Attachment.slots``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import os
 import socket
 import time
-import weakref
 from typing import Any, cast
 
 import zmq
 
 from tsfront import _native, control
-from tsfront.aborts import RecentAborts
 from tsfront.config import ClientConfig
 from tsfront.errors import (
     Busy,
@@ -31,36 +30,24 @@ from tsfront.errors import (
     HandshakeError,
     HandshakeTimeout,
     IOProcessDied,
-    StreamError,
 )
 from tsfront.info import EngineInfo
 from tsfront.ipc.control import Attach, Attached, Engines, EngineUpdate, Failed, ToWorker
-from tsfront.ipc.submit import (
-    ABORT_ENTRY,
-    SUBMIT_ABORT,
-    SUBMIT_ADD,
-    SUBMIT_HEADER,
-    TICKET_SHIFT,
-    WORKER_IDENTITY,
-)
+from tsfront.ipc.submit import SUBMIT_ABORT, SUBMIT_ADD, SUBMIT_HEADER, WORKER_IDENTITY
 from tsfront.metrics.recorder import Recorder, monotonic_ns
 from tsfront.region import Geometry, Region
+from tsfront.slots import SlotTable
 from tsfront.stream import RequestStream
 
 ATTACH_TIMEOUT = 30.0
-# Rids this worker aborted that it still refuses to reuse (within the engine's 300 s memory).
-# Past this many, the oldest are forgotten; the I/O process's per-engine memory still
-# catches a reuse of those.
-ABORTED_RIDS_REMEMBERED = 1 << 16
-# Deadline heap size from which entries of ended streams are compacted away.
-DEADLINES_COMPACT_AT = 64
 
 # Flags of a submission's frames, as plain ints (an enum OR per frame costs microseconds).
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _LAST = int(zmq.NOBLOCK)
 
 # What a worker logs is also raised to its caller (HandshakeTimeout, IOProcessDied, ...), so it
-# logs at INFO: visible when asked for, never a second report of one failure.
+# logs at INFO: visible when asked for, never a second report of one failure. The logger keeps
+# the name it had when this module was tsfront/worker.py (the README lists it).
 log = logging.getLogger("tsfront.worker")
 
 
@@ -71,17 +58,10 @@ class Attachment:
         self.loop = loop
         self.closed = False
         self.failure: Error | None = None
-        # Weak, so that a stream its owner dropped is collected and aborts (`_dropped`).
-        self.streams: weakref.WeakValueDictionary[int, RequestStream] = (
-            weakref.WeakValueDictionary()
-        )  # by local slot
-        self.by_rid: weakref.WeakValueDictionary[str, RequestStream] = weakref.WeakValueDictionary()
+        #: Who holds which slot: the streams by slot and rid, the free list, deadlines, aborts.
+        self.slots = SlotTable(loop)
         self.engines: list[EngineInfo] = []
         self._engines_ready = loop.create_future()
-        self._pending_aborts: list[bytes] = []
-        self.aborted = RecentAborts(ABORTED_RIDS_REMEMBERED)
-        self._abort_scheduled = False
-        self._next_ticket = 1
         self.sock: socket.socket | None = None
         self.eventfd = -1
         self.region: Region | None = None
@@ -89,12 +69,6 @@ class Attachment:
         self.ctx: zmq.Context | None = None
         self.dealer: zmq.Socket | None = None
         self.recorder: Recorder | None = None  # this worker's request metrics (shared memory)
-        # Deadlines of the streams that have one: a heap of (monotonic time, ticket, stream
-        # reference) and one loop timer for the earliest, never one timer per stream or token.
-        # Entries of streams that ended stay until their time comes (popped unread).
-        self._deadlines: list[tuple[float, int, weakref.ref[RequestStream]]] = []
-        self._deadline_timer: asyncio.TimerHandle | None = None
-        self._deadline_at = 0.0
 
     # ------------------------------------------------------------------ attach
 
@@ -155,9 +129,6 @@ class Attachment:
                 os.close(fd)
             raise HandshakeError("the I/O process sent no shared memory")
         self.worker = message.worker
-        # Tickets come from this attach's own range (see tsfront.ipc.submit.ticket_base).
-        self._ticket_base = message.ticket_base
-        self._next_ticket = self._ticket_base + 1
         self.config = ClientConfig.from_dict(message.config)
         self.addresses = message.addresses
         geometry = Geometry(*message.geometry)
@@ -171,8 +142,15 @@ class Attachment:
             geometry.ring_capacity,
             geometry.max_engines,
         )
-        self.free = list(range(self.spw - 1, -1, -1))
         self.recorder = Recorder(self.region, self.worker, self.spw)
+        self.slots.attach(
+            self.reader,
+            self.recorder,
+            self.spw,
+            message.ticket_base,  # tickets come from this attach's own range
+            self._send_aborts,
+            disaggregated=self.config.routing.is_disaggregated,
+        )
         self.ctx = zmq.Context(1)
         dealer = self.ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.IDENTITY, WORKER_IDENTITY.pack(self.worker, message.serial))
@@ -226,12 +204,12 @@ class Attachment:
     def _lost(self, why: str) -> None:
         if self.closed:
             return
-        log.info("lost the I/O process (%s); ending %d open streams", why, len(self.streams))
+        log.info("lost the I/O process (%s); ending %d open streams", why, len(self.slots.streams))
         self._fail_waiters(ClientClosed(why))
-        for stream in list(self.streams.values()):
-            stream._fail(IOProcessDied(f"request {stream.rid!r}: {why}", rid=stream.rid))
-            if self.recorder is not None:
-                self.recorder.failed(stream._slot, IOProcessDied(why))
+        self.slots.fail_all(
+            lambda stream: IOProcessDied(f"request {stream.rid!r}: {why}", rid=stream.rid),
+            IOProcessDied(why),
+        )
         self.close()
 
     # ------------------------------------------------------------------ outputs
@@ -245,7 +223,7 @@ class Attachment:
 
     def _drain(self) -> None:
         reader = self.reader
-        streams = self.streams
+        streams = self.slots.streams
         record = self.recorder.updates if self.recorder is not None else None
         while True:
             now = monotonic_ns()
@@ -253,7 +231,7 @@ class Attachment:
             for update in updates:
                 stream = streams.get(update[0])
                 if stream is not None:
-                    stream._deliver(update)
+                    stream.deliver(update)
             if record is not None and updates:
                 record(updates, now)
             if reader.park():
@@ -279,19 +257,13 @@ class Attachment:
         the offset of the payload's nil bootstrap fields, which the I/O process fills in."""
         if self.closed:
             raise ClientClosed(str(self.failure) if self.failure else "the client is closed")
-        if not self.free:
+        taken = self.slots.take()
+        if taken is None:
             raise Busy(
                 f"all {self.spw} slots of this worker are in use; wait for streams to finish "
                 "or raise ClientConfig.slots_per_worker"
             )
-        slot = self.free.pop()
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        if self._next_ticket - self._ticket_base == 1 << TICKET_SHIFT:
-            # 2^40 requests later, reuse the range: a slot holds one request at a time, so a
-            # reused ticket never meets its namesake on the same slot.
-            self._next_ticket = self._ticket_base + 1
-        self.reader.expect(slot, ticket)
+        slot, ticket = taken
         expires = time.monotonic() + deadline if deadline is not None else 0.0
         header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs, expires, bootstrap_at)
         header += rid.encode()
@@ -308,113 +280,23 @@ class Attachment:
                 send(payload, _MORE, copy=False)
                 send(hashes, _LAST)
         except zmq.Again:
-            self.reader.release(slot)
-            self.free.append(slot)
+            self.slots.put_back(slot)
             raise Busy(
                 "the local submission queue to the I/O process is full "
                 f"(submit_queue_depth={self.config.submit_queue_depth}); retry later or shed "
                 "load"
             ) from None
-        stream = RequestStream(self, rid, slot, ticket)
-        self.streams[slot] = stream
-        self.by_rid[rid] = stream
-        if deadline is not None:
-            self._add_deadline(expires, stream, deadline)
-        return stream
+        return self.slots.open(rid, slot, ticket, expires, deadline)
 
-    # ------------------------------------------------------------------ deadlines
-
-    def _add_deadline(self, expires: float, stream: RequestStream, seconds: float) -> None:
-        stream._deadline = seconds
-        heap = self._deadlines
-        if len(heap) >= DEADLINES_COMPACT_AT and len(heap) > 2 * len(self.streams):
-            # Most entries belong to streams that ended: drop them now rather than when their
-            # time comes, so the heap stays within twice the open streams (amortised O(1)).
-            heap[:] = [e for e in heap if (s := e[2]()) is not None and not s._done]
-            heapq.heapify(heap)
-        heapq.heappush(heap, (expires, stream._ticket, weakref.ref(stream)))
-        if self._deadline_timer is None or expires < self._deadline_at:
-            self._arm_deadline_timer(expires)
-
-    def _arm_deadline_timer(self, expires: float) -> None:
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-        self._deadline_at = expires
-        # The loop's clock may not be time.monotonic (uvloop's is its own): convert.
-        delay = max(0.0, expires - time.monotonic())
-        self._deadline_timer = self.loop.call_at(self.loop.time() + delay, self._on_deadline)
-
-    def _on_deadline(self) -> None:
-        self._deadline_timer = None
-        heap = self._deadlines
-        now = time.monotonic()
-        while heap and heap[0][0] <= now:
-            _, ticket, ref = heapq.heappop(heap)
-            stream = ref()
-            if (
-                stream is not None
-                and stream._ticket == ticket
-                and self.streams.get(stream._slot) is stream
-            ):
-                stream._expire()
-        if heap and not self.closed:
-            self._arm_deadline_timer(heap[0][0])
-
-    def _release(self, stream: RequestStream) -> None:
-        # The stream saw its end in the slot: the slot is ours to reuse.
-        if self.streams.get(stream._slot) is stream:
-            del self.streams[stream._slot]
-            self.by_rid.pop(stream.rid, None)
-            if self.reader is not None:
-                self.reader.release(stream._slot)
-            self.free.append(stream._slot)
-
-    def _abort(self, stream: RequestStream) -> None:
-        if self.streams.get(stream._slot) is not stream:
-            return
-        self.aborted.add(stream.rid, time.monotonic())
-        self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
-        self._release(stream)
-        if self.recorder is not None:
-            self.recorder.cancelled(stream._slot)
-        if not self._abort_scheduled and not self.closed:
-            self._abort_scheduled = True
-            self.loop.call_soon(self._flush_aborts)
-
-    def _dropped(self, stream: RequestStream) -> None:
-        # An unfinished stream was garbage-collected. A collected reference cycle clears weak
-        # references before finalizers run, so its entries may be gone already: the slot is
-        # still its own (only `_release` frees a slot), so abort by what the stream knows.
-        current = self.streams.get(stream._slot)
-        if current is stream:
-            self._abort(stream)
-            return
-        if current is not None or self.closed:
-            return
-        self.aborted.add(stream.rid, time.monotonic())
-        self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
-        if self.recorder is not None:
-            self.recorder.cancelled(stream._slot)
-        if self.reader is not None:
-            self.reader.release(stream._slot)
-        self.free.append(stream._slot)
-        if not self._abort_scheduled:
-            self._abort_scheduled = True
-            self.loop.call_soon(self._flush_aborts)
-
-    def _flush_aborts(self) -> None:
-        # One ABORT message per loop iteration carries every stream dropped in it.
-        self._abort_scheduled = False
-        if not self._pending_aborts or self.dealer is None:
-            return
-        data = b"".join(self._pending_aborts)
+    def _send_aborts(self, batch: bytes) -> bool:
+        # The slot table's batch of abort entries; False: the queue is full, try again.
+        if self.dealer is None:
+            return True  # detached: the I/O process aborts what this worker held
         try:
-            self.dealer.send_multipart([SUBMIT_ABORT, data], zmq.NOBLOCK)
+            self.dealer.send_multipart([SUBMIT_ABORT, batch], zmq.NOBLOCK)
         except zmq.Again:
-            self._abort_scheduled = True
-            self.loop.call_later(0.001, self._flush_aborts)
-            return
-        self._pending_aborts.clear()
+            return False
+        return True
 
     # ------------------------------------------------------------------ close
 
@@ -426,27 +308,14 @@ class Attachment:
         log.info(
             "detaching worker %s from the I/O process (%d open streams aborted)",
             getattr(self, "worker", None),
-            len(self.streams),
+            len(self.slots.streams),
         )
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-            self._deadline_timer = None
-        self._deadlines.clear()
-        for stream in list(self.streams.values()):
-            self._pending_aborts.append(ABORT_ENTRY.pack(stream._slot, stream._ticket))
-            stream._fail(
-                StreamError(f"request {stream.rid!r}: the client was closed", rid=stream.rid)
-            )
-            if self.recorder is not None:
-                self.recorder.closed(stream._slot)
-        if self._pending_aborts and self.dealer is not None:
+        batch = self.slots.close()
+        if batch and self.dealer is not None:
             try:
-                self.dealer.send_multipart(
-                    [SUBMIT_ABORT, b"".join(self._pending_aborts)], zmq.NOBLOCK
-                )
+                self.dealer.send_multipart([SUBMIT_ABORT, batch], zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
-            self._pending_aborts.clear()
         if self.sock is not None:
             try:
                 self.loop.remove_reader(self.sock.fileno())

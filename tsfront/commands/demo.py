@@ -26,13 +26,14 @@ import sys
 import time
 from typing import Any, cast
 
-from tsfront.cli import UsageError, progress
 from tsfront.client import EngineClient
+from tsfront.commands.base import Command, UsageError, progress
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
-from tsfront.io.process import IOProcess, hold_sigint, ignore_sigint
+from tsfront.ioproc import IOProcess
+from tsfront.sigint import hold_sigint, ignore_sigint
 
-__all__ = ["run"]
+__all__ = ["COMMAND", "arguments", "run"]
 
 _READY_TIMEOUT = 30.0
 _RUN_TIMEOUT = 60.0
@@ -312,3 +313,35 @@ def run(args: argparse.Namespace) -> int:
         results.join_thread()
     _note(f"everything stopped; {time.monotonic() - began:.1f}s in all")
     return 1 if failed else 0
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``tsfront demo`` options to ``parser``."""
+    parser.add_argument("--requests", type=int, default=4, metavar="N", help="requests to run (4)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=10, metavar="M", help="tokens per request (10)"
+    )
+    parser.add_argument("--workers", type=int, default=2, metavar="W", help="worker processes (2)")
+    parser.add_argument("--engines", type=int, default=2, metavar="N", help="simulated ranks (2)")
+    parser.add_argument(
+        "--step-ms", type=float, default=20.0, metavar="MS", help="simulated decode step (20)"
+    )
+    parser.add_argument(
+        "--sim-processes",
+        action="store_true",
+        help="run each simulated rank as its own OS process (default: threads of this process)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="print only the summary, not every token line"
+    )
+
+
+COMMAND = Command(
+    name="demo",
+    help="run the demo against simulated engines (no GPU)",
+    description="Start two simulated engine ranks, an I/O process and two worker "
+    "processes attached to it; stream a handful of requests (each line prefixed with "
+    "its worker and rid) and print a per-rank summary. Finishes in a few seconds.",
+    arguments=arguments,
+    run=run,
+)
