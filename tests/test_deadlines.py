@@ -19,8 +19,9 @@ from support.core_fixtures import DEADLINE, FOREVER, collect, in_thread, next_ch
 from support.raw_engine import raw_rig
 
 from tsfront import ClientConfig, ConfigError, DeadlineExceeded, InvalidRequest
+from tsfront.io.core import Record, Worker
 from tsfront.io.engines import EngineState, PendingSend
-from tsfront.io.loop import IOLoop, Record
+from tsfront.io.loop import IOLoop
 from tsfront.ipc.submit import SUBMIT_HEADER
 from tsfront.region import FIN_DEADLINE, FIN_SEND_TIMEOUT
 
@@ -253,20 +254,20 @@ def _close(loop: IOLoop) -> None:
 def test_a_queued_add_past_its_deadline_is_dropped_unsent_even_without_the_workers_abort():
     loop = _loop()
     try:
-        engine = loop.engines[0]
-        loop.writer = writer = _Writer()
-        loop.input = _Refusing()
+        engine = loop.core.engines[0]
+        loop.core.writer = writer = _Writer()
+        loop.groups[0].input = _Refusing()
         # Two queued ADDs: slot 3 with a deadline at t=10, slot 4 without one.
         engine.backlog.append(PendingSend(3, 1, zmq.Frame(b"A"), deadline=100.0, expires=10.0))
         engine.backlog.append(PendingSend(4, 2, zmq.Frame(b"B"), deadline=100.0))
-        loop.records[3] = Record(b"a", engine, 1, sent=False)
-        loop.records[4] = Record(b"b", engine, 2, sent=False)
+        loop.core.records[3] = Record(b"a", engine, 1, sent=False)
+        loop.core.records[4] = Record(b"b", engine, 2, sent=False)
         engine.in_flight = 2
-        loop.input = taking = _Taking()
-        loop._retry_backlog(engine, now=11.0)  # the queue takes again, after A's deadline
+        loop.groups[0].input = taking = _Taking()
+        loop.core.retry_backlog(engine, now=11.0)  # the queue takes again, after A's deadline
         assert writer.finishes == [(3, FIN_DEADLINE)]
         assert [f[2].bytes for f in taking.sent] == [b"B"]  # A never left
-        assert 3 not in loop.records and engine.in_flight == 1
+        assert 3 not in loop.core.records and engine.in_flight == 1
         assert not engine.backlog
     finally:
         _close(loop)
@@ -276,24 +277,21 @@ def test_an_add_that_arrives_past_its_deadline_is_never_sent():
 
     loop = _loop()
     try:
-        engine = loop.engines[0]
+        engine = loop.core.engines[0]
         engine.state = EngineState.LIVE
-        loop.writer = writer = _Writer()
-        loop.input = taking = _Taking()
+        loop.core.writer = writer = _Writer()
+        loop.groups[0].input = taking = _Taking()
 
-        class _Worker:
-            worker = 0
-            serial = 1
-
+        worker = Worker(number=0, serial=1, pid=0, eventfd=-1)
         ticket = (1 << 40) + 1
         header = SUBMIT_HEADER.pack(0, ticket, 0, 0, time.monotonic() - 0.001, 0) + b"gone"
-        loop._add(_Worker(), header, zmq.Frame(b"ADD"))
+        loop.core.on_add(worker, header, zmq.Frame(b"ADD"))
         assert taking.sent == [] and writer.finishes == [(0, FIN_DEADLINE)]
-        assert not loop.records and engine.in_flight == 0
+        assert not loop.core.records and engine.in_flight == 0
         # Without a deadline (0) the same ADD goes.
         header = SUBMIT_HEADER.pack(1, ticket + 1, 0, 0, 0.0, 0) + b"kept"
-        loop._add(_Worker(), header, zmq.Frame(b"ADD"))
-        assert len(taking.sent) == 1 and 1 in loop.records
+        loop.core.on_add(worker, header, zmq.Frame(b"ADD"))
+        assert len(taking.sent) == 1 and 1 in loop.core.records
         assert FIN_SEND_TIMEOUT not in [code for _, code in writer.finishes]
     finally:
         _close(loop)

@@ -337,8 +337,9 @@ async def test_a_restarted_prefill_rank_handshakes_on_its_own_groups_socket_and_
 def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_decode():
     import zmq
 
+    from tsfront.io.core import Record
     from tsfront.io.engines import EngineState, PendingSend
-    from tsfront.io.loop import IOLoop, Record
+    from tsfront.io.loop import IOLoop
     from tsfront.region import FIN_PREFILL_SEND_TIMEOUT
 
     cfg = ClientConfig(
@@ -346,7 +347,7 @@ def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_deco
     )
     loop = IOLoop(cfg, "pd-backlog-test")
     try:
-        decode, prefill = loop.engines
+        decode, prefill = loop.core.engines
         assert (decode.role, prefill.role) == ("decode", "prefill")
 
         class _Writer:
@@ -363,17 +364,17 @@ def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_deco
             def send_multipart(self, *a, **k):
                 raise zmq.Again()
 
-        loop.writer = writer = _Writer()
+        loop.core.writer = writer = _Writer()
         prefill.input = _Full()
         prefill.state = decode.state = EngineState.LIVE
-        record = loop.records[7] = Record(b"r", decode, 3, sent=True)
+        record = loop.core.records[7] = Record(b"r", decode, 3, sent=True)
         record.prefill, record.room = prefill, 5
-        loop.pd.pending[(prefill.row, b"r")] = 7
+        loop.disagg.pending[(prefill.row, b"r")] = 7
         decode.in_flight = prefill.in_flight = 1
         prefill.backlog.append(PendingSend(7, 3, zmq.Frame(b"ADD"), 10.0, 0.0, True))
-        loop._retry_backlog(prefill, now=11.0)
+        loop.core.retry_backlog(prefill, now=11.0)
         assert writer.finishes == [(7, FIN_PREFILL_SEND_TIMEOUT, prefill.index)]
-        assert not loop.records and not loop.pd.pending
+        assert not loop.core.records and not loop.disagg.pending
         assert decode.aborts == ["r"] and prefill.aborts == []  # only decode had it
         assert decode.in_flight == prefill.in_flight == 0
     finally:

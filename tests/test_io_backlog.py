@@ -8,8 +8,9 @@ import socket
 import zmq
 
 from tsfront import ClientConfig, control
+from tsfront.io.core import Record
 from tsfront.io.engines import EngineState, PendingSend
-from tsfront.io.loop import IOLoop, Record, WorkerConn
+from tsfront.io.loop import IOLoop, WorkerConn
 from tsfront.ipc.control import Attach, ToWorker
 from tsfront.ipc.submit import SUBMIT_HEADER
 from tsfront.region import FIN_SEND_TIMEOUT
@@ -37,26 +38,26 @@ class _Finishes:
 def test_a_reused_slot_does_not_inherit_the_aborted_requests_send_deadline():
     loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "backlog-test")
     try:
-        engine = loop.engines[0]
-        loop.input = _FullInput()
+        engine = loop.core.engines[0]
+        loop.groups[0].input = _FullInput()
         finishes = _Finishes()
-        loop.writer = finishes  # the native Writer goes, releasing the region's buffer
+        loop.core.writer = finishes  # the native Writer goes, releasing the region's buffer
         # Request A (ticket 1) was queued on slot 5, then aborted; request B (ticket 2) took
         # the same slot on the same engine and was queued behind it with a later deadline.
         engine.backlog.append(PendingSend(5, 1, zmq.Frame(b"A"), deadline=10.0))
         engine.backlog.append(PendingSend(5, 2, zmq.Frame(b"B"), deadline=20.0))
-        loop.records[5] = Record(b"rid-b", engine, 2)
+        loop.core.records[5] = Record(b"rid-b", engine, 2)
         engine.in_flight = 1
 
-        loop._retry_backlog(engine, now=15.0)  # past A's deadline, not B's
+        loop.core.retry_backlog(engine, now=15.0)  # past A's deadline, not B's
 
         assert finishes.calls == []  # B is not failed on A's deadline
-        assert loop.records[5].ticket == 2
+        assert loop.core.records[5].ticket == 2
         assert [p.ticket for p in engine.backlog] == [2]
 
-        loop._retry_backlog(engine, now=21.0)
+        loop.core.retry_backlog(engine, now=21.0)
         assert finishes.calls == [(5, FIN_SEND_TIMEOUT)]
-        assert 5 not in loop.records and engine.in_flight == 0
+        assert 5 not in loop.core.records and engine.in_flight == 0
     finally:
         # Never bound: only the native writer, the region and the context to release.
         loop.region.close()
@@ -101,7 +102,7 @@ def _attach(loop: IOLoop) -> tuple[WorkerConn, socket.socket, int]:
     mine.setblocking(False)
     conn = WorkerConn(mine)
     conn.reader.fds = [os.eventfd(0, os.EFD_CLOEXEC)]
-    loop._attach(conn, Attach(pid=os.getpid()))
+    loop.attach(conn, Attach(pid=os.getpid()))
     reader = control.MessageReader(peer, ToWorker)
     (reply,) = reader.feed()
     reader.close_fds()
@@ -113,33 +114,39 @@ def test_a_departed_workers_queued_sends_never_reach_the_engine_nor_touch_the_ne
     loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "backlog-detach")
     peers = []
     try:
-        engine = loop.engines[0]
+        engine = loop.core.engines[0]
         engine.state = EngineState.LIVE
         loop.submit_address = "ipc://@unused"  # never bound: workers here are socketpairs
-        loop.input = _Input()
-        loop.writer = _Writer()
+        loop.groups[0].input = _Input()
+        loop.core.writer = _Writer()
         # Worker A queues a request on slot 0 (the engine's queue is full), then departs.
         a, peer, a_ticket = _attach(loop)
         peers.append(peer)
-        loop._add(a, SUBMIT_HEADER.pack(0, a_ticket, 0, 0, 0.0, 0) + b"from-a", zmq.Frame(b"ADD a"))
+        loop.core.on_add(
+            a.worker, SUBMIT_HEADER.pack(0, a_ticket, 0, 0, 0.0, 0) + b"from-a", zmq.Frame(b"ADD a")
+        )
         assert len(engine.backlog) == 1
-        number = a.worker
-        loop._detach(a)
+        number = a.worker.number
+        loop.detach(a)
         assert not engine.backlog  # purged: it can never be sent
         assert engine.aborts == [] and engine.in_flight == 0  # never sent: nothing to abort
         # Worker B gets the same number and slot; its tickets cannot be A's.
         b, peer, b_ticket = _attach(loop)
         peers.append(peer)
-        assert b.worker == number and b_ticket != a_ticket
-        loop._add(
-            b, SUBMIT_HEADER.pack(0, a_ticket, 0, 0, 0.0, 0) + b"stale", zmq.Frame(b"ADD stale")
+        assert b.worker.number == number and b_ticket != a_ticket
+        loop.core.on_add(
+            b.worker,
+            SUBMIT_HEADER.pack(0, a_ticket, 0, 0, 0.0, 0) + b"stale",
+            zmq.Frame(b"ADD stale"),
         )
-        assert not loop.records  # a ticket outside B's range is refused
-        loop._add(b, SUBMIT_HEADER.pack(0, b_ticket, 0, 0, 0.0, 0) + b"from-b", zmq.Frame(b"ADD b"))
-        loop.input.full = False
-        loop._retry_backlog(engine, now=0.0)
-        assert loop.input.sent == [b"ADD b"]
-        assert loop.records[0].sent and engine.in_flight == 1
+        assert not loop.core.records  # a ticket outside B's range is refused
+        loop.core.on_add(
+            b.worker, SUBMIT_HEADER.pack(0, b_ticket, 0, 0, 0.0, 0) + b"from-b", zmq.Frame(b"ADD b")
+        )
+        loop.groups[0].input.full = False
+        loop.core.retry_backlog(engine, now=0.0)
+        assert loop.groups[0].input.sent == [b"ADD b"]
+        assert loop.core.records[0].sent and engine.in_flight == 1
     finally:
         for p in peers:
             p.close()

@@ -27,9 +27,6 @@ ALLOWED_CYCLES: dict[frozenset[str], str] = {
     frozenset({"tsfront.stream", "tsfront.worker"}): "worker-side step",
     # tsfront/serve/ (its owners): the edge and its admission gate import each other.
     frozenset({"tsfront.serve.edge", "tsfront.serve.gate"}): "serve",
-    # This step's own, broken by its next commit (io/core.py): the I/O loop and the adoption
-    # and disaggregation modules that reach into it.
-    frozenset({"tsfront.io.adoption", "tsfront.io.disagg", "tsfront.io.loop"}): "io core",
 }
 
 

@@ -63,6 +63,11 @@ from tsfront.wire import EngineRegistration, engine_identity
 # oldest go first, and a reuse of one of those would again be dropped silently by the engine.
 ABORTED_RIDS_REMEMBERED = 1 << 18
 
+# An engine's role: of the one group, or of one of disaggregated serving's two.
+AGGREGATED = "aggregated"
+PREFILL = "prefill"
+DECODE = "decode"
+
 
 class EngineState(enum.Enum):
     """Where an engine is in its lifecycle (see the module's table)."""
@@ -174,13 +179,11 @@ class Engine:
     # (each engine process), so a late disconnect of a predecessor's connection is told apart.
     connections: dict[int, int] = field(default_factory=dict)
     generation: int = 0
-    # "aggregated", or under disaggregated serving "prefill" / "decode". A prefill engine has
-    # its group's own handshake and input sockets (None: the loop's) and its bootstrap host
-    # defaults to the address its handshake connection came from.
+    # AGGREGATED, or under disaggregated serving PREFILL / DECODE; its group's number (0: the
+    # serving group, 1: the prefill group; `tsfront.io.core.EngineGroup`). A prefill engine's
+    # bootstrap host defaults to the address its handshake connection came from.
     role: str = "aggregated"
-    input: zmq.Socket | None = None
-    handshake: zmq.Socket | None = None
-    input_advertised: str = ""
+    group: int = 0
     peer_host: str = ""
     # Taken over from a previous I/O process (see tsfront.io.adoption): ``inherited`` while it
     # is that same engine process (set by LOADED, cleared by the next HELLO); ``input_pending``
