@@ -12,10 +12,10 @@ import time
 import pytest
 import zmq
 from support.core_fixtures import DEADLINE
+from support.io_core import bring_live, core_rig
 
 from tsfront import ClientConfig, _native, control
 from tsfront.io.core import Record
-from tsfront.io.engines import EngineState
 from tsfront.io.loop import DRAIN, IOLoop, WorkerConn
 from tsfront.ipc.control import Failed, ToWorker
 from tsfront.region import (
@@ -28,7 +28,13 @@ from tsfront.region import (
     ENGINE_LIVE,
     FIN_DUPLICATE,
 )
-from tsfront.wire import BatchTokenIDOutSlim, encode_output
+from tsfront.wire import (
+    BatchTokenIDOutSlim,
+    EngineRegistration,
+    encode_hello,
+    encode_output,
+    encode_registration,
+)
 
 
 class _Pull:
@@ -192,39 +198,46 @@ def _rows_frame(rid: str, tokens: list[int], completion: int, finish: str = "") 
     )
 
 
-def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_declared_dead(loop):
-    g = loop.geometry
-    reader = _native.Reader(
-        loop.region.map, 0, g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines
-    )
-    engine = loop.core.engines[0]
-    engine.state, engine.generation, engine.connections = EngineState.LIVE, 1, {7: 1}
-    reader.expect(0, 1)
-    assert loop.core.writer.bind(b"r", 0, 1, False, FIN_DUPLICATE, engine.index)
-    loop.core.records[0] = Record(b"r", engine, 1)
-    engine.in_flight = 1
-    # More frames than one turn drains; the last finishes the request.
-    frames = [_rows_frame("r", [], 0) for _ in range(3 * DRAIN)]
-    engine.pull = _Pull([*frames, _rows_frame("r", [42], 1, "length")])
-    loop.core.on_connection(engine, zmq.EVENT_DISCONNECTED, 7)
-    assert engine.published_state == ENGINE_DEAD
-    assert not engine.pull.frames and not loop.core.records
-    assert engine.aborts == []  # it finished: nothing to abort
-    assert reader.poll() == [(0, [42], None, None, _native.FIN_LENGTH, 3, 1, 0, 0)]
-    del reader
+def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_declared_dead():
+    with core_rig() as core:
+        g = core.region.geometry
+        reader = _native.Reader(
+            core.region.map, 0, g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines
+        )
+        engine = core.engines[0]
+        bring_live(core, engine, fd=7)
+        reader.expect(0, 1)
+        assert core.writer.bind(b"r", 0, 1, False, FIN_DUPLICATE, engine.index)
+        core.records[0] = Record(b"r", engine, 1)
+        engine.in_flight = 1
+        # More frames than one turn drains; the last finishes the request.
+        frames = [_rows_frame("r", [], 0) for _ in range(3 * DRAIN)]
+        core.ports.output[engine.row] = [*frames, _rows_frame("r", [42], 1, "length")]
+        core.on_connection(engine, zmq.EVENT_DISCONNECTED, 7)
+        assert engine.published_state == ENGINE_DEAD
+        assert not core.ports.output[engine.row] and not core.records
+        assert engine.aborts == []  # it finished: nothing to abort
+        assert reader.poll() == [(0, [42], None, None, _native.FIN_LENGTH, 3, 1, 0, 0)]
+        del reader
 
 
-def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one(loop):
-    engine = loop.core.engines[0]
-    engine.pull = _Pull([])
-    # Connection 5 was accepted before the current process got its INIT (generation 2).
-    engine.state, engine.generation, engine.connections = EngineState.LIVE, 2, {5: 1}
-    loop.core.on_connection(engine, zmq.EVENT_DISCONNECTED, 5)
-    assert engine.published_state == ENGINE_LIVE
-    assert (
-        loop.core.counts["stale_disconnects"] == 1 and loop.core.counts["output_disconnects"] == 1
-    )
-    loop.core.on_connection(engine, zmq.EVENT_ACCEPTED, 6)
-    assert engine.connections == {6: 2}
-    loop.core.on_connection(engine, zmq.EVENT_DISCONNECTED, 6)
-    assert engine.published_state == ENGINE_DEAD
+def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one():
+    with core_rig() as core:
+        engine = core.engines[0]
+        group = core.group_of(engine)
+        # The first process (generation 1) connects its output as fd 5, then says
+        # ENGINE_CORE_DEAD but keeps the connection; a new process handshakes (generation 2).
+        bring_live(core, engine, fd=5)
+        core.on_output(engine, None, b"")
+        assert engine.published_state == ENGINE_DEAD
+        core.on_hello(group, [engine.identity, encode_hello()])
+        reg = encode_registration(EngineRegistration(max_model_len=4096))
+        core.on_registration(group, [engine.identity, reg])
+        assert engine.generation == 2 and engine.connections == {5: 1}
+        core.on_connection(engine, zmq.EVENT_DISCONNECTED, 5)
+        assert engine.published_state == ENGINE_LIVE
+        assert core.counts["stale_disconnects"] == 1 and core.counts["output_disconnects"] == 1
+        core.on_connection(engine, zmq.EVENT_ACCEPTED, 6)
+        assert engine.connections == {6: 2}
+        core.on_connection(engine, zmq.EVENT_DISCONNECTED, 6)
+        assert engine.published_state == ENGINE_DEAD
