@@ -1,4 +1,5 @@
-"""The I/O loop's handlers at unit level: one `IOLoop`, its sockets replaced where needed.
+"""The I/O process's handlers at unit level: the shell (`IOLoop`, its PULLs and control
+sockets replaced where needed) and the core (`IOCore`, its ports recorded).
 
 What a peer sends may be wrong in ways no decoder foresaw; a handler may have a bug. Neither
 may end the loop: each frame is handled inside a boundary that drops it, counts it and logs it.
@@ -84,11 +85,11 @@ def loop():
 )
 def test_a_load_tail_outside_u32_is_never_stored_and_the_loop_keeps_serving(loop, tail):
     engine = loop.core.engines[0]
-    engine.pull = _Pull([_tail_frame(*tail)])
+    loop.pulls[engine.row] = _Pull([_tail_frame(*tail)])
     loop.drain_output(engine)
     loop.core.end_of_turn(time.monotonic())  # publishes the engine row: must not raise
     assert engine.tail == (0, 0, 0, 0)  # never stored, never routed on
-    engine.pull = _Pull([_tail_frame(3, 1, 7, 1000)])
+    loop.pulls[engine.row] = _Pull([_tail_frame(3, 1, 7, 1000)])
     loop.drain_output(engine)
     loop.core.end_of_turn(time.monotonic())
     assert engine.tail == (3, 1, 7, 1000)
@@ -135,7 +136,7 @@ def test_a_failing_frame_handler_drops_that_frame_counts_it_and_serves_the_next(
     loop.core.writer = _BuggyWriter()
     loop.core.records[7] = Record(b"r7", engine, 1)
     engine.in_flight = 1
-    engine.pull = _Pull([b"boom", b"ok"])
+    loop.pulls[engine.row] = _Pull([b"boom", b"ok"])
     loop.drain_output(engine)
     assert loop.core.writer.ingested == [b"boom", b"ok"]
     assert 7 not in loop.core.records and engine.in_flight == 0  # the frame after it was applied

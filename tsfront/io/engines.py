@@ -1,4 +1,5 @@
-"""The I/O process's view of each engine: identity, lifecycle, sockets, load.
+"""The I/O process's view of each engine: identity, lifecycle, load (its sockets are the
+shell's, `tsfront.io.loop`).
 
 An `Engine` is one attention-DP rank. Its lifecycle is `EngineState`, and every move of it is
 one entry of `TRANSITIONS` (state, `EngineEvent`) → state; `Engine.apply` is the only way to
@@ -157,8 +158,6 @@ class Engine:
     row: int  # 0-based position: rank under aggregated DP
     index: int  # identity index = first_engine_index + row
     output_address: str = ""
-    pull: zmq.Socket | None = None
-    monitor: zmq.Socket | None = None
     state: EngineState = EngineState.ABSENT
     registration: EngineRegistration | None = None
     dead_reason: str = ""

@@ -85,12 +85,15 @@ class WorkerConn:
 
 
 class GroupSockets:
-    """One engine group's handshake and input ROUTERs (each group's alike)."""
+    """One engine group's sockets, bound alike for each group: its handshake and input
+    ROUTERs, and each engine's output PULL with that PULL's monitor (by rank)."""
 
     def __init__(self, group: EngineGroup) -> None:
         self.group = group
         self.handshake: zmq.Socket | None = None
         self.input: zmq.Socket | None = None
+        self.pulls: list[zmq.Socket] = []
+        self.monitors: list[zmq.Socket] = []
 
     def bind(self, loop: IOLoop) -> dict:
         """Bind both ROUTERs and the group's output PULLs; the real addresses."""
@@ -114,10 +117,11 @@ class GroupSockets:
             pull.setsockopt(zmq.HEARTBEAT_TTL, int(c.heartbeat_timeout * 1000))
             rank = self.group.rank(e)
             bound = bind_socket(pull, output_address_for(spec.output_address, rank))
-            e.pull = pull
             e.output_address = advertised(bound, spec.handshake_address)
-            e.monitor = pull.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-            loop.sockets.append(e.monitor)
+            monitor = pull.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            loop.sockets.append(monitor)
+            self.pulls.append(pull)
+            self.monitors.append(monitor)
         return {
             "handshake_address": handshake,
             "input_address": self.group.input_address,
@@ -159,6 +163,14 @@ class IOLoop:
         self.disagg = Disaggregated(core, core.groups[1]) if pd is not None else None
         core.prefill = self.disagg
         self.groups = [GroupSockets(g) for g in core.groups]
+        # Filled by bind(): each engine's PULL and monitor by row, each group's input and
+        # handshake ROUTER by group number, and the reverse maps the poll loop reads.
+        self.pulls: dict[int, zmq.Socket] = {}
+        self.monitor_of: dict[int, zmq.Socket] = {}
+        self.input_of: list[zmq.Socket] = []
+        self.handshake_of: list[zmq.Socket] = []
+        self.pull_engine: dict[zmq.Socket, Engine] = {}
+        self.monitor_engine: dict[zmq.Socket, Engine] = {}
         self.conns: dict[int, WorkerConn] = {}  # by control fd
         self.conn_of: dict[int, WorkerConn] = {}  # by worker number, once attached
         self.addresses: dict = {}
@@ -189,20 +201,23 @@ class IOLoop:
         listener.setblocking(False)
         self._listener = listener
         self.poller = zmq.Poller()
-        for e in core.engines:
-            self.poller.register(e.pull, zmq.POLLIN)
-            self.poller.register(e.monitor, zmq.POLLIN)
         self.poller.register(self.submit, zmq.POLLIN)
         self.handshakes: dict[zmq.Socket, EngineGroup] = {}
         self.inputs: dict[zmq.Socket, EngineGroup] = {}
         for g in self.groups:
-            self.handshakes[cast(zmq.Socket, g.handshake)] = g.group  # bound just now
-            self.inputs[cast(zmq.Socket, g.input)] = g.group
-            self.poller.register(g.handshake, zmq.POLLIN)
-            self.poller.register(g.input, zmq.POLLIN)
+            hs, sock = cast(zmq.Socket, g.handshake), cast(zmq.Socket, g.input)  # bound just now
+            self.handshakes[hs] = g.group
+            self.inputs[sock] = g.group
+            self.input_of.append(sock)
+            self.handshake_of.append(hs)
+            for e, pull, monitor in zip(g.group.engines, g.pulls, g.monitors, strict=True):
+                self.pulls[e.row] = pull
+                self.pull_engine[pull] = e
+                self.monitor_engine[monitor] = e
+                self.monitor_of[e.row] = monitor
+        for sock in [*self.pull_engine, *self.monitor_engine, *self.handshakes, *self.inputs]:
+            self.poller.register(sock, zmq.POLLIN)
         self.poller.register(listener.fileno(), zmq.POLLIN)
-        self.pull_engine = {e.pull: e for e in core.engines}
-        self.monitor_engine = {e.monitor: e for e in core.engines}
         self.addresses = {"address": address, **bound[0], "pid": os.getpid()}
         if len(bound) > 1:
             self.addresses["prefill"] = bound[1]
@@ -256,7 +271,7 @@ class IOLoop:
 
     def drain_output(self, engine: Engine, limit: int = DRAIN) -> None:
         """Apply up to ``limit`` frames of the engine's PULL (the core's `Ports`, too)."""
-        recv = cast(zmq.Socket, engine.pull).recv  # every engine's PULL is bound in bind()
+        recv = self.pulls[engine.row].recv
         core = self.core
         if engine.role == PREFILL:
             # Decoded here, never written to a slot; there is a prefill group (self.disagg).
@@ -335,9 +350,10 @@ class IOLoop:
 
     def send_add(self, engine: Engine, payload: zmq.Frame | bytes) -> int:
         """`Ports.send_add` on the engine's group's input ROUTER."""
-        sock = cast(zmq.Socket, self.groups[engine.group].input)  # bound in bind()
         try:
-            sock.send_multipart([engine.identity, ADD, payload], zmq.NOBLOCK, copy=False)
+            self.input_of[engine.group].send_multipart(
+                [engine.identity, ADD, payload], zmq.NOBLOCK, copy=False
+            )
         except zmq.Again:
             return FULL
         except zmq.ZMQError as exc:
@@ -348,18 +364,18 @@ class IOLoop:
 
     def send_abort(self, engine: Engine, payload: bytes) -> bool:
         """`Ports.send_abort`: False if the socket refused it (kept for the next turn)."""
-        sock = cast(zmq.Socket, self.groups[engine.group].input)  # bound in bind()
         try:
-            sock.send_multipart([engine.identity, ABORT, payload], zmq.NOBLOCK)
+            self.input_of[engine.group].send_multipart(
+                [engine.identity, ABORT, payload], zmq.NOBLOCK
+            )
         except zmq.ZMQError:
             return False  # full (next turn), or unreachable (until it comes back)
         return True
 
     def send_init(self, engine: Engine, payload: bytes) -> bool:
         """`Ports.send_init` on the engine's group's handshake ROUTER."""
-        sock = cast(zmq.Socket, self.groups[engine.group].handshake)  # bound in bind()
         try:
-            sock.send_multipart([engine.identity, payload], zmq.NOBLOCK)
+            self.handshake_of[engine.group].send_multipart([engine.identity, payload], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             self.warn("init", "engine %d: INIT not sent: %s", engine.index, exc)
             return False
@@ -407,7 +423,7 @@ class IOLoop:
         """Drain an output PULL's monitor into the core."""
         while True:
             try:
-                event = recv_monitor_message(cast(zmq.Socket, engine.monitor), zmq.NOBLOCK)
+                event = recv_monitor_message(self.monitor_of[engine.row], zmq.NOBLOCK)
             except zmq.Again:
                 return
             except Exception:  # a malformed monitor message cannot come from a peer
