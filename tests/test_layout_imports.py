@@ -157,3 +157,11 @@ def test_the_worker_side_imports_nothing_of_the_io_process() -> None:
     for name in ("tsfront.worker", "tsfront.client", "tsfront.stream", "tsfront.control"):
         wrong = sorted(t for t in edges[name] if t.startswith("tsfront.io."))
         assert not wrong, f"{name} imports {wrong}"
+
+
+def test_the_io_core_imports_neither_its_shell_nor_the_classes_it_calls_back():
+    # The core is the bottom of the I/O process: the shell (io.loop), adoption and the prefill
+    # group import it and are called back through its protocols, never the reverse.
+    shell = {"tsfront.io.loop", "tsfront.io.adoption", "tsfront.io.disagg", "tsfront.io.main"}
+    wrong = sorted(graph()["tsfront.io.core"] & shell)
+    assert not wrong, f"tsfront.io.core imports {wrong}"
