@@ -16,12 +16,13 @@ import time
 import pytest
 import zmq
 from support.core_fixtures import DEADLINE, FOREVER, collect, in_thread, next_chunk, request, rig
+from support.io_core import bring_live, core_rig
 from support.raw_engine import raw_rig
 
 from tsfront import ClientConfig, ConfigError, DeadlineExceeded, InvalidRequest
-from tsfront.io.engines import EngineState, PendingSend
-from tsfront.io.loop import IOLoop, Record
-from tsfront.ipc.submit import SUBMIT_HEADER
+from tsfront.io.core import SENT, Record
+from tsfront.io.engines import PendingSend
+from tsfront.ipc.submit import SUBMIT_HEADER, ticket_base
 from tsfront.region import FIN_DEADLINE, FIN_SEND_TIMEOUT
 
 
@@ -211,21 +212,6 @@ def test_config_request_deadline_must_be_positive_or_none(bad):
 # ------------------------------------------------------------ the I/O process's own check
 
 
-class _Refusing:
-    """An input socket whose engine queue is always full; counts what it was asked to send."""
-
-    def __init__(self) -> None:
-        self.sent: list = []
-
-    def send_multipart(self, frames, *args, **kwargs):
-        raise zmq.Again()
-
-
-class _Taking(_Refusing):
-    def send_multipart(self, frames, *args, **kwargs):
-        self.sent.append(frames)
-
-
 class _Writer:
     def __init__(self) -> None:
         self.finishes: list[tuple[int, int]] = []
@@ -240,63 +226,47 @@ class _Writer:
     def unbind(self, slot: int) -> bool:
         return True
 
+    def reset_worker(self, worker: int) -> None:
+        pass
 
-def _loop() -> IOLoop:
-    return IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "deadline-test")
-
-
-def _close(loop: IOLoop) -> None:
-    loop.region.close()
-    loop.ctx.term()
+    def set_worker_fd(self, worker: int, fd: int) -> None:
+        pass
 
 
 def test_a_queued_add_past_its_deadline_is_dropped_unsent_even_without_the_workers_abort():
-    loop = _loop()
-    try:
-        engine = loop.engines[0]
-        loop.writer = writer = _Writer()
-        loop.input = _Refusing()
+    with core_rig(writer=_Writer()) as core:
+        engine, writer, ports = core.engines[0], core.writer, core.ports
+        bring_live(core, engine)
         # Two queued ADDs: slot 3 with a deadline at t=10, slot 4 without one.
         engine.backlog.append(PendingSend(3, 1, zmq.Frame(b"A"), deadline=100.0, expires=10.0))
         engine.backlog.append(PendingSend(4, 2, zmq.Frame(b"B"), deadline=100.0))
-        loop.records[3] = Record(b"a", engine, 1, sent=False)
-        loop.records[4] = Record(b"b", engine, 2, sent=False)
+        core.records[3] = Record(b"a", engine, 1, sent=False)
+        core.records[4] = Record(b"b", engine, 2, sent=False)
         engine.in_flight = 2
-        loop.input = taking = _Taking()
-        loop._retry_backlog(engine, now=11.0)  # the queue takes again, after A's deadline
+        ports.add_status = SENT  # the queue takes again, after A's deadline
+        core.retry_backlog(engine, now=11.0)
         assert writer.finishes == [(3, FIN_DEADLINE)]
-        assert [f[2].bytes for f in taking.sent] == [b"B"]  # A never left
-        assert 3 not in loop.records and engine.in_flight == 1
+        assert ports.adds == [(engine.index, b"B")]  # A never left
+        assert 3 not in core.records and engine.in_flight == 1
         assert not engine.backlog
-    finally:
-        _close(loop)
 
 
 def test_an_add_that_arrives_past_its_deadline_is_never_sent():
-
-    loop = _loop()
-    try:
-        engine = loop.engines[0]
-        engine.state = EngineState.LIVE
-        loop.writer = writer = _Writer()
-        loop.input = taking = _Taking()
-
-        class _Worker:
-            worker = 0
-            serial = 1
-
-        ticket = (1 << 40) + 1
+    with core_rig(writer=_Writer()) as core:
+        engine, writer, ports = core.engines[0], core.writer, core.ports
+        bring_live(core, engine)
+        worker = core.on_attach(pid=0, eventfd=-1)
+        assert worker is not None
+        ticket = ticket_base(worker.serial) + 1
         header = SUBMIT_HEADER.pack(0, ticket, 0, 0, time.monotonic() - 0.001, 0) + b"gone"
-        loop._add(_Worker(), header, zmq.Frame(b"ADD"))
-        assert taking.sent == [] and writer.finishes == [(0, FIN_DEADLINE)]
-        assert not loop.records and engine.in_flight == 0
+        core.on_add(worker, header, zmq.Frame(b"ADD"))
+        assert ports.adds == [] and writer.finishes == [(0, FIN_DEADLINE)]
+        assert not core.records and engine.in_flight == 0
         # Without a deadline (0) the same ADD goes.
         header = SUBMIT_HEADER.pack(1, ticket + 1, 0, 0, 0.0, 0) + b"kept"
-        loop._add(_Worker(), header, zmq.Frame(b"ADD"))
-        assert len(taking.sent) == 1 and 1 in loop.records
+        core.on_add(worker, header, zmq.Frame(b"ADD"))
+        assert len(ports.adds) == 1 and 1 in core.records
         assert FIN_SEND_TIMEOUT not in [code for _, code in writer.finishes]
-    finally:
-        _close(loop)
 
 
 def test_deadline_exceeded_is_a_stream_error_exported_from_tsfront():

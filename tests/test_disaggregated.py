@@ -336,49 +336,47 @@ async def test_a_restarted_prefill_rank_handshakes_on_its_own_groups_socket_and_
 
 def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_decode():
     import zmq
+    from support.io_core import bring_live, core_rig
 
-    from tsfront.io.engines import EngineState, PendingSend
-    from tsfront.io.loop import IOLoop, Record
+    from tsfront.io.core import FULL, Record
+    from tsfront.io.disagg import Disaggregated
+    from tsfront.io.engines import PendingSend
     from tsfront.region import FIN_PREFILL_SEND_TIMEOUT
 
     cfg = ClientConfig(
         routing=Routing.disaggregated(prefill=_group(1, 0), decode=_group(1, 0)),
     )
-    loop = IOLoop(cfg, "pd-backlog-test")
-    try:
-        decode, prefill = loop.engines
+
+    class _Writer:
+        def __init__(self) -> None:
+            self.finishes: list = []
+
+        def finish(self, slot, code, index):
+            self.finishes.append((slot, code, index))
+            return True
+
+        def unbind(self, slot):
+            return True
+
+    with core_rig(cfg, writer=_Writer()) as core:
+        writer = core.writer
+        core.prefill = disagg = Disaggregated(core, core.groups[1])
+        decode, prefill = core.engines
         assert (decode.role, prefill.role) == ("decode", "prefill")
-
-        class _Writer:
-            finishes: list = []
-
-            def finish(self, slot, code, index):
-                self.finishes.append((slot, code, index))
-                return True
-
-            def unbind(self, slot):
-                return True
-
-        class _Full:
-            def send_multipart(self, *a, **k):
-                raise zmq.Again()
-
-        loop.writer = writer = _Writer()
-        prefill.input = _Full()
-        prefill.state = decode.state = EngineState.LIVE
-        record = loop.records[7] = Record(b"r", decode, 3, sent=True)
+        bring_live(core, decode, fd=1)
+        bring_live(core, prefill, fd=2)
+        core.ports.add_status = FULL  # the prefill engine's queue takes nothing
+        record = core.records[7] = Record(b"r", decode, 3, sent=True)
         record.prefill, record.room = prefill, 5
-        loop.pd.pending[(prefill.row, b"r")] = 7
+        disagg.pending[(prefill.row, b"r")] = 7
         decode.in_flight = prefill.in_flight = 1
         prefill.backlog.append(PendingSend(7, 3, zmq.Frame(b"ADD"), 10.0, 0.0, True))
-        loop._retry_backlog(prefill, now=11.0)
+        core.retry_backlog(prefill, now=11.0)
         assert writer.finishes == [(7, FIN_PREFILL_SEND_TIMEOUT, prefill.index)]
-        assert not loop.records and not loop.pd.pending
+        assert not core.records and not disagg.pending
         assert decode.aborts == ["r"] and prefill.aborts == []  # only decode had it
         assert decode.in_flight == prefill.in_flight == 0
-    finally:
-        loop.region.close()
-        loop.ctx.term()
+        assert core.ports.adds == []  # it never left
 
 
 async def test_a_rid_the_prefill_engine_was_told_to_abort_is_refused_on_another_decode_rank():

@@ -1,25 +1,15 @@
-"""The per-engine backlog of sends an engine's queue refused (unit level, one I/O loop)."""
+"""The per-engine backlog of sends an engine's queue refused (unit level: the I/O core, its
+ports recorded)."""
 
 from __future__ import annotations
 
-import os
-import socket
-
 import zmq
+from support.io_core import bring_live, core_rig
 
-from tsfront import ClientConfig, control
-from tsfront.io.engines import EngineState, PendingSend
-from tsfront.io.loop import IOLoop, Record, WorkerConn
-from tsfront.ipc.control import Attach, ToWorker
-from tsfront.ipc.submit import SUBMIT_HEADER
+from tsfront.io.core import FULL, SENT, Record
+from tsfront.io.engines import PendingSend
+from tsfront.ipc.submit import SUBMIT_HEADER, ticket_base
 from tsfront.region import FIN_SEND_TIMEOUT
-
-
-class _FullInput:
-    """An input socket whose engine queue is always full."""
-
-    def send_multipart(self, *args, **kwargs):
-        raise zmq.Again()
 
 
 class _Finishes:
@@ -35,41 +25,33 @@ class _Finishes:
 
 
 def test_a_reused_slot_does_not_inherit_the_aborted_requests_send_deadline():
-    loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "backlog-test")
-    try:
-        engine = loop.engines[0]
-        loop.input = _FullInput()
-        finishes = _Finishes()
-        loop.writer = finishes  # the native Writer goes, releasing the region's buffer
+    finishes = _Finishes()
+    with core_rig(writer=finishes) as core:
+        engine = core.engines[0]
+        bring_live(core, engine)
+        core.ports.add_status = FULL  # the engine's queue takes nothing
         # Request A (ticket 1) was queued on slot 5, then aborted; request B (ticket 2) took
         # the same slot on the same engine and was queued behind it with a later deadline.
         engine.backlog.append(PendingSend(5, 1, zmq.Frame(b"A"), deadline=10.0))
         engine.backlog.append(PendingSend(5, 2, zmq.Frame(b"B"), deadline=20.0))
-        loop.records[5] = Record(b"rid-b", engine, 2)
+        core.records[5] = Record(b"rid-b", engine, 2)
         engine.in_flight = 1
 
-        loop._retry_backlog(engine, now=15.0)  # past A's deadline, not B's
+        core.retry_backlog(engine, now=15.0)  # past A's deadline, not B's
 
         assert finishes.calls == []  # B is not failed on A's deadline
-        assert loop.records[5].ticket == 2
+        assert core.records[5].ticket == 2
         assert [p.ticket for p in engine.backlog] == [2]
 
-        loop._retry_backlog(engine, now=21.0)
+        core.retry_backlog(engine, now=21.0)
         assert finishes.calls == [(5, FIN_SEND_TIMEOUT)]
-        assert 5 not in loop.records and engine.in_flight == 0
-    finally:
-        # Never bound: only the native writer, the region and the context to release.
-        loop.region.close()
-        loop.ctx.term()
+        assert 5 not in core.records and engine.in_flight == 0
 
 
 class _Writer(_Finishes):
     """The Writer calls attach, submit and detach make."""
 
     def bind(self, rid, slot, ticket, with_logprobs, dup_code, engine_index) -> bool:
-        return True
-
-    def unbind(self, slot: int) -> bool:
         return True
 
     def reset_worker(self, worker: int) -> None:
@@ -82,66 +64,33 @@ class _Writer(_Finishes):
         return 0
 
 
-class _Input:
-    """An input socket that takes everything (after `full` is cleared)."""
-
-    def __init__(self) -> None:
-        self.full = True
-        self.sent: list[bytes] = []
-
-    def send_multipart(self, frames, *args, **kwargs):
-        if self.full:
-            raise zmq.Again()
-        self.sent.append(bytes(frames[-1].bytes if hasattr(frames[-1], "bytes") else frames[-1]))
-
-
-def _attach(loop: IOLoop) -> tuple[WorkerConn, socket.socket, int]:
-    """Attach a worker over a socketpair as the real one does; (conn, its peer, first ticket)."""
-    mine, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    mine.setblocking(False)
-    conn = WorkerConn(mine)
-    conn.reader.fds = [os.eventfd(0, os.EFD_CLOEXEC)]
-    loop._attach(conn, Attach(pid=os.getpid()))
-    reader = control.MessageReader(peer, ToWorker)
-    (reply,) = reader.feed()
-    reader.close_fds()
-    # The worker's first ticket: its range's first, or 1 where attaches had no range.
-    return conn, peer, reply.ticket_base + 1
-
-
 def test_a_departed_workers_queued_sends_never_reach_the_engine_nor_touch_the_next_worker():
-    loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "backlog-detach")
-    peers = []
-    try:
-        engine = loop.engines[0]
-        engine.state = EngineState.LIVE
-        loop.submit_address = "ipc://@unused"  # never bound: workers here are socketpairs
-        loop.input = _Input()
-        loop.writer = _Writer()
+    with core_rig(writer=_Writer()) as core:
+        engine, ports = core.engines[0], core.ports
+        bring_live(core, engine)
+        ports.add_status = FULL
         # Worker A queues a request on slot 0 (the engine's queue is full), then departs.
-        a, peer, a_ticket = _attach(loop)
-        peers.append(peer)
-        loop._add(a, SUBMIT_HEADER.pack(0, a_ticket, 0, 0, 0.0, 0) + b"from-a", zmq.Frame(b"ADD a"))
+        a = core.on_attach(pid=1, eventfd=-1)
+        a_ticket = ticket_base(a.serial) + 1
+        core.on_add(
+            a, SUBMIT_HEADER.pack(0, a_ticket, 0, 0, 0.0, 0) + b"from-a", zmq.Frame(b"ADD a")
+        )
         assert len(engine.backlog) == 1
-        number = a.worker
-        loop._detach(a)
+        core.on_detach(a)
         assert not engine.backlog  # purged: it can never be sent
         assert engine.aborts == [] and engine.in_flight == 0  # never sent: nothing to abort
         # Worker B gets the same number and slot; its tickets cannot be A's.
-        b, peer, b_ticket = _attach(loop)
-        peers.append(peer)
-        assert b.worker == number and b_ticket != a_ticket
-        loop._add(
+        b = core.on_attach(pid=2, eventfd=-1)
+        b_ticket = ticket_base(b.serial) + 1
+        assert b.number == a.number and b_ticket != a_ticket
+        core.on_add(
             b, SUBMIT_HEADER.pack(0, a_ticket, 0, 0, 0.0, 0) + b"stale", zmq.Frame(b"ADD stale")
         )
-        assert not loop.records  # a ticket outside B's range is refused
-        loop._add(b, SUBMIT_HEADER.pack(0, b_ticket, 0, 0, 0.0, 0) + b"from-b", zmq.Frame(b"ADD b"))
-        loop.input.full = False
-        loop._retry_backlog(engine, now=0.0)
-        assert loop.input.sent == [b"ADD b"]
-        assert loop.records[0].sent and engine.in_flight == 1
-    finally:
-        for p in peers:
-            p.close()
-        loop.region.close()
-        loop.ctx.term()
+        assert not core.records  # a ticket outside B's range is refused
+        core.on_add(
+            b, SUBMIT_HEADER.pack(0, b_ticket, 0, 0, 0.0, 0) + b"from-b", zmq.Frame(b"ADD b")
+        )
+        ports.add_status = SENT
+        core.retry_backlog(engine, now=0.0)
+        assert ports.adds == [(engine.index, b"ADD b")]
+        assert core.records[0].sent and engine.in_flight == 1

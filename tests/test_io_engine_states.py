@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 import zmq
-from test_io_handlers import _Pull, loop  # noqa: F401
+from support.io_core import bring_live, core_rig
 
 from tsfront.io.engines import (
     DOWN,
@@ -110,17 +110,15 @@ def test_a_taken_over_engine_is_inherited_until_it_says_hello():
     assert not engine.inherited and not engine.input_pending  # a new process
 
 
-def test_the_loop_revives_a_lost_engine_on_reconnect_but_not_an_unreachable_one(loop):  # noqa: F811
-    engine = loop.engines[0]
-    engine.apply(E.HELLO)
-    engine.apply(E.REGISTERED)
-    engine.pull = _Pull([])
-    engine.generation, engine.connections = 1, {7: 1}
-    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 7)
-    assert engine.state is S.LOST
-    loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 8)
-    assert engine.state is S.LIVE  # the same process, back: it keeps its registration
-    loop._lost(engine, E.INPUT_UNREACHABLE, "input connection unreachable")
-    assert engine.state is S.DEAD
-    loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 9)
-    assert engine.state is S.DEAD  # an output connection says nothing of its input
+def test_the_core_revives_a_lost_engine_on_reconnect_but_not_an_unreachable_one():
+    with core_rig() as core:
+        engine = core.engines[0]
+        bring_live(core, engine, fd=7)
+        core.on_connection(engine, zmq.EVENT_DISCONNECTED, 7)
+        assert engine.state is S.LOST
+        core.on_connection(engine, zmq.EVENT_ACCEPTED, 8)
+        assert engine.state is S.LIVE  # the same process, back: it keeps its registration
+        core.lost(engine, E.INPUT_UNREACHABLE, "input connection unreachable")
+        assert engine.state is S.DEAD
+        core.on_connection(engine, zmq.EVENT_ACCEPTED, 9)
+        assert engine.state is S.DEAD  # an output connection says nothing of its input

@@ -1,4 +1,5 @@
-"""The I/O loop's handlers at unit level: one `IOLoop`, its sockets replaced where needed.
+"""The I/O process's handlers at unit level: the shell (`IOLoop`, its PULLs and control
+sockets replaced where needed) and the core (`IOCore`, its ports recorded).
 
 What a peer sends may be wrong in ways no decoder foresaw; a handler may have a bug. Neither
 may end the loop: each frame is handled inside a boundary that drops it, counts it and logs it.
@@ -12,10 +13,11 @@ import time
 import pytest
 import zmq
 from support.core_fixtures import DEADLINE
+from support.io_core import bring_live, core_rig
 
 from tsfront import ClientConfig, _native, control
-from tsfront.io.engines import EngineState
-from tsfront.io.loop import DRAIN, IOLoop, Record, WorkerConn
+from tsfront.io.core import Record
+from tsfront.io.loop import DRAIN, IOLoop, WorkerConn
 from tsfront.ipc.control import Failed, ToWorker
 from tsfront.region import (
     E_IN_FLIGHT,
@@ -27,7 +29,13 @@ from tsfront.region import (
     ENGINE_LIVE,
     FIN_DUPLICATE,
 )
-from tsfront.wire import BatchTokenIDOutSlim, encode_output
+from tsfront.wire import (
+    BatchTokenIDOutSlim,
+    EngineRegistration,
+    encode_hello,
+    encode_output,
+    encode_registration,
+)
 
 
 class _Pull:
@@ -66,7 +74,7 @@ def _tail_frame(running: int, waiting: int = 0, active: int = 0, total: int = 10
 def loop():
     loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "handlers-test")
     yield loop
-    loop.writer = None  # releases the region's buffer
+    loop.core.writer = None  # releases the region's buffer
     loop.region.close()
     loop.ctx.term()
 
@@ -76,14 +84,14 @@ def loop():
     [(-1, 0, 0, 1000), (0, 1 << 32, 0, 1000), (0, 0, -(1 << 63), 1000), (1, 2, 3, -5)],
 )
 def test_a_load_tail_outside_u32_is_never_stored_and_the_loop_keeps_serving(loop, tail):
-    engine = loop.engines[0]
-    engine.pull = _Pull([_tail_frame(*tail)])
-    loop._on_output(engine)
-    loop._after_turn()  # publishes the engine row: must not raise
+    engine = loop.core.engines[0]
+    loop.pulls[engine.row] = _Pull([_tail_frame(*tail)])
+    loop.drain_output(engine)
+    loop.core.end_of_turn(time.monotonic())  # publishes the engine row: must not raise
     assert engine.tail == (0, 0, 0, 0)  # never stored, never routed on
-    engine.pull = _Pull([_tail_frame(3, 1, 7, 1000)])
-    loop._on_output(engine)
-    loop._after_turn()
+    loop.pulls[engine.row] = _Pull([_tail_frame(3, 1, 7, 1000)])
+    loop.drain_output(engine)
+    loop.core.end_of_turn(time.monotonic())
     assert engine.tail == (3, 1, 7, 1000)
     row = loop.region.engines[0]
     assert (row[E_RUNNING], row[E_WAITING], row[E_KV_ACTIVE], row[E_KV_TOTAL]) == (3, 1, 7, 1000)
@@ -93,10 +101,10 @@ def test_a_load_tail_outside_u32_is_never_stored_and_the_loop_keeps_serving(loop
 
 
 def test_engine_row_words_are_clamped_into_u32(loop):
-    engine = loop.engines[0]
+    engine = loop.core.engines[0]
     engine.tail = (-1, 1 << 32, 1 << 40, 5)
     engine.in_flight = -3
-    loop._publish_engine(engine)
+    loop.core.publish_engine(engine)
     row = loop.region.engines[0]
     assert (row[E_RUNNING], row[E_WAITING], row[E_KV_ACTIVE], row[E_KV_TOTAL]) == (
         0,
@@ -124,15 +132,15 @@ class _BuggyWriter:
 
 
 def test_a_failing_frame_handler_drops_that_frame_counts_it_and_serves_the_next(loop):
-    engine = loop.engines[0]
-    loop.writer = _BuggyWriter()
-    loop.records[7] = Record(b"r7", engine, 1)
+    engine = loop.core.engines[0]
+    loop.core.writer = _BuggyWriter()
+    loop.core.records[7] = Record(b"r7", engine, 1)
     engine.in_flight = 1
-    engine.pull = _Pull([b"boom", b"ok"])
-    loop._on_output(engine)
-    assert loop.writer.ingested == [b"boom", b"ok"]
-    assert 7 not in loop.records and engine.in_flight == 0  # the frame after it was applied
-    loop._after_turn()
+    loop.pulls[engine.row] = _Pull([b"boom", b"ok"])
+    loop.drain_output(engine)
+    assert loop.core.writer.ingested == [b"boom", b"ok"]
+    assert 7 not in loop.core.records and engine.in_flight == 0  # the frame after it was applied
+    loop.core.end_of_turn(time.monotonic())
     assert loop.region.metrics()["handler_errors"] == 1
 
 
@@ -149,7 +157,7 @@ def _control_pair(loop: IOLoop) -> tuple[WorkerConn, socket.socket]:
     conn = WorkerConn(mine)
     loop.poller = zmq.Poller()
     loop.poller.register(mine.fileno(), zmq.POLLIN)
-    loop.workers[mine.fileno()] = conn
+    loop.conns[mine.fileno()] = conn
     return conn, peer
 
 
@@ -157,7 +165,7 @@ def test_control_messages_larger_than_the_socket_buffer_arrive_whole_and_in_orde
     conn, peer = _control_pair(loop)
     sent = [Failed(kind=str(i), error="x" * 3000) for i in range(200)]
     for message in sent:
-        assert loop._send(conn, message)
+        assert loop.send(conn, message)
     assert conn.out  # the socket took only part of it: the rest waits, whole
     assert dict(loop.poller.sockets)[conn.sock.fileno()] & zmq.POLLOUT
     reader = control.MessageReader(peer, ToWorker)
@@ -165,20 +173,20 @@ def test_control_messages_larger_than_the_socket_buffer_arrive_whole_and_in_orde
     deadline = time.monotonic() + DEADLINE
     while len(received) < len(sent) and time.monotonic() < deadline:
         received += reader.feed()  # the worker reads what is there...
-        loop._on_control(conn, zmq.POLLOUT)  # ...and the loop sends more when writable
+        loop.on_control(conn, zmq.POLLOUT)  # ...and the loop sends more when writable
     assert received == sent
     assert not conn.out and dict(loop.poller.sockets)[conn.sock.fileno()] == zmq.POLLIN
-    assert conn.sock.fileno() in loop.workers
+    assert conn.sock.fileno() in loop.conns
     peer.close()
-    loop._detach(conn)
+    loop.detach(conn)
 
 
 def test_a_worker_that_never_reads_its_control_socket_is_detached_not_waited_for(loop):
     conn, peer = _control_pair(loop)
     big = Failed(kind="padding", error="x" * (1 << 20))
-    results = [loop._send(conn, big) for _ in range(8)]
+    results = [loop.send(conn, big) for _ in range(8)]
     assert results[-1] is False  # over the control backlog bound: dropped
-    assert conn.sock.fileno() == -1 and not loop.workers
+    assert conn.sock.fileno() == -1 and not loop.conns
     peer.close()
 
 
@@ -191,37 +199,46 @@ def _rows_frame(rid: str, tokens: list[int], completion: int, finish: str = "") 
     )
 
 
-def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_declared_dead(loop):
-    g = loop.geometry
-    reader = _native.Reader(
-        loop.region.map, 0, g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines
-    )
-    engine = loop.engines[0]
-    engine.state, engine.generation, engine.connections = EngineState.LIVE, 1, {7: 1}
-    reader.expect(0, 1)
-    assert loop.writer.bind(b"r", 0, 1, False, FIN_DUPLICATE, engine.index)
-    loop.records[0] = Record(b"r", engine, 1)
-    engine.in_flight = 1
-    # More frames than one turn drains; the last finishes the request.
-    frames = [_rows_frame("r", [], 0) for _ in range(3 * DRAIN)]
-    engine.pull = _Pull([*frames, _rows_frame("r", [42], 1, "length")])
-    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 7)
-    assert engine.published_state == ENGINE_DEAD
-    assert not engine.pull.frames and not loop.records
-    assert engine.aborts == []  # it finished: nothing to abort
-    assert reader.poll() == [(0, [42], None, None, _native.FIN_LENGTH, 3, 1, 0, 0)]
-    del reader
+def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_declared_dead():
+    with core_rig() as core:
+        g = core.region.geometry
+        reader = _native.Reader(
+            core.region.map, 0, g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines
+        )
+        engine = core.engines[0]
+        bring_live(core, engine, fd=7)
+        reader.expect(0, 1)
+        assert core.writer.bind(b"r", 0, 1, False, FIN_DUPLICATE, engine.index)
+        core.records[0] = Record(b"r", engine, 1)
+        engine.in_flight = 1
+        # More frames than one turn drains; the last finishes the request.
+        frames = [_rows_frame("r", [], 0) for _ in range(3 * DRAIN)]
+        core.ports.output[engine.row] = [*frames, _rows_frame("r", [42], 1, "length")]
+        core.on_connection(engine, zmq.EVENT_DISCONNECTED, 7)
+        assert engine.published_state == ENGINE_DEAD
+        assert not core.ports.output[engine.row] and not core.records
+        assert engine.aborts == []  # it finished: nothing to abort
+        assert reader.poll() == [(0, [42], None, None, _native.FIN_LENGTH, 3, 1, 0, 0)]
+        del reader
 
 
-def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one(loop):
-    engine = loop.engines[0]
-    engine.pull = _Pull([])
-    # Connection 5 was accepted before the current process got its INIT (generation 2).
-    engine.state, engine.generation, engine.connections = EngineState.LIVE, 2, {5: 1}
-    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 5)
-    assert engine.published_state == ENGINE_LIVE
-    assert loop.counts["stale_disconnects"] == 1 and loop.counts["output_disconnects"] == 1
-    loop._on_connection_event(engine, zmq.EVENT_ACCEPTED, 6)
-    assert engine.connections == {6: 2}
-    loop._on_connection_event(engine, zmq.EVENT_DISCONNECTED, 6)
-    assert engine.published_state == ENGINE_DEAD
+def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one():
+    with core_rig() as core:
+        engine = core.engines[0]
+        group = core.group_of(engine)
+        # The first process (generation 1) connects its output as fd 5, then says
+        # ENGINE_CORE_DEAD but keeps the connection; a new process handshakes (generation 2).
+        bring_live(core, engine, fd=5)
+        core.on_output(engine, None, b"")
+        assert engine.published_state == ENGINE_DEAD
+        core.on_hello(group, [engine.identity, encode_hello()])
+        reg = encode_registration(EngineRegistration(max_model_len=4096))
+        core.on_registration(group, [engine.identity, reg])
+        assert engine.generation == 2 and engine.connections == {5: 1}
+        core.on_connection(engine, zmq.EVENT_DISCONNECTED, 5)
+        assert engine.published_state == ENGINE_LIVE
+        assert core.counts["stale_disconnects"] == 1 and core.counts["output_disconnects"] == 1
+        core.on_connection(engine, zmq.EVENT_ACCEPTED, 6)
+        assert engine.connections == {6: 2}
+        core.on_connection(engine, zmq.EVENT_DISCONNECTED, 6)
+        assert engine.published_state == ENGINE_DEAD

@@ -37,29 +37,6 @@ ALLOWED: dict[str, set[str]] = {
     "tsfront.text.tools.mistral": {"_balanced"},
     "tsfront.text.tools.pythonic": {"_balanced", "_search"},
     "tsfront.text.tools.qwen3_coder": {"_search"},
-    # This step's own, removed by its next commit (io/core.py: adoption and disaggregation use
-    # only the core's public methods).
-    "tsfront.io.adoption": {
-        "_broadcast",
-        "_count",
-        "_engine_infos",
-        "_engine_live",
-        "_fail_handshake",
-        "_forget_registration",
-        "_kill",
-        "_queue_abort",
-    },
-    "tsfront.io.disagg": {
-        "_count",
-        "_fail",
-        "_handler_failed",
-        "_kill",
-        "_on_handshake",
-        "_on_input",
-        "_queue_abort",
-        "_send_add",
-        "_socket",
-    },
 }
 
 

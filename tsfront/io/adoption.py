@@ -28,82 +28,84 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from tsfront.errors import WireDecodeError
+from tsfront.io.core import IOCore
 from tsfront.io.engines import Engine, EngineEvent
 from tsfront.io.state import SavedEngine
-from tsfront.ipc.control import Engines
 from tsfront.wire import BatchTokenIDOutSlim, decode_output
-
-if TYPE_CHECKING:
-    from tsfront.io.loop import IOLoop
 
 log = logging.getLogger("tsfront.io")
 
 
-def load(loop: IOLoop, saved: list[SavedEngine]) -> None:
-    """Mark each saved engine adopting, with its saved registration."""
-    for s in saved:
-        engine = loop.engines[s.row]
-        engine.registration = s.registration
-        engine.apply(EngineEvent.LOADED)
-        loop.adopting = True
-        log.info("engine %d (rank %d): registration loaded, waiting for it", s.index, s.row)
+class Adoption:
+    """The take-over of one I/O core's engines; it uses only the core's public methods (the
+    core calls it back through `tsfront.io.core.Adopter`)."""
 
+    def __init__(self, core: IOCore) -> None:
+        self.core = core
 
-def on_accepted(loop: IOLoop, engine: Engine) -> None:
-    """The engine's output connection came back: it is live again."""
-    engine.apply(EngineEvent.RECONNECTED)
-    engine.dead_reason = ""
-    loop.dirty.add(engine.row)
-    log.warning("engine %d (rank %d) reconnected: taken over", engine.index, engine.row)
-    loop._engine_live(engine)
+    def load(self, saved: list[SavedEngine]) -> None:
+        """Mark each saved engine adopting, with its saved registration."""
+        core = self.core
+        for s in saved:
+            engine = core.engines[s.row]
+            engine.registration = s.registration
+            engine.apply(EngineEvent.LOADED)
+            core.adopting = True
+            log.info("engine %d (rank %d): registration loaded, waiting for it", s.index, s.row)
 
+    def on_accepted(self, engine: Engine) -> None:
+        """The engine's output connection came back: it is live again."""
+        engine.apply(EngineEvent.RECONNECTED)
+        engine.dead_reason = ""
+        self.core.dirty.add(engine.row)
+        log.warning("engine %d (rank %d) reconnected: taken over", engine.index, engine.row)
+        self.core.engine_live(engine)
 
-def expire(loop: IOLoop) -> None:
-    """``handshake_timeout`` has passed since the start: the ranks not back are dead."""
-    loop.adopting = False
-    for engine in loop.engines:
-        if engine.can(EngineEvent.EXPIRED):  # still adopting, or never registered
-            why = (
-                f"did not come back within handshake_timeout={loop.config.handshake_timeout}s "
-                "after the I/O process restarted"
-            )
-            loop._kill(engine, EngineEvent.EXPIRED, why)
-            loop._forget_registration(engine)
-    if loop.state == "handshaking":
-        if any(e.live for e in loop.engines):
-            loop.state = "ready"
-            loop._broadcast(Engines(loop._engine_infos()))
-        else:
-            loop._fail_handshake()
+    def expire(self) -> None:
+        """``handshake_timeout`` has passed since the start: the ranks not back are dead."""
+        core = self.core
+        core.adopting = False
+        for engine in core.engines:
+            if engine.can(EngineEvent.EXPIRED):  # still adopting, or never registered
+                why = (
+                    f"did not come back within handshake_timeout={core.config.handshake_timeout}s "
+                    "after the I/O process restarted"
+                )
+                core.kill(engine, EngineEvent.EXPIRED, why)
+                core.forget_registration(engine)
+        if core.state == "handshaking":
+            if any(e.live for e in core.engines):
+                core.ready()
+            else:
+                core.fail_handshake()
 
-
-def orphans(loop: IOLoop, engine: Engine, frame: bytes) -> None:
-    """Abort, once each, the rids of ``frame`` (from an adopted engine) that we never bound to
-    that engine."""
-    try:
-        batch = decode_output(frame)
-    except WireDecodeError:
-        return  # the native decoder took it; nothing more to learn here
-    rids = getattr(batch, "rids", None)
-    if not rids:
-        return
-    now = time.monotonic()
-    known: set[bytes] | None = None
-    reasons = cast(BatchTokenIDOutSlim, batch).finished_reasons  # it has rids: not ENGINE_DEAD
-    for rid, reason in zip(rids, reasons, strict=False):
-        if reason or not isinstance(rid, str):
-            continue  # ended on the engine already: nothing to stop
-        key = rid.encode("utf-8", "surrogatepass")
-        if engine.aborted.age(key, now) is not None:
-            continue  # aborted already (by a worker of ours, or as an orphan)
-        if known is None:
-            # Bound here to another engine is not ours on this one: the predecessor sent it.
-            known = {r.rid for r in loop.records.values() if r.engine is engine}
-        if key in known:
-            continue
-        loop._count("orphan_aborts")
-        log.info("engine %d: aborting orphan %r of the previous I/O process", engine.index, rid)
-        loop._queue_abort(engine, key)
+    def orphans(self, engine: Engine, frame: bytes) -> None:
+        """Abort, once each, the rids of ``frame`` (from an adopted engine) that we never
+        bound to that engine."""
+        try:
+            batch = decode_output(frame)
+        except WireDecodeError:
+            return  # the native decoder took it; nothing more to learn here
+        rids = getattr(batch, "rids", None)
+        if not rids:
+            return
+        now = time.monotonic()
+        known: set[bytes] | None = None
+        reasons = cast(BatchTokenIDOutSlim, batch).finished_reasons  # it has rids: not DEAD
+        for rid, reason in zip(rids, reasons, strict=False):
+            if reason or not isinstance(rid, str):
+                continue  # ended on the engine already: nothing to stop
+            key = rid.encode("utf-8", "surrogatepass")
+            if engine.aborted.age(key, now) is not None:
+                continue  # aborted already (by a worker of ours, or as an orphan)
+            if known is None:
+                # Bound here to another engine is not ours on this one: the predecessor sent it.
+                known = {r.rid for r in self.core.records.values() if r.engine is engine}
+            if key in known:
+                continue
+            self.core.count("orphan_aborts")
+            log.info("engine %d: aborting orphan %r of the previous I/O process", engine.index, rid)
+            self.core.queue_abort(engine, key)

@@ -1,9 +1,8 @@
 """Disaggregated prefill/decode in the I/O process (`Routing.disaggregated`).
 
-The decode group is the loop's own engine group (its handshake, input and output sockets;
-the stream comes from it, pins name its ranks). This module adds the prefill group: its own
-handshake and input ROUTERs (its output PULLs are bound with the others, rows after the
-decode engines), and, per request:
+The decode group is the core's serving group (`tsfront.io.core.EngineGroup` 0: the stream
+comes from it, pins name its ranks); the prefill group is group 1, its rows after the decode
+engines, its sockets bound by the shell as every group's are. This class adds, per request:
 
 * a unique 63-bit ``bootstrap_room``; the prefill engine is the one TokenSpeed requires,
   ``first_engine_index + room % num_engines`` of the prefill group (CONTRACT §6: the decode
@@ -27,11 +26,10 @@ import time
 from typing import TYPE_CHECKING, cast
 
 import msgspec
-import zmq
 
 from tsfront.errors import WireDecodeError
-from tsfront.io.addresses import advertised, bind_socket
-from tsfront.io.engines import EngineEvent
+from tsfront.io.core import EngineGroup, IOCore, Record
+from tsfront.io.engines import DECODE, PREFILL, Engine, EngineEvent
 from tsfront.region import (
     FIN_PREFILL_ABORTED,
     FIN_PREFILL_DEAD,
@@ -43,12 +41,10 @@ from tsfront.wire import ENGINE_DEAD, BatchTokenIDOutSlim, decode_output
 from tsfront.wire.request import BOOTSTRAP_PLACEHOLDER
 
 if TYPE_CHECKING:
-    from tsfront.config import EngineGroup
-    from tsfront.io.engines import Engine
-    from tsfront.io.loop import IOLoop, Record
+    import zmq
 
-PREFILL = "prefill"
-DECODE = "decode"
+    from tsfront.config import EngineGroup as GroupConfig
+
 ROOM_BITS = 63
 
 _pack = msgspec.msgpack.Encoder().encode
@@ -67,83 +63,41 @@ def fill_bootstrap(payload: bytes, at: int, host: str, port: int | None, room: i
 
 
 class Disaggregated:
-    """The prefill group of one I/O loop, and every request's prefill half."""
+    """The prefill group of one I/O core, and every request's prefill half; it uses only the
+    core's public methods (the core calls it back through `tsfront.io.core.PrefillHalf`)."""
 
-    def __init__(self, loop: IOLoop, prefill: list[Engine]) -> None:
-        self.loop = loop
-        # The loop makes a Disaggregated only when its routing has a prefill group.
-        self.group = cast("EngineGroup", loop.config.routing.prefill)
-        self.prefill = prefill
-        self.by_identity = {e.identity: e for e in prefill}
+    def __init__(self, core: IOCore, group: EngineGroup) -> None:
+        self.core = core
+        self.spec = cast("GroupConfig", group.spec)  # a prefill group is an EngineGroup's
+        self.prefill = group.engines
         # (prefill row, rid) → slot, while the prefill engine holds the request.
         self.pending: dict[tuple[int, bytes], int] = {}
         self.rooms: set[int] = set()  # rooms of the requests in flight
-        self.handshake: zmq.Socket | None = None
-        self.input: zmq.Socket | None = None
-
-    # ------------------------------------------------------------------ sockets
-
-    def bind(self) -> dict:
-        """Bind the prefill group's handshake and input ROUTERs; their real addresses."""
-        loop, g, c = self.loop, self.group, self.loop.config
-        self.handshake = loop._socket(zmq.ROUTER)
-        self.handshake.setsockopt(zmq.MAXMSGSIZE, c.max_message_size)
-        handshake = bind_socket(self.handshake, g.handshake_address)
-        self.input = loop._socket(zmq.ROUTER)
-        self.input.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.input.setsockopt(zmq.MAXMSGSIZE, c.max_message_size)
-        self.input.setsockopt(zmq.SNDHWM, c.engine_queue_depth)
-        self.input.setsockopt(zmq.LINGER, 200)
-        input_address = advertised(bind_socket(self.input, g.input_address), g.handshake_address)
-        for e in self.prefill:
-            e.input = self.input
-            e.handshake = self.handshake
-            e.input_advertised = input_address
-        return {
-            "handshake_address": handshake,
-            "input_address": input_address,
-            "output_addresses": [e.output_address for e in self.prefill],
-        }
-
-    def register(self, poller: zmq.Poller) -> None:
-        """Poll the prefill group's handshake and input sockets."""
-        poller.register(self.handshake, zmq.POLLIN)
-        poller.register(self.input, zmq.POLLIN)
-
-    def on_socket(self, sock: zmq.Socket) -> bool:
-        """Handle a readable prefill handshake or input socket; False if it is neither."""
-        if sock is self.handshake:
-            self.loop._on_handshake(self.handshake, self.by_identity)
-        elif sock is self.input:
-            self.loop._on_input(self.input, self.by_identity)
-        else:
-            return False
-        return True
 
     # ------------------------------------------------------------------ requests
 
     def add(
         self, record: Record, slot: int, payload: zmq.Frame, at: int, expires: float
     ) -> bytes | None:
-        """Send the prefill half of a request the loop bound to ``slot`` (decode engine
+        """Send the prefill half of a request the core bound to ``slot`` (decode engine
         chosen); the payload for the decode engine, or None if the request already ended."""
-        loop = self.loop
+        core = self.core
         prefill = self._choose()
         if prefill is None:
-            loop._fail(slot, FIN_PREFILL_DEAD, -1)
+            core.fail(slot, FIN_PREFILL_DEAD, -1)
             return None
         engine, room = prefill
         if engine.aborted and engine.aborted.age(record.rid, time.monotonic()) is not None:
             # The prefill engine would drop it silently (an ABORT of this rid is fresh).
-            loop._count("reused_rids")
-            loop._fail(slot, FIN_RID_ABORTED, engine.index)
+            core.count("reused_rids")
+            core.fail(slot, FIN_RID_ABORTED, engine.index)
             return None
-        host = self.group.bootstrap_host or engine.peer_host or _host(self.group.handshake_address)
+        host = self.spec.bootstrap_host or engine.peer_host or _host(self.spec.handshake_address)
         try:
-            filled = fill_bootstrap(payload.bytes, at, host, self.group.bootstrap_port, room)
+            filled = fill_bootstrap(payload.bytes, at, host, self.spec.bootstrap_port, room)
         except WireDecodeError as exc:
-            loop.warn("bad-submit", "dropped a disaggregated submission: %s", exc)
-            loop._fail(slot, FIN_PREFILL_ABORTED, engine.index)
+            core.ports.warn("bad-submit", "dropped a disaggregated submission: %s", exc)
+            core.fail(slot, FIN_PREFILL_ABORTED, engine.index)
             return None
         record.prefill = engine
         record.room = room
@@ -151,9 +105,9 @@ class Disaggregated:
         self.pending[(engine.row, record.rid)] = slot
         engine.in_flight += 1
         engine.requests_total += 1
-        loop.dirty.add(engine.row)
-        loop._send_add(engine, slot, record, filled, expires, prefill=True)
-        if loop.records.get(slot) is not record:
+        core.dirty.add(engine.row)
+        core.send_add(engine, slot, record, filled, expires, prefill=True)
+        if core.records.get(slot) is not record:
             return None  # the prefill engine was found unreachable: the request ended
         return filled
 
@@ -178,13 +132,13 @@ class Disaggregated:
     def forget(self, record: Record, *, abort: bool) -> None:
         """The request ended (or went): release its prefill half, aborting it if sent."""
         self.rooms.discard(record.room)
-        engine = cast("Engine", record.prefill)  # the loop calls this only for a prefill half
+        engine = cast("Engine", record.prefill)  # the core calls this only for a prefill half
         if self.pending.pop((engine.row, record.rid), None) is None:
             return  # the prefill engine finished its part already
         engine.in_flight -= 1
-        self.loop.dirty.add(engine.row)
+        self.core.dirty.add(engine.row)
         if abort and record.prefill_sent:
-            self.loop._queue_abort(engine, record.rid)
+            self.core.queue_abort(engine, record.rid)
 
     def fail_code(self, code: int) -> int:
         """The code a failure of a prefill send ends the stream with."""
@@ -192,41 +146,33 @@ class Disaggregated:
 
     def kill(self, engine: Engine) -> None:
         """A prefill engine died: every request it held ends with a prefill-side death."""
-        loop = self.loop
+        core = self.core
         for key in [k for k in self.pending if k[0] == engine.row]:
             slot = self.pending.pop(key)
-            record = loop.records.get(slot)
+            record = core.records.get(slot)
             if record is None or record.prefill is not engine:
                 continue
             if record.prefill_sent:
-                loop._queue_abort(engine, record.rid)
+                core.queue_abort(engine, record.rid)
             engine.in_flight -= 1
-            loop._fail(slot, FIN_PREFILL_DEAD, engine.index)
+            core.fail(slot, FIN_PREFILL_DEAD, engine.index)
 
     # ------------------------------------------------------------------ prefill output
 
-    def on_output(self, engine: Engine, limit: int) -> None:
-        """Drain a prefill engine's PULL: its terminal rows are consumed, never shown."""
-        loop = self.loop
-        for _ in range(limit):
-            try:
-                frame = cast(zmq.Socket, engine.pull).recv(zmq.NOBLOCK)  # bound in bind()
-            except zmq.Again:
-                return
-            try:
-                batch = decode_output(frame)
-                if batch is ENGINE_DEAD:
-                    loop._kill(engine, EngineEvent.CORE_DEAD, "sent ENGINE_CORE_DEAD")
-                    return
-                self._apply(engine, cast(BatchTokenIDOutSlim, batch))  # not ENGINE_DEAD
-            except WireDecodeError as exc:
-                loop.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
-            except Exception as exc:
-                loop._handler_failed(f"prefill engine {engine.index}: output frame", exc)
+    def on_frame(self, engine: Engine, frame: bytes) -> bool:
+        """One frame of a prefill engine's PULL: its terminal rows are consumed, never shown;
+        False if the engine is dead (ENGINE_CORE_DEAD), so its PULL is drained no further.
+        Raises `WireDecodeError` on a bad frame."""
+        batch = decode_output(frame)
+        if batch is ENGINE_DEAD:
+            self.core.kill(engine, EngineEvent.CORE_DEAD, "sent ENGINE_CORE_DEAD")
+            return False
+        self._apply(engine, cast(BatchTokenIDOutSlim, batch))  # not ENGINE_DEAD
+        return True
 
     def _apply(self, engine: Engine, batch: BatchTokenIDOutSlim) -> None:
-        loop = self.loop
-        loop.dirty.add(engine.row)
+        core = self.core
+        core.dirty.add(engine.row)
         tail = (batch.num_running, batch.num_waiting, batch.kv_active_pages, batch.kv_total_pages)
         if tail[3] and min(tail) >= 0 and not max(tail) >> 32:
             engine.tail = tail
@@ -239,13 +185,13 @@ class Disaggregated:
             if slot is None:
                 continue  # aborted, or not ours
             engine.in_flight -= 1
-            record = loop.records.get(slot)
+            record = core.records.get(slot)
             if record is None or record.prefill is not engine:
                 continue
             if reason == "abort":
                 # The prefill engine refused it or its KV transfer failed: the decode side
                 # would wait for a cache that never comes.
-                loop._fail(slot, FIN_PREFILL_ABORTED, engine.index)
+                core.fail(slot, FIN_PREFILL_ABORTED, engine.index)
 
 
 def _host(address: str) -> str:

@@ -1,4 +1,5 @@
-"""The I/O process's view of each engine: identity, lifecycle, sockets, load.
+"""The I/O process's view of each engine: identity, lifecycle, load (its sockets are the
+shell's, `tsfront.io.loop`).
 
 An `Engine` is one attention-DP rank. Its lifecycle is `EngineState`, and every move of it is
 one entry of `TRANSITIONS` (state, `EngineEvent`) → state; `Engine.apply` is the only way to
@@ -62,6 +63,11 @@ from tsfront.wire import EngineRegistration, engine_identity
 # Per engine; at 1,000 aborts a second that is 262 s of the engine's 300 s memory. Past it the
 # oldest go first, and a reuse of one of those would again be dropped silently by the engine.
 ABORTED_RIDS_REMEMBERED = 1 << 18
+
+# An engine's role: of the one group, or of one of disaggregated serving's two.
+AGGREGATED = "aggregated"
+PREFILL = "prefill"
+DECODE = "decode"
 
 
 class EngineState(enum.Enum):
@@ -152,8 +158,6 @@ class Engine:
     row: int  # 0-based position: rank under aggregated DP
     index: int  # identity index = first_engine_index + row
     output_address: str = ""
-    pull: zmq.Socket | None = None
-    monitor: zmq.Socket | None = None
     state: EngineState = EngineState.ABSENT
     registration: EngineRegistration | None = None
     dead_reason: str = ""
@@ -174,13 +178,11 @@ class Engine:
     # (each engine process), so a late disconnect of a predecessor's connection is told apart.
     connections: dict[int, int] = field(default_factory=dict)
     generation: int = 0
-    # "aggregated", or under disaggregated serving "prefill" / "decode". A prefill engine has
-    # its group's own handshake and input sockets (None: the loop's) and its bootstrap host
-    # defaults to the address its handshake connection came from.
+    # AGGREGATED, or under disaggregated serving PREFILL / DECODE; its group's number (0: the
+    # serving group, 1: the prefill group; `tsfront.io.core.EngineGroup`). A prefill engine's
+    # bootstrap host defaults to the address its handshake connection came from.
     role: str = "aggregated"
-    input: zmq.Socket | None = None
-    handshake: zmq.Socket | None = None
-    input_advertised: str = ""
+    group: int = 0
     peer_host: str = ""
     # Taken over from a previous I/O process (see tsfront.io.adoption): ``inherited`` while it
     # is that same engine process (set by LOADED, cleared by the next HELLO); ``input_pending``
