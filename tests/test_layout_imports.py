@@ -4,10 +4,10 @@ Every ``import`` and ``from ... import`` of every module under tsfront/ counts, 
 stands (a function body, an ``if TYPE_CHECKING:`` block): a circle that only type checking
 closes still means two modules that cannot be read, or moved, one without the other.
 
-`ALLOWED_CYCLES` lists the circles that exist outside the I/O process and the shared protocol
-(tsfront/io, tsfront/ipc), each owned by a later step of issue 19 that will break it and
-delete its entry. The test fails on any other circle, on an allowed circle that grew, and on
-an entry whose circle is gone (so the list only shrinks).
+`ALLOWED_CYCLES` is empty: tsfront has no import circle. It stays as the place a circle would
+have to be admitted, with the reason and the step that breaks it; the test fails on any
+circle not listed, on a listed one that grew, and on an entry whose circle is gone (so the
+list only shrinks).
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "tsfront"
 
 # Each entry: the exact set of modules of one strongly connected component.
-ALLOWED_CYCLES: dict[frozenset[str], str] = {
-    # tsfront/serve/ (its owners): the edge and its admission gate import each other.
-    frozenset({"tsfront.serve.edge", "tsfront.serve.gate"}): "serve",
-}
+ALLOWED_CYCLES: dict[frozenset[str], str] = {}
 
 
 def module_name(path: pathlib.Path) -> str:

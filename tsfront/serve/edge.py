@@ -2,10 +2,10 @@
 
 `add_edge_arguments` adds the flags (timeouts, header size, connection cap, API keys, CORS,
 access log, log level and format); `edge_settings` turns the parsed ones into `EdgeSettings`
-(picklable: it crosses the spawn in `tsfront.serve.worker.WorkerOptions`). In a worker,
-`setup_worker_edge` raises the fd soft limit to the hard one, configures logging and returns
-what uvicorn and the app need: the bound `tsfront.serve.protocol.EdgeProtocol` class and the
-`tsfront.serve.gate.Gate`.
+(picklable: it crosses the spawn in `tsfront.serve.worker.WorkerOptions`); `raise_fd_limit`,
+`connection_cap` and `configure_logging` are what a worker does with them at start
+(`tsfront.serve.worker` builds the protocol class and the gate from them, so this module
+imports neither).
 """
 
 from __future__ import annotations
@@ -17,22 +17,17 @@ import resource
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgspec
-
-if TYPE_CHECKING:
-    from tsfront.serve.gate import Gate
-    from tsfront.serve.protocol import EdgeLimits, EdgeProtocol
 
 __all__ = [
     "FD_RESERVE",
     "EdgeSettings",
     "add_edge_arguments",
+    "configure_logging",
     "connection_cap",
     "edge_settings",
     "raise_fd_limit",
-    "setup_worker_edge",
 ]
 
 #: File descriptors of a worker kept out of the connection cap (the I/O process's sockets,
@@ -219,7 +214,7 @@ class _JsonFormatter(logging.Formatter):
         return msgspec.json.encode(body).decode()
 
 
-def _configure_logging(settings: EdgeSettings) -> None:
+def configure_logging(settings: EdgeSettings) -> None:
     json_lines = settings.log_format == "json"
     base = logging.getLogger("tsfront")
     if not base.handlers:
@@ -241,28 +236,3 @@ def _configure_logging(settings: EdgeSettings) -> None:
         access.setLevel(logging.INFO)
     else:
         access.setLevel(logging.CRITICAL + 1)
-
-
-def setup_worker_edge(settings: EdgeSettings) -> tuple[type[EdgeProtocol], Gate, EdgeLimits]:
-    """In a worker: raise the fd limit, configure logging; the protocol class, the gate and the
-    connection limits (whose ``counts`` say what was refused)."""
-    from tsfront.serve.gate import Gate
-    from tsfront.serve.protocol import EdgeLimits, protocol_class
-
-    soft, _ = raise_fd_limit()
-    _configure_logging(settings)
-    cap = connection_cap(settings.max_connections, soft)
-    if cap < settings.max_connections:
-        logging.getLogger("tsfront.serve").info(
-            "connection cap %d (the fd limit is %d; --max-connections %d)",
-            cap,
-            soft,
-            settings.max_connections,
-        )
-    limits = EdgeLimits(
-        timeout_header=settings.timeout_header,
-        timeout_body=settings.timeout_body,
-        max_header_bytes=settings.max_header_bytes,
-        max_connections=cap,
-    )
-    return protocol_class(limits), Gate(settings), limits

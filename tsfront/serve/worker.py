@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import logging
 import os
 import queue
 import signal
@@ -187,6 +188,32 @@ async def _heartbeat(counters: Any, index: int, interval: float, limits: Any) ->
         await asyncio.sleep(interval)
 
 
+def _setup_edge(settings: EdgeSettings) -> tuple[Any, Any, Any]:
+    """In a worker: raise the fd limit, configure logging; the protocol class, the gate and the
+    connection limits (whose ``counts`` say what was refused)."""
+    from tsfront.serve.edge import configure_logging, connection_cap, raise_fd_limit
+    from tsfront.serve.gate import Gate
+    from tsfront.serve.protocol import EdgeLimits, protocol_class
+
+    soft, _ = raise_fd_limit()
+    configure_logging(settings)
+    cap = connection_cap(settings.max_connections, soft)
+    if cap < settings.max_connections:
+        logging.getLogger("tsfront.serve").info(
+            "connection cap %d (the fd limit is %d; --max-connections %d)",
+            cap,
+            soft,
+            settings.max_connections,
+        )
+    limits = EdgeLimits(
+        timeout_header=settings.timeout_header,
+        timeout_body=settings.timeout_body,
+        max_header_bytes=settings.max_header_bytes,
+        max_connections=cap,
+    )
+    return protocol_class(limits), Gate(settings), limits
+
+
 async def _serve(
     index: int, opts: WorkerOptions, events: Any, addresses: Any = None, counters: Any = None
 ) -> int:
@@ -197,13 +224,12 @@ async def _serve(
     from tsfront.serve.api import OpenAIService
     from tsfront.serve.asgi import ServeApp
     from tsfront.serve.counters import heartbeat_interval
-    from tsfront.serve.edge import setup_worker_edge
     from tsfront.serve.metrics import MetricsPage
     from tsfront.serve.responses import Responses
     from tsfront.serve.store import LocalStore, StoreClient
     from tsfront.text import TextModel
 
-    protocol, gate, limits = setup_worker_edge(opts.edge)
+    protocol, gate, limits = _setup_edge(opts.edge)
     beating = None
     if counters is not None:
         beating = asyncio.ensure_future(
