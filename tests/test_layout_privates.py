@@ -22,22 +22,7 @@ from test_layout_imports import modules
 STDLIB_PRIVATE_API = {"_replace", "_asdict", "_fields", "_make", "_exit", "_getframe"}
 
 # module → the foreign private names it still uses, and whose step removes them.
-ALLOWED: dict[str, set[str]] = {
-    # Commands and tools (the commands step): the bench drives an attachment's internals, the
-    # simulator's engine and group read each other's state.
-    "tsfront.bench.measure": {"_att", "_batch", "_pending"},
-    "tsfront.sim.engine": {"_last_load"},
-    "tsfront.sim.group": {"_log", "_registered"},
-    # tsfront/text/ (its owners): the tool-call parsers share their base module's scanning
-    # helpers.
-    "tsfront.text.tools.constrained": {"_balanced", "_tools_given"},
-    "tsfront.text.tools.deepseek": {"_search"},
-    "tsfront.text.tools.hermes": {"_search"},
-    "tsfront.text.tools.llama3_json": {"_balanced"},
-    "tsfront.text.tools.mistral": {"_balanced"},
-    "tsfront.text.tools.pythonic": {"_balanced", "_search"},
-    "tsfront.text.tools.qwen3_coder": {"_search"},
-}
+ALLOWED: dict[str, set[str]] = {}
 
 
 def defined_privates(tree: ast.AST) -> set[str]:

@@ -16,6 +16,7 @@ import pytest
 from support.core_fixtures import wait_until
 
 from tsfront.errors import StreamError
+from tsfront.ipc.codes import FIN_LENGTH
 from tsfront.ipc.submit import ABORT_ENTRY
 from tsfront.slots import SlotTable
 
@@ -140,3 +141,18 @@ async def test_close_ends_every_open_stream_and_returns_their_aborts() -> None:
             await anext(stream)
     assert slots.close() == b"" and not slots.streams
     assert sender.batches == []  # the closing batch is the caller's to send
+
+
+async def test_take_ready_hands_over_the_unread_chunks_and_the_end_still_comes() -> None:
+    slots, _, _ = table()
+    stream = fill(slots)[0]
+    assert stream.take_ready() == []
+    # Two updates of plain tokens (coalesced into one unread chunk), then the finish.
+    stream.deliver((0, [5, 6], None, None, 0, 0, 0, 0, 0))
+    stream.deliver((0, [7], None, None, 0, 0, 0, 0, 0))
+    ready = stream.take_ready()
+    assert [c.output_ids for c in ready] == [[5, 6, 7]]
+    assert stream.take_ready() == []
+    stream.deliver((0, [8], None, None, FIN_LENGTH, 3, 4, 0, 0))
+    chunks = [chunk async for chunk in stream]
+    assert [c.output_ids for c in chunks] == [[8]] and chunks[-1].finish_reason == "length"

@@ -53,6 +53,12 @@ class EngineClient:
         self._att = attachment
         self._io = io
 
+    @property
+    def attachment(self) -> Attachment:
+        """This worker's attachment to the I/O process (its sockets, shared memory, slot
+        table and drain): for tools that measure the worker side (`tsfront bench`)."""
+        return self._att
+
     # ------------------------------------------------------------------ construction
 
     @classmethod

@@ -377,6 +377,16 @@ class RequestStream:
             if not self._done:
                 self.abort()
 
+    def take_ready(self) -> list[OutputChunk]:
+        """The chunks delivered and not read yet, taken at once without waiting (a consumer
+        that reads in batches; the throughput suite's untimed reader). The stream's end and
+        its error are still reported by the next ``async for`` step."""
+        pending = self._pending
+        if not pending:
+            return []
+        self._pending = []
+        return pending
+
     async def __anext__(self) -> OutputChunk:
         while True:
             if self._pending:

@@ -165,7 +165,7 @@ async def _worker(conn: Connection, address: str) -> None:
     from tsfront.client import EngineClient
 
     client = await EngineClient.attach(address, timeout=60)
-    att = client._att
+    att = client.attachment
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue = asyncio.Queue()
     loop.add_reader(conn.fileno(), lambda: commands.put_nowait(conn.recv()))
@@ -267,7 +267,7 @@ def reader_poll_ns_per_token(rows: int, steps: int = 200, tokens_per_row: int = 
     for i, rid in enumerate(rids):
         w.bind(rid.encode(), i, i + 1, False, 18, 0)
         r.expect(i, i + 1)
-    batch = replay._batch(rids, [1000 + i for i in range(rows)], 1, "", 0)
+    batch = replay.batch_of(rids, [1000 + i for i in range(rows)], 1, "", 0)
     batch.output_ids = [[1000 + i + j for j in range(tokens_per_row)] for i in range(rows)]
     frame = encode_output(batch)
     total = 0
@@ -352,7 +352,7 @@ async def _deliver_ns_per_token(rows: int, steps: int, consumers: bool) -> dict:
 
     tasks = [asyncio.ensure_future(consume(st)) for st in streams.values()] if consumers else []
     await asyncio.sleep(0)  # every task waits on its stream
-    batch = replay._batch(rids, [1000 + i for i in range(rows)], 1, "", 0)
+    batch = replay.batch_of(rids, [1000 + i for i in range(rows)], 1, "", 0)
     frame = encode_output(batch)
     times: dict[bool, list[int]] = {False: [], True: []}
     for s in range(2 * steps + 20):
@@ -373,7 +373,7 @@ async def _deliver_ns_per_token(rows: int, steps: int, consumers: bool) -> dict:
         dt = time.perf_counter_ns() - t
         if not consumers:
             for stream in streams.values():
-                stream._pending.clear()  # what a reading task would take (untimed)
+                stream.take_ready()  # what a reading task would take (untimed)
         if s >= 20:
             times[on].append(dt)
     for task in tasks:

@@ -55,7 +55,7 @@ def make_rids(prefix: str, n: int) -> list[str]:
     return [f"{prefix}-{i:08d}".rjust(32, "0") for i in range(n)]
 
 
-def _batch(
+def batch_of(
     rids: list[str], tokens: list[int], completion: int, finished: str, engine_index: int
 ) -> BatchTokenIDOutSlim:
     n = len(rids)
@@ -94,9 +94,9 @@ def build_frames(rids: list[str], engine_index: int) -> FrameSet:
     running = []
     for c in range(CYCLE):
         tokens = [1000 + (i * 7919 + c * 131) % 59000 for i in range(len(rids))]
-        running.append(encode_output(_batch(rids, tokens, c + 1, "", engine_index)))
+        running.append(encode_output(batch_of(rids, tokens, c + 1, "", engine_index)))
     tokens = [2] * len(rids)
-    final = encode_output(_batch(rids, tokens, CYCLE + 1, "length", engine_index))
+    final = encode_output(batch_of(rids, tokens, CYCLE + 1, "length", engine_index))
     return FrameSet(running, final, len(rids))
 
 
@@ -104,7 +104,7 @@ class StampedFrame:
     """A frame template whose every token is patched with the send time before each send."""
 
     def __init__(self, rids: list[str], engine_index: int, finished: str) -> None:
-        tmpl = encode_output(_batch(rids, [PLACEHOLDER] * len(rids), 1, finished, engine_index))
+        tmpl = encode_output(batch_of(rids, [PLACEHOLDER] * len(rids), 1, finished, engine_index))
         self.buf = bytearray(tmpl)
         self.offsets = []
         at = tmpl.find(_PLACEHOLDER_BYTES)

@@ -360,8 +360,9 @@ class SimEngine:
         with self._cond:
             return dict(self._counters)
 
-    def wait_registered(self, timeout: float) -> bool:
-        """Wait until the registration frame was sent; raises ``TimeoutError`` otherwise."""
+    def wait_registered(self, timeout: float | None) -> bool:
+        """Wait until the registration frame was sent (``timeout`` None: for as long as it
+        takes); raises ``TimeoutError`` otherwise."""
         if not self._registered.wait(timeout):
             raise TimeoutError(f"engine {self.engine_index} did not register in {timeout}s")
         return True
@@ -579,7 +580,7 @@ class SimEngine:
                 prompt = len(request.input_ids or ())
                 row = OutputRow(request.rid, [], "abort", prompt, 0, 0, [], [])
                 self._count(rejected=1)
-                self._publish(StepOutput([row], self.scheduler._last_load))
+                self._publish(StepOutput([row], self.scheduler.last_load))
                 return False
             if mode == "prefill":
                 # The prefill engine computes the bootstrap token and finishes.

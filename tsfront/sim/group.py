@@ -214,10 +214,11 @@ class SimGroup:
     def _wait_any(self, match: Any, timeout: float, rid: str) -> SimEngine:
         self._require_threads()
         deadline = time.monotonic() + timeout
+        # The engines share the group's condition, a re-entrant one: their log() takes it too.
         with self._events:
             while True:
                 for engine in self.engines:
-                    if any(match(entry) for entry in engine._log):
+                    if any(match(entry) for entry in engine.log()):
                         return engine
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -250,7 +251,7 @@ def _run_rank_process(
     signal.signal(signal.SIGTERM, lambda signum, frame: engine.request_stop())
     signal.signal(signal.SIGINT, lambda signum, frame: engine.request_stop())
     watcher = threading.Thread(
-        target=lambda: engine._registered.wait() and registered.set(), daemon=True
+        target=lambda: engine.wait_registered(None) and registered.set(), daemon=True
     )
     watcher.start()
     outcome = engine.run()

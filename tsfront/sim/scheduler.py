@@ -293,6 +293,11 @@ class Scheduler:
     # -- inspection ---------------------------------------------------------------------------
 
     @property
+    def last_load(self) -> LoadTail:
+        """The load tail of the last step (what an output frame of this rank reports)."""
+        return self._last_load
+
+    @property
     def busy(self) -> bool:
         """Whether any request is running or waiting (a step would produce tokens)."""
         return bool(self._live)

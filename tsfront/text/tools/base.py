@@ -275,7 +275,7 @@ class ToolParser:
     leading: ClassVar[str] = ""
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
-        self._tools_given = tools
+        self.tools_given = tools
         self.tools = tool_parameters(tools)
         markers = type(self).markers
         self._longest = max((len(m) for m in markers), default=0)
@@ -345,7 +345,7 @@ class ToolParser:
 
     def _spawn(self) -> ToolParser:
         """A parser that has seen nothing, configured as this one."""
-        return type(self)(self._tools_given)
+        return type(self)(self.tools_given)
 
     # -- what a format implements -----------------------------------------------------------
 
@@ -367,7 +367,7 @@ class ToolParser:
     def _new_id(self) -> str:
         return random_call_id()
 
-    def _search(self, buf: str, marker: str, start: int) -> int:
+    def find_resumed(self, buf: str, marker: str, start: int) -> int:
         """``buf.find(marker, start)`` for the call being read, resumed where the previous
         search failed, so a long call is searched once, not once per delta."""
         i = buf.find(marker, max(start, self._searched))
@@ -375,7 +375,7 @@ class ToolParser:
             self._searched = max(start, len(buf) - len(marker) + 1)
         return i
 
-    def _balanced(self, buf: str, start: int, *, python: bool = False) -> int:
+    def balanced_end(self, buf: str, start: int, *, python: bool = False) -> int:
         """End of the bracketed value at ``buf[start]``, scanned incrementally; -1 if open."""
         bal = self._balance
         if bal is None or bal.start != start:

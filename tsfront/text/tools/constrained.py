@@ -94,7 +94,7 @@ class RequiredToolParser(ToolParser):
 
     def _take(self, buf: str, final: bool) -> Take:
         i = skip_blank(buf, 0)
-        end = self._balanced(buf, i)
+        end = self.balanced_end(buf, i)
         if end < 0:
             return None
         try:
@@ -120,11 +120,11 @@ class NamedToolParser(ToolParser):
         self.function = function
 
     def _spawn(self) -> ToolParser:
-        return NamedToolParser(self._tools_given, self.function)
+        return NamedToolParser(self.tools_given, self.function)
 
     def _take(self, buf: str, final: bool) -> Take:
         i = skip_blank(buf, 0)
-        end = self._balanced(buf, i)
+        end = self.balanced_end(buf, i)
         if end < 0:
             return None
         try:

@@ -59,7 +59,7 @@ class DeepSeekV3Parser(ToolParser):
         if buf.startswith(CALLS_END):
             self._open = False
             return len(CALLS_END), []
-        end = self._search(buf, CALL_END, len(CALL_BEGIN))
+        end = self.find_resumed(buf, CALL_END, len(CALL_BEGIN))
         if end < 0:
             return None
         call = self._call(buf[len(CALL_BEGIN) : end])

@@ -42,7 +42,7 @@ class HermesParser(ToolParser):
     markers = (START,)
 
     def _take(self, buf: str, final: bool) -> Take:
-        end = self._search(buf, END, len(START))
+        end = self.find_resumed(buf, END, len(START))
         if end < 0:
             if not final:
                 return None

@@ -35,7 +35,7 @@ class Llama3JsonParser(ToolParser):
             return None
         if buf[i] != "{":
             return (len(TAG), None) if tagged else (i + 1, None)
-        end = self._balanced(buf, i)
+        end = self.balanced_end(buf, i)
         if end < 0:
             return None
         try:

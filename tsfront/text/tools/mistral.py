@@ -57,7 +57,7 @@ class MistralParser(ToolParser):
         if i >= len(buf):
             return None
         if buf[i] in "[{":
-            end = self._balanced(buf, i)
+            end = self.balanced_end(buf, i)
             if end < 0:
                 return None
             try:
@@ -94,7 +94,7 @@ class MistralParser(ToolParser):
             return None
         if buf[j] != "{":
             return j, None
-        end = self._balanced(buf, j)
+        end = self.balanced_end(buf, j)
         if end < 0:
             return None
         try:

@@ -86,7 +86,7 @@ class PythonicParser(ToolParser):
 
     def _take(self, buf: str, final: bool) -> Take:
         if buf.startswith(START):
-            end = self._search(buf, END, len(START))
+            end = self.find_resumed(buf, END, len(START))
             if end < 0:
                 if final:
                     calls = parse_call_list(buf[len(START) :])
@@ -94,7 +94,7 @@ class PythonicParser(ToolParser):
                 return None
             return end + len(END), parse_call_list(buf[len(START) : end])
         i = skip_blank(buf, 0)
-        end = self._balanced(buf, i, python=True)
+        end = self.balanced_end(buf, i, python=True)
         if end < 0:
             return None
         return end, parse_call_list(buf[i:end])

@@ -105,14 +105,14 @@ class Qwen3CoderParser(ToolParser):
 
     def _take(self, buf: str, final: bool) -> Take:
         if buf.startswith(START):
-            end = self._search(buf, END, len(START))
+            end = self.find_resumed(buf, END, len(START))
             if end >= 0:
                 return end + len(END), self._calls(buf[len(START) : end])
             # Ended without </tool_call>: a call only if its function was closed.
             if final and FUNCTION_END in buf:
                 return len(buf), self._calls(buf[len(START) :])
             return None
-        end = self._search(buf, FUNCTION_END, 0)
+        end = self.find_resumed(buf, FUNCTION_END, 0)
         if end < 0:
             return None
         return end + len(FUNCTION_END), self._calls(buf[: end + len(FUNCTION_END)])
