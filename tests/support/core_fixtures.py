@@ -1,4 +1,4 @@
-"""Shared helpers of the core suite (``tests/test_core_*.py``).
+"""Shared helpers of the core suite (``tests/system/test_core_*.py``).
 
 A `Rig` is one real I/O process (``IOProcess.start``) with a group of simulated ranks dialing
 its handshake socket over loopback TCP and one attached `EngineClient`; `rig()` starts it and

@@ -1,4 +1,4 @@
-"""A worker's side of the notify protocol in its own process, for tests/test_native_notify.py.
+"""A worker's side of the notify protocol in its own process (test_native_notify.py).
 
 Run as ``python tests/support/notify_reader.py MEMFD EVENTFD WORKERS SPW CAP ENGINES``. It maps the
 region, then serves trials read as JSON lines on stdin: ``{"tickets": [...], "deadline": s}``

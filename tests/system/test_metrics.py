@@ -33,8 +33,8 @@ from support.core_fixtures import (
     spawn,
     wait_until,
 )
+from support.hardening import io_rig, wait_state
 from test_cli import TSFRONT, Proc
-from test_hardening_support import io_rig, wait_state
 
 from tsfront import EngineClient, errors
 from tsfront.metrics import asgi_app, registry

@@ -31,7 +31,7 @@ from tsfront.wire import BatchTokenIDOutSlim, encode_output
 
 WORKERS, SPW, CAP, ENGINES = 1, 64, 4096, 1
 FIN_DUPLICATE = 18
-HELPER = Path(__file__).parent / "support" / "notify_reader.py"
+HELPER = Path(__file__).parents[1] / "support" / "notify_reader.py"
 # Offsets inside a worker control block and a slot's line A (native/region.h).
 CTL_HEAD, CTL_TAIL = 0, 64
 SLOT_NOTIFIED = 44

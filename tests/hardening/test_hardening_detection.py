@@ -19,7 +19,7 @@ import time
 
 import pytest
 from support.core_fixtures import DEADLINE, FOREVER, collect, expected_tokens, next_chunk, request
-from test_hardening_support import io_rig, wait_state
+from support.hardening import io_rig, wait_state
 
 from tsfront import EngineDied
 

@@ -24,7 +24,7 @@ from test_cli import ENV, TSFRONT, Proc, group_empty, run_tsfront
 from tsfront import ClientConfig, ConfigError
 from tsfront.sim import default_token
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 LOCAL = ["--handshake", "tcp://127.0.0.1:0", "--num-engines", "1"]
 
 

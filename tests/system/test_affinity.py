@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 from support.core_fixtures import FOREVER, collect, next_chunk, request, rig
-from test_hardening_support import io_rig, wait_state
+from support.hardening import io_rig, wait_state
 
 from tsfront import LoadBalance, Routing, _native
 from tsfront.config import ClientConfig

@@ -187,7 +187,7 @@ def test_reader_survives_garbage_in_its_slots(garbage, tickets):
 def test_atheris_output_decoder_bounded_run():
     if importlib.util.find_spec("atheris") is None:
         pytest.skip("atheris is not installed (pip install atheris)")
-    target = Path(__file__).parent / "fuzz" / "fuzz_output.py"
+    target = Path(__file__).parent / "fuzz_output.py"
     seconds = os.environ.get("TSFRONT_ATHERIS_SECONDS", "15")
     proc = subprocess.run(
         [sys.executable, str(target), f"-max_total_time={seconds}", "-rss_limit_mb=1024"],

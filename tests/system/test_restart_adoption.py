@@ -34,7 +34,7 @@ from support.core_fixtures import (
     request,
     wait_until,
 )
-from test_hardening_support import RankProcess, wait_state
+from support.hardening import RankProcess, wait_state
 
 from tsfront import (
     ClientConfig,

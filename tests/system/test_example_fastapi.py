@@ -26,7 +26,7 @@ from support.serve_fixtures import serve_children
 
 from tsfront.sim import SimGroup
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 APP_DIR = ROOT / "examples" / "fastapi"
 DEADLINE = 60.0
 FIRST = 100

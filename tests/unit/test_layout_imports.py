@@ -15,7 +15,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "tsfront"
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "tsfront"
 
 # Each entry: the exact set of modules of one strongly connected component.
 ALLOWED_CYCLES: dict[frozenset[str], str] = {}

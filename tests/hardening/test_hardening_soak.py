@@ -9,7 +9,7 @@ process holds no request (`metrics()["in_flight"] == 0`), its fd count is back t
 started and /dev/shm holds no new segment.
 
 Small size in the test command; the full size is ``scripts/soak`` (100,000 requests), or
-``.venv/bin/python tests/test_hardening_soak.py --requests 100000``.
+``.venv/bin/python tests/hardening/test_hardening_soak.py --requests 100000``.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from support.core_fixtures import expected_tokens, reap, request, spawn, wait_until
-from test_hardening_support import fd_count, io_rig, shm_names, wait_state
+from support.hardening import fd_count, io_rig, shm_names, wait_state
 
 from tsfront import EngineClient, StreamError
 

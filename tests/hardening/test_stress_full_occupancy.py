@@ -53,7 +53,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from support.core_fixtures import (
     expected_tokens,
@@ -63,7 +63,7 @@ from support.core_fixtures import (
     spawn,
     wait_until,
 )
-from test_hardening_support import (
+from support.hardening import (
     fd_count,
     io_rig,
     new_shm_names,

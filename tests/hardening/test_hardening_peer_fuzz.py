@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 import zmq
 from support.core_fixtures import DEADLINE, expected_tokens, request, rig, wait_until
-from test_hardening_support import slot_state
+from support.hardening import slot_state
 
 from tsfront import StreamError
 from tsfront.wire import (
@@ -56,7 +56,7 @@ from tsfront.wire import (
     engine_identity,
 )
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_vectors.json").read_text())
+GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "golden_vectors.json").read_text())
 GOLDEN_OUTPUTS = [
     GOLDEN[k]["decoded"]
     for k in (

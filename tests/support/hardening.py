@@ -1,4 +1,4 @@
-"""Helpers of the hardening suite (``tests/test_hardening_*.py``); no tests of its own.
+"""Helpers of the hardening suite (``tests/hardening/test_hardening_*.py``); no tests of its own.
 
 A *rank process* is one simulated TokenSpeed rank (`tsfront.sim.engine.SimEngine`) run as its
 own OS process by `RankProcess`, with any identity, rank and group size, so a test can kill one
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from support.core_fixtures import DEADLINE, wait_until
-
 from tsfront import ClientConfig, EngineClient, IOProcess
 
 RANK_MAIN = """

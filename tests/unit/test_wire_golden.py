@@ -39,7 +39,7 @@ from tsfront.wire import (
 )
 from tsfront.wire import request as request_module
 
-GOLDEN_PATH = Path(__file__).parent / "data" / "golden_vectors.json"
+GOLDEN_PATH = Path(__file__).parents[1] / "data" / "golden_vectors.json"
 GOLDEN_SHA256 = "de450d7cfddf70157dcd02e76d8c827a184df6360d9aab8f7045b464ac319631"
 GOLDEN = json.loads(GOLDEN_PATH.read_text())
 

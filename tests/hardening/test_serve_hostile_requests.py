@@ -2,10 +2,10 @@
 naming the field, nothing it sends reaches the engine, and none of it stalls other clients.
 
 Two real servers (master, I/O process, one uvicorn worker each) on simulated ranks, as in
-tests/test_serve.py. ``served``: a model whose own context (4,096) is smaller than the engine's
-(8,192), and 8 slots per worker. ``long_served``: a 200,000-token context, for a prompt large
-enough that tokenizing it takes seconds, and the server's own chat template and default
-template variables (``--chat-template``, ``--default-chat-template-kwargs``). The sim's
+tests/system/test_serve.py. ``served``: a model whose own context (4,096) is smaller than the
+engine's (8,192), and 8 slots per worker. ``long_served``: a 200,000-token context, for a
+prompt large enough that tokenizing it takes seconds, and the server's own chat template and
+default template variables (``--chat-template``, ``--default-chat-template-kwargs``). The sim's
 counters show what reached the engines. About 20 s in all, most of it the two servers' start
 and one deliberately slow tokenization.
 """

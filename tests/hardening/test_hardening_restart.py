@@ -18,7 +18,7 @@ from support.core_fixtures import (
     request,
     wait_until,
 )
-from test_hardening_support import io_rig, wait_state
+from support.hardening import io_rig, wait_state
 
 from tsfront import EngineDied, EngineUnavailable
 

@@ -30,7 +30,7 @@ from tsfront.wire import (
     validate_request,
 )
 
-GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_vectors.json").read_text())
+GOLDEN = json.loads((Path(__file__).parents[1] / "data" / "golden_vectors.json").read_text())
 GOLDEN_PAYLOADS = [bytes.fromhex(v["hex"]) for k, v in GOLDEN.items() if k != "_meta"]
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
