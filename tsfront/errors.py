@@ -8,6 +8,7 @@ what to do about it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -22,6 +23,23 @@ class ConfigError(Error, ValueError):
 class MissingExtra(Error):
     """An optional dependency is not installed; the message carries the ``pip install`` line
     (the ``tsfront`` commands exit 2 on it, as on a bad command line)."""
+
+    @classmethod
+    def check(cls, what: str, modules: Iterable[str], extra: str) -> None:
+        """Raise one naming every module of ``modules`` that does not import, for ``what``
+        (e.g. ``"tsfront serve"``) and the ``extra`` that brings them."""
+        import importlib
+
+        missing = []
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                missing.append(module)
+        if missing:
+            raise cls(
+                f"{what} needs {', '.join(missing)}, not installed: pip install 'tsfront[{extra}]'"
+            )
 
 
 class StateDirMismatch(ConfigError):

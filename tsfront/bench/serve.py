@@ -495,22 +495,10 @@ BENCH_SERVE_MODULES = ("aiohttp", "uvicorn", "httptools", "tokenizers", "jinja2"
 def require_modules(p: ServeParams) -> None:
     """Refuse to start (exit 2 with the ``pip install`` line) when a module the run needs is
     missing: a target that cannot start is otherwise only a "skipped" line of the report."""
-    import importlib
-
     from tsfront.errors import MissingExtra
 
     wanted = [*BENCH_SERVE_MODULES, *(s for s in p.stacks if s == "granian")]
-    missing = []
-    for module in wanted:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            missing.append(module)
-    if missing:
-        raise MissingExtra(
-            f"tsfront bench serve needs {', '.join(missing)}, not installed: "
-            "pip install 'tsfront[bench]'"
-        )
+    MissingExtra.check("tsfront bench serve", wanted, "bench")
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import multiprocessing
 import multiprocessing.connection
 import queue
@@ -247,16 +246,7 @@ def _stop_workers(procs: list, grace: float, signals: list[int], cut: bool = Fal
 
 
 def _require_extras() -> None:
-    missing = []
-    for module in SERVE_MODULES:
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            missing.append(module)
-    if missing:
-        raise MissingExtra(
-            f"tsfront serve needs {', '.join(missing)}, not installed: pip install 'tsfront[serve]'"
-        )
+    MissingExtra.check("tsfront serve", SERVE_MODULES, "serve")
 
 
 def _check(args: argparse.Namespace) -> None:
