@@ -5,8 +5,9 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/resp
 /v1/tokenize``, ``POST /v1/detokenize`` (also without ``/v1``, as vLLM serves them; counted as
 ``other``), ``GET /health``, ``GET /metrics`` (when given a page to render, on ``metrics_port``
 only if one is set; rendered in a thread). While the worker drains (`draining`), ``/health``
-and new completions answer 503 with ``Connection: close``. With ``counters``, every response is
-counted by route and status in the server's shared words. A streamed reply is sent as it is
+and new completions answer 503 with ``Connection: close``. With ``counters`` (and a
+gate, whose exchange sees each status), every response is counted by route and status in the
+server's shared words, once it is over (nothing per token). A streamed reply is sent as it is
 produced, one ``http.response.body`` message per event. While a request runs, a watcher task
 waits on ``receive()`` for ``http.disconnect``; a client that goes away cancels the handler,
 and cancelling a stream's read aborts its engine request.
@@ -85,6 +86,8 @@ class ServeApp:
         metrics_port: int | None = None,
         responses: Responses | None = None,
     ) -> None:
+        if counters is not None and gate is None:
+            raise ValueError("ServeApp counts responses through its gate: give gate= too")
         self.service = service
         self.responses = responses
         self.gate = gate
@@ -116,22 +119,7 @@ class ServeApp:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         kind = scope["type"]
         if kind == "http":
-            counters = self._counters
-            if counters is None:
-                await self._http(scope, receive, send)
-                return
-            status: list[int | None] = [None]
-
-            def counted(message: dict) -> Any:  # a plain call: no extra coroutine per token
-                if status[0] is None and message["type"] == "http.response.start":
-                    status[0] = message["status"]
-                return send(message)
-
-            try:
-                await self._http(scope, receive, counted)
-            finally:
-                route = self._routes.get((scope["method"], scope["path"]), "other")
-                counters.count(self._place, route, status[0])
+            await self._http(scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -208,6 +196,10 @@ class ServeApp:
                 await self._request(scope, receive, send, ex)
         finally:
             ex.close()
+            counters = self._counters
+            if counters is not None:  # by the status the exchange saw sent: nothing per token
+                route = self._routes.get((scope["method"], scope["path"]), "other")
+                counters.count(self._place, route, ex.sent)
 
     async def _request(self, scope: dict, receive: Any, send: Any, ex: Exchange | None) -> None:
         route = self._routes.get((scope["method"], scope["path"]))

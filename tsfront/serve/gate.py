@@ -69,7 +69,7 @@ _BAD_KEY = "Incorrect API key provided; use one of the server's --api-key / TSFR
 class Exchange:
     """One request at the edge: its id, record, response headers, refusal and outcome."""
 
-    __slots__ = ("_gate", "headers", "method", "path", "record", "refusal", "status")
+    __slots__ = ("_gate", "headers", "method", "path", "record", "refusal", "sent", "status")
 
     def __init__(self, gate: Gate, method: str, path: str, request_id: str) -> None:
         self._gate = gate
@@ -82,13 +82,15 @@ class Exchange:
         self.refusal: Reply | None = None
         #: The status sent (`CLIENT_GONE` if the client left first); None before the response.
         self.status: int | None = None
+        #: The status of the response start, kept whatever happens after (None: none sent).
+        self.sent: int | None = None
 
     def head(
         self, status: int, headers: list[tuple[bytes, bytes]], body: bytes = b""
     ) -> tuple[list[tuple[bytes, bytes]], bytes]:
         """A response's headers with the edge's, and its body (an error object gets the
         request id as ``error.request_id``)."""
-        self.status = status
+        self.status = self.sent = status
         if status >= 400 and body.startswith(b'{"error":'):
             try:
                 obj = msgspec.json.decode(body)
