@@ -38,15 +38,7 @@ from tsfront.io.engines import (
     stalled_after,
 )
 from tsfront.io.routing import Router
-from tsfront.ipc.control import EngineEntry, Engines, EngineUpdate, Failed, ToWorker
-from tsfront.ipc.submit import (
-    ABORT_ENTRY,
-    SUBMIT_HEADER,
-    WORKER_IDENTITY,
-    next_serial,
-    ticket_of_attach,
-)
-from tsfront.region import (
+from tsfront.ipc.codes import (
     E_IN_FLIGHT,
     E_INDEX,
     E_KV_ACTIVE,
@@ -65,8 +57,16 @@ from tsfront.region import (
     FIN_NO_ENGINE,
     FIN_RID_ABORTED,
     FIN_SEND_TIMEOUT,
-    IO_METRICS,
 )
+from tsfront.ipc.control import EngineEntry, Engines, EngineUpdate, Failed, ToWorker
+from tsfront.ipc.submit import (
+    ABORT_ENTRY,
+    SUBMIT_HEADER,
+    WORKER_IDENTITY,
+    next_serial,
+    ticket_of_attach,
+)
+from tsfront.region import IO_METRICS
 from tsfront.wire import decode_ready_message, decode_registration, encode_abort, encode_init
 
 if TYPE_CHECKING:

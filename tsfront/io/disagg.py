@@ -30,7 +30,7 @@ import msgspec
 from tsfront.errors import WireDecodeError
 from tsfront.io.core import EngineGroup, IOCore, Record
 from tsfront.io.engines import DECODE, PREFILL, Engine, EngineEvent
-from tsfront.region import (
+from tsfront.ipc.codes import (
     FIN_PREFILL_ABORTED,
     FIN_PREFILL_DEAD,
     FIN_PREFILL_SEND_TIMEOUT,
