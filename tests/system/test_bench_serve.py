@@ -9,11 +9,14 @@ the tests is not the one the goals are set for). About 10 s.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import subprocess
 import sys
+
+import pytest
 
 
 def test_bench_serve_reports_every_figure() -> None:
@@ -36,6 +39,40 @@ def test_bench_serve_reports_every_figure() -> None:
     assert len(floor["runs"]) == 2  # before and after the targets
     assert math.isfinite(floor["us_per_event"]) and floor["us_per_event"] > 0
     assert all(run["events"] > 0 and run["connections"] == 64 for run in floor["runs"])
+
+
+def test_bench_serve_preset_sets_the_workload_and_flags_override_it() -> None:
+    # --preset short is the per-request workload (64 streams of 2 tokens, 2 ms steps); an
+    # explicit --requests still wins. The report carries the per-request CPU as a number.
+    out = subprocess.run(
+        [sys.executable, "-m", "tsfront", "bench", "serve", "--preset", "short", "--json",
+         "--workers", "1", "--requests", "128", "--no-smg"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    report = json.loads(out.stdout)
+    params = report["params"]
+    assert (params["concurrency"], params["max_tokens"], params["step_ms"]) == (64, 2, 2.0)
+    assert params["requests"] == 128
+    (target,) = report["targets"]
+    assert target["errors"] == 0 and target["requests"] == 128
+    assert target["tokens"] == 128 * 2
+    per_request = target["extra"]["cpu_us_per_request"]
+    assert math.isfinite(per_request) and per_request > 0
+    assert per_request == pytest.approx(target["cpu_us_per_token"] * 2, rel=1e-6)
+
+
+def test_bench_serve_presets_are_the_three_workloads_of_the_table() -> None:
+    from tsfront.bench.cli import add_arguments
+    from tsfront.bench.serve import params_from
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    long = params_from(parser.parse_args(["serve", "--preset", "long"]))
+    assert (long.concurrency, long.max_tokens, long.step_ms) == (256, 512, 20.0)
+    mixed = params_from(parser.parse_args(["serve", "--preset", "mixed", "--step-ms", "5"]))
+    assert (mixed.concurrency, mixed.max_tokens, mixed.step_ms) == (64, 64, 5.0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--preset", "huge"])
 
 
 def test_bench_serve_without_its_extra_refuses_with_the_install_line(tmp_path) -> None:

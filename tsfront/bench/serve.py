@@ -38,7 +38,7 @@ from typing import IO, Any, cast
 
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 
-__all__ = ["ServeParams", "run_serve"]
+__all__ = ["PRESETS", "ServeParams", "run_serve"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 _READY_S = 120.0
@@ -64,6 +64,23 @@ class ServeParams:
     def quick(cls) -> ServeParams:
         """A run of a few seconds per target."""
         return cls(requests=256, warmup_requests=32, floor_events=8_000)
+
+    def preset(self, name: str) -> ServeParams:
+        """This run with the workload of preset ``name`` (`PRESETS`)."""
+        for key, value in PRESETS[name].items():
+            setattr(self, key, value)
+        return self
+
+
+#: The three workloads of the per-request / per-token table (docs/PERFORMANCE.md):
+#: ``short`` is the per-request cost (agent turns, classification: 2 tokens a request),
+#: ``mixed`` a short chat answer, ``long`` the per-token cost at real batch sizes (256
+#: streams over two ranks: 128 rows a frame every 20 ms).
+PRESETS: dict[str, dict[str, Any]] = {
+    "short": {"concurrency": 64, "max_tokens": 2, "step_ms": 2.0, "requests": 4096},
+    "mixed": {"concurrency": 64, "max_tokens": 64, "step_ms": 2.0, "requests": 1024},
+    "long": {"concurrency": 256, "max_tokens": 512, "step_ms": 20.0, "requests": 512},
+}
 
 
 @dataclass
@@ -334,6 +351,9 @@ def _measure(target: str, url: str, session: int, model: str, p: ServeParams) ->
         processes=processes,
         note=load.get("error", ""),
         extra={
+            "cpu_us_per_request": (
+                cpu / load["requests"] * 1e6 if load["requests"] else float("nan")
+            ),
             "events": load["events"],
             "tokens_per_event": tokens / max(1, load["events"]),
             "us_per_token_by_process": {
@@ -383,6 +403,7 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
                     continue
                 say(
                     f"bench serve: {name}: {fig.cpu_us_per_token:.1f} us CPU/token, "
+                    f"{fig.extra['cpu_us_per_request']:.0f} us CPU/request, "
                     f"{fig.tokens_per_s:.0f} tok/s, TTFT p50 {fig.ttft_p50_ms:.1f} ms "
                     f"p99 {fig.ttft_p99_ms:.1f} ms, "
                     f"{fig.extra['tokens_per_event']:.2f} tokens/event "
@@ -426,6 +447,13 @@ def _ratios(results: list[Figures]) -> dict:
     for name, value in best.items():
         if smg and name != "SMG gateway":
             ratios[f"{name} / SMG (CPU per token)"] = value / smg
+    # The I/O process's share of tsfront's figure (what the one shared process costs).
+    for f in results:
+        io = f.extra.get("us_per_token_by_process", {}).get("I/O process")
+        if io is not None and f.target == "tsfront serve W=1":
+            by.setdefault("io", []).append(io)
+    if "io" in by:
+        ratios["tsfront serve W=1: I/O process µs per token (median)"] = statistics.median(by["io"])
     one, two = best.get("tsfront serve W=1"), best.get("tsfront serve W=2")
     if one and two:
         ratios["W=2 / W=1 (CPU per token)"] = two / one
@@ -435,13 +463,16 @@ def _ratios(results: list[Figures]) -> dict:
 def print_table(report: dict) -> None:
     """The report as a Markdown table on stdout."""
     print(
-        "| target | CPU µs / streamed token | tokens/s | TTFT p50 ms | TTFT p99 ms | "
-        "tokens | errors |"
+        "| target | CPU µs / streamed token | CPU µs / request | of which I/O process, "
+        "µs / token | tokens/s | TTFT p50 ms | TTFT p99 ms | tokens | errors |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in report["targets"]:
+        io = t["extra"]["us_per_token_by_process"].get("I/O process")
         print(
-            f"| {t['target']} | {t['cpu_us_per_token']:.1f} | {t['tokens_per_s']:.0f} | "
+            f"| {t['target']} | {t['cpu_us_per_token']:.1f} | "
+            f"{t['extra']['cpu_us_per_request']:.0f} | "
+            f"{'—' if io is None else f'{io:.1f}'} | {t['tokens_per_s']:.0f} | "
             f"{t['ttft_p50_ms']:.1f} | {t['ttft_p99_ms']:.1f} | {t['tokens']} | {t['errors']} |"
         )
     for name, value in report["ratios"].items():
@@ -459,6 +490,13 @@ def print_table(report: dict) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``bench serve`` options (added to the bench parser)."""
     g = parser.add_argument_group("bench serve")
+    g.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        help="a workload of docs/PERFORMANCE.md's table: short (64 streams of 2 tokens, 2 ms "
+        "steps: the per-request cost), mixed (64 x 64 tokens, 2 ms), long (256 x 512 tokens, "
+        "20 ms: the per-token cost); the flags below override its values",
+    )
     g.add_argument("--concurrency", type=int, help="streams in flight (64)")
     g.add_argument("--max-tokens", type=int, help="tokens per request (64)")
     g.add_argument("--requests", type=int, help="measured requests per target (1024)")
@@ -474,6 +512,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def params_from(args: argparse.Namespace) -> ServeParams:
     """`ServeParams` from the command line."""
     p = ServeParams.quick() if args.quick else ServeParams()
+    if getattr(args, "preset", None):
+        p.preset(args.preset)
+        if args.quick:
+            p.requests = max(p.concurrency, p.requests // 8)
     for name in ("concurrency", "max_tokens", "requests", "step_ms", "repeat", "smg"):
         value = getattr(args, name, None)
         if value is not None:
