@@ -95,12 +95,14 @@ FINISH_REASONS: dict[int, str] = {
 
 @dataclass(frozen=True)
 class Geometry:
-    """The four numbers that fix a region's layout."""
+    """The numbers that fix a region's layout (``submit_ring_bytes``: each worker's
+    submission ring, 0 for none)."""
 
     num_workers: int
     slots_per_worker: int
     ring_capacity: int
     max_engines: int
+    submit_ring_bytes: int = 0
 
     def layout(self) -> dict:
         """Offsets and sizes, from the native module (the single source of truth)."""
@@ -109,6 +111,7 @@ class Geometry:
             slots_per_worker=self.slots_per_worker,
             ring_capacity=self.ring_capacity,
             max_engines=self.max_engines,
+            submit_ring_bytes=self.submit_ring_bytes,
         )
 
 
