@@ -72,6 +72,7 @@ METRICS_OFFSET = 64
 #   reused_rids         ADDs refused because the rid was aborted on that engine < 300 s ago
 #   orphan_aborts       rids of a predecessor I/O process, still decoding on an engine this one
 #                       took over, aborted there (once each; see tsfront.io.adoption)
+#   ring_submissions, zmq_submissions, bad_ring_records: see below
 IO_METRICS = (
     "handler_errors",
     "output_disconnects",
@@ -82,6 +83,12 @@ IO_METRICS = (
     "affinity_fallbacks",
     "affinity_rehashed",
     "orphan_aborts",
+    # Submissions (tsfront.io.loop): records taken from the workers' submission rings,
+    # submissions that came over ZMQ (too large for a ring, or behind one that did), and ring
+    # contents dropped as corrupt (DESIGN.md, "The submission rings").
+    "ring_submissions",
+    "zmq_submissions",
+    "bad_ring_records",
 )
 IO_METRICS_OFFSET = 2048
 

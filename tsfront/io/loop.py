@@ -336,17 +336,20 @@ class IOLoop:
     def on_rings(self, worker: int = -1, limit: int = DRAIN) -> None:
         """Take the records of every worker's submission ring (or of one), to the core."""
         core = self.core
-        attached = core.attached
+        attached, count = core.attached, core.count
         for number, kind, a, b, c in cast(_native.Intake, self.intake).take(limit, worker):
             w = attached.get(number)
             if w is None:
                 continue  # cannot happen: the intake reads only attached workers' rings
             try:
                 if kind == _native.SUB_ADD:
+                    count("ring_submissions")
                     core.on_add(w, cast(bytes, a), cast(bytes, b), c)
                 elif kind == _native.SUB_ABORT:
+                    count("ring_submissions")
                     core.on_abort(w, cast(bytes, a))
                 else:
+                    count("bad_ring_records")
                     self.warn(
                         "bad-submit",
                         "worker %s: submission ring: %s; dropped what it held",
@@ -382,6 +385,7 @@ class IOLoop:
                     self.on_rings(worker.number, 1 << 30)
                     intake.applied(worker.number)
                 continue
+            core.count("zmq_submissions")
             if intake is not None:
                 # Every record the worker put in its ring before this one goes first.
                 self.on_rings(worker.number, 1 << 30)
