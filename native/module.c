@@ -3,7 +3,7 @@
  * path. The jobs live in their own files: msgpack.c (bounds-checked msgpack reading), frame.c
  * (the output-frame decoder), region.c (layout and mapping), ridmap.c (rid -> slot), prefix.c
  * (prompt block hashes for routing), writer.c (the I/O process's side), reader.c (a worker's
- * side). This file holds the module table and
+ * side), subring.c (the workers' submission rings). This file holds the module table and
  * the small helpers that belong to none of them.
  */
 #define PY_SSIZE_T_CLEAN
@@ -16,6 +16,7 @@
 #include "prefix.h"
 #include "reader.h"
 #include "region.h"
+#include "subring.h"
 #include "writer.h"
 
 PyObject *WireDecodeError = NULL;
@@ -67,7 +68,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tsfront._native",
                                     methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&ReaderType) < 0) return NULL;
+    if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&ReaderType) < 0 ||
+        PyType_Ready(&SubmitterType) < 0 || PyType_Ready(&IntakeType) < 0)
+        return NULL;
     PyObject *errors = PyImport_ImportModule("tsfront.errors");
     if (!errors) return NULL;
     WireDecodeError = PyObject_GetAttrString(errors, "WireDecodeError");
@@ -79,6 +82,16 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&ReaderType);
     PyModule_AddObject(m, "Writer", (PyObject *)&WriterType);
     PyModule_AddObject(m, "Reader", (PyObject *)&ReaderType);
+    Py_INCREF(&SubmitterType);
+    Py_INCREF(&IntakeType);
+    PyModule_AddObject(m, "Submitter", (PyObject *)&SubmitterType);
+    PyModule_AddObject(m, "Intake", (PyObject *)&IntakeType);
+    PyModule_AddIntConstant(m, "SUB_OK", SUB_OK);
+    PyModule_AddIntConstant(m, "SUB_FULL", SUB_FULL);
+    PyModule_AddIntConstant(m, "SUB_TOO_BIG", SUB_TOO_BIG);
+    PyModule_AddIntConstant(m, "SUB_ZMQ_PENDING", SUB_ZMQ_PENDING);
+    PyModule_AddIntConstant(m, "SUB_ADD", SUB_ADD);
+    PyModule_AddIntConstant(m, "SUB_ABORT", SUB_ABORT);
     PyModule_AddIntConstant(m, "SLOT_IDLE", SLOT_IDLE);
     PyModule_AddIntConstant(m, "SLOT_LIVE", SLOT_LIVE);
     PyModule_AddIntConstant(m, "SLOT_DONE", SLOT_DONE);

@@ -51,16 +51,17 @@ static void reader_dealloc(Reader *self) {
 
 static int reader_init(Reader *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"buffer",        "worker",      "num_workers", "slots_per_worker",
-                             "ring_capacity", "max_engines", NULL};
+                             "ring_capacity", "max_engines", "submit_ring_bytes", NULL};
     PyObject *buf;
-    unsigned int worker, w, s, c, e;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OIIIII", kwlist, &buf, &worker, &w, &s, &c, &e))
+    unsigned int worker, w, s, c, e, sub = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OIIIII|I", kwlist, &buf, &worker, &w, &s, &c, &e,
+                                     &sub))
         return -1;
     if (self->r.base) {
         PyErr_SetString(PyExc_RuntimeError, "Reader already initialised");
         return -1;
     }
-    if (region_open(&self->r, buf, w, s, c, e, 0) < 0) return -1;
+    if (region_open(&self->r, buf, w, s, c, e, sub, 0) < 0) return -1;
     if (worker >= w) {
         PyErr_SetString(PyExc_ValueError, "worker out of range");
         return -1;

@@ -17,12 +17,16 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define ABI_VERSION 3 /* 2: worker_ctl_t.rescan; 3: Writer.bind takes the engine index */
+#define ABI_VERSION 4 /* 2: worker_ctl_t.rescan; 3: Writer.bind takes the engine index;
+                       * 4: the submission rings (subring.h) after the slots */
 #define REGION_MAGIC 0x74736672696e6731ULL /* "tsfring1" */
 #define HEADER_BYTES 4096
 #define ENGINE_BYTES 64
 #define WORKER_BYTES 128
 #define SLOT_HEADER_BYTES 128
+#define SUBMIT_SHARED_BYTES 64 /* the submission rings' shared block: the I/O process's parked */
+#define SUBMIT_CTL_BYTES 128   /* one worker's submission ring control block */
+#define SUBMIT_ALIGN 64        /* records start on (and their sizes are) multiples of this */
 
 /* Slot states (slot_a.state). */
 enum { SLOT_IDLE = 0, SLOT_LIVE = 1, SLOT_DONE = 2 };
@@ -60,7 +64,7 @@ typedef struct {
     uint32_t slots_per_worker;
     uint32_t ring_capacity;
     uint32_t max_engines;
-    uint32_t pad0;
+    uint32_t submit_ring_bytes; /* bytes of each worker's submission ring (0: none) */
     uint64_t total_bytes;
 } region_header_t;
 
@@ -106,7 +110,10 @@ typedef struct {
     uint64_t tokens_off; /* within a slot */
     uint64_t lpv_off;
     uint64_t lpi_off;
-    uint32_t num_workers, slots_per_worker, ring_capacity, max_engines;
+    uint64_t submit_off;    /* the submission rings' shared block (subring.h), then one
+                             * SUBMIT_CTL_BYTES control block + ring per worker */
+    uint64_t submit_stride; /* bytes per worker from submit_off + SUBMIT_SHARED_BYTES */
+    uint32_t num_workers, slots_per_worker, ring_capacity, max_engines, submit_ring_bytes;
 } layout_t;
 
 
@@ -116,12 +123,13 @@ typedef struct {
     layout_t l;
 } region_t;
 
-int compute_layout(layout_t *l, uint32_t workers, uint32_t spw, uint32_t cap, uint32_t engines);
+int compute_layout(layout_t *l, uint32_t workers, uint32_t spw, uint32_t cap, uint32_t engines,
+                   uint32_t submit_bytes);
 PyObject *py_layout(PyObject *self, PyObject *args, PyObject *kw);
 /* Map `buffer` with this layout; init=1 (the Writer) writes a fresh header, init=0 (a Reader)
  * checks that the header matches. */
 int region_open(region_t *r, PyObject *buffer, uint32_t w, uint32_t s, uint32_t c, uint32_t e,
-                int init);
+                uint32_t sub, int init);
 
 static inline worker_ctl_t *worker_ctl(region_t *r, uint32_t w) {
     return (worker_ctl_t *)(r->base + r->l.workers_off + (uint64_t)w * WORKER_BYTES);

@@ -87,15 +87,16 @@ static void writer_dealloc(Writer *self) {
 
 static int writer_init(Writer *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"buffer", "num_workers", "slots_per_worker", "ring_capacity",
-                             "max_engines", NULL};
+                             "max_engines", "submit_ring_bytes", NULL};
     PyObject *buf;
-    unsigned int w, s, c, e;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OIIII", kwlist, &buf, &w, &s, &c, &e)) return -1;
+    unsigned int w, s, c, e, sub = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OIIII|I", kwlist, &buf, &w, &s, &c, &e, &sub))
+        return -1;
     if (self->r.base) {
         PyErr_SetString(PyExc_RuntimeError, "Writer already initialised");
         return -1;
     }
-    if (region_open(&self->r, buf, w, s, c, e, 1) < 0) return -1;
+    if (region_open(&self->r, buf, w, s, c, e, sub, 1) < 0) return -1;
     uint64_t total = (uint64_t)w * s;
     if (total > (1u << 24)) {
         PyErr_SetString(PyExc_ValueError, "too many slots (at most 16M)");

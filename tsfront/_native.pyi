@@ -23,6 +23,12 @@ SlotUpdate: TypeAlias = tuple[
 ]
 
 SLOT_IDLE: Final[int]
+SUB_OK: Final[int]
+SUB_FULL: Final[int]
+SUB_TOO_BIG: Final[int]
+SUB_ZMQ_PENDING: Final[int]
+SUB_ADD: Final[int]
+SUB_ABORT: Final[int]
 SLOT_LIVE: Final[int]
 SLOT_DONE: Final[int]
 FIN_NONE: Final[int]
@@ -66,7 +72,11 @@ def first_bad_token(ids: object) -> int: ...
 def block_hashes(payload: Buffer, granularity: int, limit: int) -> list[int]: ...
 def packed_block_hashes(ids: list[int], granularity: int, limit: int) -> bytes: ...
 def layout(
-    num_workers: int, slots_per_worker: int, ring_capacity: int, max_engines: int
+    num_workers: int,
+    slots_per_worker: int,
+    ring_capacity: int,
+    max_engines: int,
+    submit_ring_bytes: int = 0,
 ) -> dict[str, int]: ...
 def set_parent_death_signal(signum: int, /) -> None: ...
 
@@ -80,6 +90,7 @@ class Writer:
         slots_per_worker: int,
         ring_capacity: int,
         max_engines: int,
+        submit_ring_bytes: int = 0,
     ) -> None: ...
     def bind(
         self,
@@ -112,6 +123,7 @@ class Reader:
         slots_per_worker: int,
         ring_capacity: int,
         max_engines: int,
+        submit_ring_bytes: int = 0,
     ) -> None: ...
     def expect(self, local_slot: int, ticket: int, /) -> None: ...
     def release(self, local_slot: int, /) -> None: ...
@@ -120,3 +132,46 @@ class Reader:
     def park(self) -> bool: ...
     def rescans(self) -> int: ...
     def wakes(self) -> int: ...
+
+#: A record taken from a submission ring: (worker, kind, a, b, c); kind SUB_ADD (a: submit
+#: header + rid, b: payload, c: block hashes or None), SUB_ABORT (a: abort entries), 0 (the
+#: ring was corrupt, what it held is dropped; a: why, a str).
+SubmitRecord: TypeAlias = tuple[int, int, bytes | str, bytes | None, bytes | None]
+
+class Submitter:
+    """A worker's side of its submission ring: writes ADD and ABORT records."""
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        worker: int,
+        num_workers: int,
+        slots_per_worker: int,
+        ring_capacity: int,
+        max_engines: int,
+        submit_ring_bytes: int,
+        eventfd: int,
+    ) -> None: ...
+    def add(self, header: Buffer, payload: Buffer, hashes: Buffer | None = None, /) -> int: ...
+    def abort(self, entries: Buffer, /) -> int: ...
+    def zmq_sent(self) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+
+class Intake:
+    """The I/O process's side of the workers' submission rings: takes their records."""
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        num_workers: int,
+        slots_per_worker: int,
+        ring_capacity: int,
+        max_engines: int,
+        submit_ring_bytes: int,
+    ) -> None: ...
+    def open(self, worker: int, /) -> None: ...
+    def close(self, worker: int, /) -> None: ...
+    def park(self) -> bool: ...
+    def take(self, limit: int = 256, worker: int = -1) -> list[SubmitRecord]: ...
+    def applied(self, worker: int, /) -> None: ...
+    def stats(self) -> dict[str, int]: ...

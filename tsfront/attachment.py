@@ -1,8 +1,11 @@
 """`Attachment`: one worker process's connection to the I/O process: its sockets and the drain.
 
 It owns the worker's control socket, its eventfd, its mapping of the slot region with a native
-`Reader`, and a ZMQ DEALER (the local submission queue). Submissions go out on the DEALER
-without waiting (a full queue is `Busy`); outputs come in through shared memory: the I/O
+`Reader`, its submission ring (a native `Submitter`, in the same region) and a ZMQ DEALER.
+Submissions go into the ring without waiting (a full ring is `Busy`); one too large for the
+ring, and every one made while a ZMQ submission of this worker is not yet handled (the rule
+that keeps the two paths in order, DESIGN.md "The submission rings"), goes out on the DEALER,
+also without waiting (a full queue is `Busy`); outputs come in through shared memory: the I/O
 process writes the worker's eventfd only when the worker has published that it is parked, the
 loop's reader callback drains every notified slot in one native call, hands each update to its
 stream (`RequestStream.deliver`), and parks again. Nothing here blocks the event loop. Which
@@ -66,6 +69,8 @@ class Attachment:
         self.eventfd = -1
         self.region: Region | None = None
         self.reader: Any = None  # this worker's _native.Reader (no stub), once attached
+        self.submitter: _native.Submitter | None = None  # its submission ring, if the region has
+        self.io_eventfd = -1  # the I/O process's, written when it is parked (by the Submitter)
         self.ctx: zmq.Context | None = None
         self.dealer: zmq.Socket | None = None
         self.recorder: Recorder | None = None  # this worker's request metrics (shared memory)
@@ -124,24 +129,30 @@ class Attachment:
 
     def _on_attached(self, message: Attached) -> None:
         fds = self._control.take_fds()
-        if len(fds) != 1:
+        geometry = Geometry(*message.geometry)
+        if len(fds) != (2 if geometry.submit_ring_bytes else 1):
             for fd in fds:
                 os.close(fd)
-            raise HandshakeError("the I/O process sent no shared memory")
+            raise HandshakeError("the I/O process sent no shared memory (or no eventfd)")
         self.worker = message.worker
         self.config = ClientConfig.from_dict(message.config)
         self.addresses = message.addresses
-        geometry = Geometry(*message.geometry)
         self.spw = geometry.slots_per_worker
+        if len(fds) == 2:
+            self.io_eventfd = fds[1]
         self.region = Region(fds[0], geometry)
-        self.reader = _native.Reader(
-            self.region.map,
-            self.worker,
+        shape = (
             geometry.num_workers,
             geometry.slots_per_worker,
             geometry.ring_capacity,
             geometry.max_engines,
         )
+        sub = geometry.submit_ring_bytes
+        self.reader = _native.Reader(self.region.map, self.worker, *shape, submit_ring_bytes=sub)
+        if sub:
+            self.submitter = _native.Submitter(
+                self.region.map, self.worker, *shape, sub, self.io_eventfd
+            )
         self.recorder = Recorder(self.region, self.worker, self.spw)
         self.slots.attach(
             self.reader,
@@ -267,6 +278,19 @@ class Attachment:
         expires = time.monotonic() + deadline if deadline is not None else 0.0
         header = SUBMIT_HEADER.pack(slot, ticket, pin, with_logprobs, expires, bootstrap_at)
         header += rid.encode()
+        ring = self.submitter
+        if ring is not None:
+            sent = ring.add(header, payload, hashes)
+            if sent == _native.SUB_OK:
+                return self.slots.open(rid, slot, ticket, expires, deadline)
+            if sent == _native.SUB_FULL:
+                self.slots.put_back(slot)
+                raise Busy(
+                    "the submission ring to the I/O process is full "
+                    f"(submit_ring_bytes={self.config.submit_ring_bytes}); retry later or shed "
+                    "load"
+                )
+            # Too large for the ring, or a ZMQ submission not yet handled: over ZMQ.
         try:
             # Frame by frame with plain int flags: send_multipart costs ~7 µs more per request
             # (an enum OR per frame). Only the first frame can meet a full queue: ZMQ takes the
@@ -286,16 +310,27 @@ class Attachment:
                 f"(submit_queue_depth={self.config.submit_queue_depth}); retry later or shed "
                 "load"
             ) from None
+        if ring is not None:
+            ring.zmq_sent()
         return self.slots.open(rid, slot, ticket, expires, deadline)
 
     def _send_aborts(self, batch: bytes) -> bool:
         # The slot table's batch of abort entries; False: the queue is full, try again.
         if self.dealer is None:
             return True  # detached: the I/O process aborts what this worker held
+        ring = self.submitter
+        if ring is not None:
+            sent = ring.abort(batch)
+            if sent == _native.SUB_OK:
+                return True
+            if sent == _native.SUB_FULL:
+                return False
         try:
             self.dealer.send_multipart([SUBMIT_ABORT, batch], zmq.NOBLOCK)
         except zmq.Again:
             return False
+        if ring is not None:
+            ring.zmq_sent()
         return True
 
     # ------------------------------------------------------------------ close
@@ -313,7 +348,7 @@ class Attachment:
         batch = self.slots.close()
         if batch and self.dealer is not None:
             try:
-                self.dealer.send_multipart([SUBMIT_ABORT, batch], zmq.NOBLOCK)
+                self._send_aborts(batch)  # best effort: the detach aborts them all anyway
             except zmq.ZMQError:
                 pass
         if self.sock is not None:
@@ -336,6 +371,10 @@ class Attachment:
             self.ctx.term()
             self.ctx = None
         self.reader = None
+        self.submitter = None
+        if self.io_eventfd >= 0:
+            os.close(self.io_eventfd)
+            self.io_eventfd = -1
         self.recorder = None
         if self.region is not None:
             self.region.close()

@@ -252,8 +252,10 @@ class EngineClient:
         load, liveness and restarts (``m.engines``) and the attached workers (``m.workers``).
         The I/O loop's own counters are in the mapping too (`tsfront.region.IO_METRICS`):
         frames whose handler failed, load tails out of range, output connections lost, ADDs
-        refused for reusing a recently aborted rid, and under prefix affinity the placements
-        load took from the longest match and the ADDs the I/O process had to hash itself.
+        refused for reusing a recently aborted rid, under prefix affinity the placements
+        load took from the longest match and the ADDs the I/O process had to hash itself, and
+        the submissions taken from the workers' rings, those that came over ZMQ and the ring
+        contents dropped as corrupt.
         """
         att = self._att
         if att.closed or att.region is None:

@@ -171,7 +171,12 @@ class ClientConfig:
         ring_capacity: tokens a slot's ring holds before the I/O process spills to its own
             memory (never blocking on a slow reader).
         submit_queue_depth: submissions a worker may have queued towards the I/O process
-            before `generate` raises `Busy`.
+            over ZMQ before `generate` raises `Busy`.
+        submit_ring_bytes: bytes of each worker's submission ring in shared memory (a
+            multiple of 64, at least 4,096; 0: none, every submission goes over ZMQ). ADDs and
+            ABORTs go through it without a ZMQ I/O thread on either side; a record larger
+            than half of it (a prompt of more than about 100k tokens at the default 1 MiB)
+            goes over ZMQ. A full ring is `Busy`, like a full queue.
         engine_queue_depth: requests the I/O process lets ZMQ queue towards one engine
             (the input ROUTER's send high-water mark); beyond it requests wait in the I/O
             process's backlog for up to ``send_timeout``, so an engine that stops reading its
@@ -227,6 +232,7 @@ class ClientConfig:
     slots_per_worker: int = 2048
     ring_capacity: int = 256
     submit_queue_depth: int = 4096
+    submit_ring_bytes: int = 1 << 20
     engine_queue_depth: int = 4096
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 2.0
@@ -315,6 +321,16 @@ class ClientConfig:
         if not self.affinity_rel_threshold >= 1.0:
             raise ConfigError(
                 f"affinity_rel_threshold={self.affinity_rel_threshold!r}: must be >= 1.0"
+            )
+        ring = self.submit_ring_bytes
+        if (
+            not isinstance(ring, int)
+            or isinstance(ring, bool)
+            or not (ring == 0 or (4096 <= ring <= 1 << 30 and ring % 64 == 0))
+        ):
+            raise ConfigError(
+                f"submit_ring_bytes={ring!r}: must be 0 (no ring) or a multiple of 64 from 4096 "
+                "to 1073741824"
             )
         if self.slots_per_worker * self.max_workers > 1 << 24:
             raise ConfigError("max_workers * slots_per_worker must be at most 16,777,216")

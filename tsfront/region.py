@@ -72,6 +72,7 @@ METRICS_OFFSET = 64
 #   reused_rids         ADDs refused because the rid was aborted on that engine < 300 s ago
 #   orphan_aborts       rids of a predecessor I/O process, still decoding on an engine this one
 #                       took over, aborted there (once each; see tsfront.io.adoption)
+#   ring_submissions, zmq_submissions, bad_ring_records: see below
 IO_METRICS = (
     "handler_errors",
     "output_disconnects",
@@ -82,6 +83,12 @@ IO_METRICS = (
     "affinity_fallbacks",
     "affinity_rehashed",
     "orphan_aborts",
+    # Submissions (tsfront.io.loop): records taken from the workers' submission rings,
+    # submissions that came over ZMQ (too large for a ring, or behind one that did), and ring
+    # contents dropped as corrupt (DESIGN.md, "The submission rings").
+    "ring_submissions",
+    "zmq_submissions",
+    "bad_ring_records",
 )
 IO_METRICS_OFFSET = 2048
 
@@ -95,12 +102,14 @@ FINISH_REASONS: dict[int, str] = {
 
 @dataclass(frozen=True)
 class Geometry:
-    """The four numbers that fix a region's layout."""
+    """The numbers that fix a region's layout (``submit_ring_bytes``: each worker's
+    submission ring, 0 for none)."""
 
     num_workers: int
     slots_per_worker: int
     ring_capacity: int
     max_engines: int
+    submit_ring_bytes: int = 0
 
     def layout(self) -> dict:
         """Offsets and sizes, from the native module (the single source of truth)."""
@@ -109,6 +118,7 @@ class Geometry:
             slots_per_worker=self.slots_per_worker,
             ring_capacity=self.ring_capacity,
             max_engines=self.max_engines,
+            submit_ring_bytes=self.submit_ring_bytes,
         )
 
 

@@ -34,6 +34,7 @@ KEYS = [
     "frame_to_task_p50_us",
     "frame_to_task_p99_us",
     "submit_io_us_per_request",
+    "submit_paced_io_us_per_request",
     "shm_bytes_per_stream",
     "heap_bytes_per_stream",
 ]

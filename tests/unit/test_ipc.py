@@ -63,7 +63,7 @@ def test_control_messages_round_trip_as_maps_keyed_by_op() -> None:
     reg = EngineRegistration(max_model_len=4096, prefix_granularity=64)
     entry = EngineEntry(index=3, rank=1, role="decode", output_address="ipc://@o", registration=reg)
     messages: list[object] = [
-        Attached(1, 7, ticket_base(7), (2, 8, 64, 4), "ipc://@s", {"a": 1}, {"b": [1]}),
+        Attached(1, 7, ticket_base(7), (2, 8, 64, 4, 4096), "ipc://@s", {"a": 1}, {"b": [1]}),
         Engines([entry, EngineEntry(index=4, rank=2)]),
         EngineUpdate(entry),
         Failed(kind="timeout", error="engines [1] did not register"),

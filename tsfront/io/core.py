@@ -146,7 +146,7 @@ class PrefillHalf(Protocol):
     """The prefill group's side of every request (`tsfront.io.disagg.Disaggregated`)."""
 
     def add(
-        self, record: Record, slot: int, payload: zmq.Frame, at: int, expires: float
+        self, record: Record, slot: int, payload: zmq.Frame | bytes, at: int, expires: float
     ) -> bytes | None: ...
     def forget(self, record: Record, *, abort: bool) -> None: ...
     def kill(self, engine: Engine) -> None: ...
@@ -325,7 +325,11 @@ class IOCore:
         return 0 < serial <= self.serial
 
     def on_add(
-        self, worker: Worker, header: bytes, payload: zmq.Frame, hashes: zmq.Frame | None = None
+        self,
+        worker: Worker,
+        header: bytes,
+        payload: zmq.Frame | bytes,
+        hashes: zmq.Frame | bytes | None = None,
     ) -> None:
         """A worker's ADD: route it, bind its rid to its slot and send it (or end it here)."""
         if len(header) < SUBMIT_HEADER.size:

@@ -77,7 +77,7 @@ class Disaggregated:
     # ------------------------------------------------------------------ requests
 
     def add(
-        self, record: Record, slot: int, payload: zmq.Frame, at: int, expires: float
+        self, record: Record, slot: int, payload: zmq.Frame | bytes, at: int, expires: float
     ) -> bytes | None:
         """Send the prefill half of a request the core bound to ``slot`` (decode engine
         chosen); the payload for the decode engine, or None if the request already ended."""
@@ -94,7 +94,8 @@ class Disaggregated:
             return None
         host = self.spec.bootstrap_host or engine.peer_host or _host(self.spec.handshake_address)
         try:
-            filled = fill_bootstrap(payload.bytes, at, host, self.spec.bootstrap_port, room)
+            raw = payload if isinstance(payload, bytes) else payload.bytes
+            filled = fill_bootstrap(raw, at, host, self.spec.bootstrap_port, room)
         except WireDecodeError as exc:
             core.ports.warn("bad-submit", "dropped a disaggregated submission: %s", exc)
             core.fail(slot, FIN_PREFILL_ABORTED, engine.index)

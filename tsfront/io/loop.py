@@ -143,15 +143,18 @@ class IOLoop:
             slots_per_worker=config.slots_per_worker,
             ring_capacity=config.ring_capacity,
             max_engines=max_engines,
+            submit_ring_bytes=config.submit_ring_bytes,
         )
         self.region = Region.create(self.geometry)
-        writer = _native.Writer(
-            self.region.map,
-            config.max_workers,
-            config.slots_per_worker,
-            config.ring_capacity,
-            max_engines,
-        )
+        shape = (config.max_workers, config.slots_per_worker, config.ring_capacity, max_engines)
+        writer = _native.Writer(self.region.map, *shape, submit_ring_bytes=config.submit_ring_bytes)
+        # The workers' submission rings (None: every submission comes over ZMQ), and the
+        # eventfd a worker writes when it finds this process parked in its poll.
+        self.intake: _native.Intake | None = None
+        self.intake_fd = -1
+        if config.submit_ring_bytes:
+            self.intake = _native.Intake(self.region.map, *shape, config.submit_ring_bytes)
+            self.intake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.warn = _RateLimitedLog()
         # Registrations kept for a successor (None: no state_dir).
         state_dir = StateDir(config) if config.state_dir else None
@@ -218,6 +221,8 @@ class IOLoop:
         for sock in [*self.pull_engine, *self.monitor_engine, *self.handshakes, *self.inputs]:
             self.poller.register(sock, zmq.POLLIN)
         self.poller.register(listener.fileno(), zmq.POLLIN)
+        if self.intake is not None:
+            self.poller.register(self.intake_fd, zmq.POLLIN)
         self.addresses = {"address": address, **bound[0], "pid": os.getpid()}
         if len(bound) > 1:
             self.addresses["prefill"] = bound[1]
@@ -244,13 +249,22 @@ class IOLoop:
         listener_fd = cast(socket.socket, self._listener).fileno()  # bound in bind()
         core = self.core
         writer = core.writer
+        intake, intake_fd = self.intake, self.intake_fd
         self.running = True
         while True:
-            events = poll(core.timeout_ms(time.monotonic()))
+            timeout = core.timeout_ms(time.monotonic())
+            # The submission rings' wake-up (DESIGN.md, "The submission rings"): parked is
+            # published, then the rings re-checked, before the poll may block; a worker that
+            # publishes a record after that check finds parked set and writes intake_fd.
+            if intake is not None and timeout and not intake.park():
+                timeout = 0
+            events = poll(timeout)
             for sock, _ in events:
                 engine = pulls.get(sock)
                 if engine is not None:
                     self.drain_output(engine)
+            if intake is not None:
+                self.on_rings()
             for sock, mask in events:
                 if sock is self.submit:
                     self.on_submit()
@@ -262,6 +276,11 @@ class IOLoop:
                     self.on_monitor(monitors[sock])
                 elif sock == listener_fd:
                     self.on_accept()
+                elif sock == intake_fd:
+                    try:
+                        os.read(intake_fd, 8)  # the rings were read above, every turn
+                    except BlockingIOError:
+                        pass
                 elif isinstance(sock, int) and sock in self.conns:
                     self.on_control(self.conns[sock], mask)
             core.end_of_turn(time.monotonic())
@@ -314,10 +333,42 @@ class IOLoop:
 
     # ------------------------------------------------------------------ submissions
 
+    def on_rings(self, worker: int = -1, limit: int = DRAIN) -> None:
+        """Take the records of every worker's submission ring (or of one), to the core."""
+        core = self.core
+        attached, count = core.attached, core.count
+        for number, kind, a, b, c in cast(_native.Intake, self.intake).take(limit, worker):
+            w = attached.get(number)
+            if w is None:
+                continue  # cannot happen: the intake reads only attached workers' rings
+            try:
+                if kind == _native.SUB_ADD:
+                    count("ring_submissions")
+                    core.on_add(w, cast(bytes, a), cast(bytes, b), c)
+                elif kind == _native.SUB_ABORT:
+                    count("ring_submissions")
+                    core.on_abort(w, cast(bytes, a))
+                else:
+                    count("bad_ring_records")
+                    self.warn(
+                        "bad-submit",
+                        "worker %s: submission ring: %s; dropped what it held",
+                        number,
+                        a,
+                    )
+            except Exception as exc:
+                core.handler_failed(f"worker {number}: submission", exc)
+
     def on_submit(self) -> None:
-        """Drain the submit ROUTER: each worker's ADDs and ABORTs, to the core."""
+        """Drain the submit ROUTER: each worker's ADDs and ABORTs, to the core.
+
+        With submission rings, a worker's ring is drained before each of its ZMQ submissions
+        is handled, and the handled count published after (`Intake.applied`): the worker
+        sends over ZMQ while that count is behind, so its submissions are applied in the
+        order it made them, whichever path each took (DESIGN.md, "The submission rings")."""
         recv = self.submit.recv_multipart
         core = self.core
+        intake = self.intake
         for _ in range(DRAIN):
             try:
                 frames = recv(zmq.NOBLOCK, copy=False)
@@ -330,7 +381,14 @@ class IOLoop:
                     log.debug("dropped the last aborts of a detached worker")
                     continue
                 self.warn("bad-submit", "dropped a submission from an unknown or stale worker")
+                if worker is not None and intake is not None:
+                    self.on_rings(worker.number, 1 << 30)
+                    intake.applied(worker.number)
                 continue
+            core.count("zmq_submissions")
+            if intake is not None:
+                # Every record the worker put in its ring before this one goes first.
+                self.on_rings(worker.number, 1 << 30)
             try:
                 kind = frames[1].bytes
                 if kind == SUBMIT_ADD and len(frames) in (4, 5):
@@ -345,6 +403,8 @@ class IOLoop:
                     )
             except Exception as exc:
                 core.handler_failed(f"worker {worker.number}: submission", exc)
+            if intake is not None:
+                intake.applied(worker.number)
 
     # ------------------------------------------------------------------ Ports
 
@@ -498,16 +558,28 @@ class IOLoop:
         conn.worker = worker
         self.conn_of[worker.number] = conn
         g = self.geometry
+        fds = [self.region.fd]
+        if self.intake is not None:
+            # Reset before the worker can see the region: nothing its place's last worker left
+            # (a record half-written when it died) is read.
+            self.intake.open(worker.number)
+            fds.append(self.intake_fd)
         reply = Attached(
             worker=worker.number,
             serial=worker.serial,
             ticket_base=ticket_base(worker.serial),
-            geometry=(g.num_workers, g.slots_per_worker, g.ring_capacity, g.max_engines),
+            geometry=(
+                g.num_workers,
+                g.slots_per_worker,
+                g.ring_capacity,
+                g.max_engines,
+                g.submit_ring_bytes,
+            ),
             submit=self.submit_address,
             config=self.config.to_dict(),
             addresses=self.addresses,
         )
-        if not self.send(conn, reply, [self.region.fd]):
+        if not self.send(conn, reply, fds):
             return
         self.core.welcome(worker)
         log.info("worker %d attached (pid %d)", worker.number, worker.pid)
@@ -523,6 +595,8 @@ class IOLoop:
         if worker is not None:
             conn.worker = None  # detached once, whatever calls this again
             self.conn_of.pop(worker.number, None)
+            if self.intake is not None:
+                self.intake.close(worker.number)
             self.core.on_detach(worker)
             if worker.eventfd >= 0:
                 os.close(worker.eventfd)
@@ -603,4 +677,8 @@ class IOLoop:
         self.ctx.term()
         # Releases the writer's view of the region's mapping, which closes next.
         self.core.writer = None  # type: ignore[assignment]
+        self.intake = None
+        if self.intake_fd >= 0:
+            os.close(self.intake_fd)
+            self.intake_fd = -1
         self.region.close()

@@ -37,12 +37,13 @@ class Attach(msgspec.Struct, tag_field="op", tag="attach"):
 
 class Attached(msgspec.Struct, tag_field="op", tag="attached"):
     """The worker's place: its number, the attach's serial and ticket range, the region's
-    geometry (the memfd rides along), the submit address, the config and every address."""
+    geometry (the memfd rides along, and the I/O process's eventfd when the region has
+    submission rings), the submit address, the config and every address."""
 
     worker: int
     serial: int
     ticket_base: int
-    geometry: tuple[int, int, int, int]
+    geometry: tuple[int, int, int, int, int]
     submit: str
     config: dict[str, Any]
     addresses: dict[str, Any]
