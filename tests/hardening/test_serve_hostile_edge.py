@@ -241,6 +241,29 @@ def test_keep_alive_connection_must_send_its_next_headers_in_time(edge: Edge) ->
     sock.close()
 
 
+def test_a_request_longer_than_the_header_deadline_is_not_cut_and_idle_is_closed_after(
+    edge: Edge,
+) -> None:
+    # The header deadline armed at the accept passes while the request streams (a deadline is
+    # a time the timer looks at when it fires, not a timer per request): the response must
+    # still end whole, and the idle connection after it must still meet a fresh deadline.
+    sock = edge.connect()
+    t0 = time.monotonic()
+    body = {"prompt": "w5", "max_tokens": 1000, "stream": True, "ignore_eos": True}  # 2 s
+    sock.sendall(request("/v1/completions", body))
+    data = b""
+    while not data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):  # the chunked body's end
+        closed, more = closed_within(sock, 0.5)
+        data += more
+        assert not closed, f"closed mid-response after {time.monotonic() - t0:.1f} s"
+        assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 > 1.5  # it did outlast --timeout-header 1
+    assert b'"finish_reason":"length"' in data
+    closed, more = closed_within(sock, 8)
+    assert closed and more == b""
+    sock.close()
+
+
 def test_pipelined_requests_with_a_blank_line_split_across_reads(edge: Edge) -> None:
     # The held-back header bytes must still see a blank line that began in the bytes already
     # fed (the first request, and the start of the second, arrive in one read).

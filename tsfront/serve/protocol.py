@@ -136,6 +136,11 @@ class EdgeProtocol(HttpToolsProtocol):
         self._pending = bytearray()  # request-header bytes not yet fed to the parser
         self._tail = b""  # the last bytes fed, for a blank line split across reads
         self._in_body = False  # the parser is past a request's headers, before its end
+        # Each deadline is a time (0.0: none running) and at most one armed timer, which
+        # looks at the time when it fires and re-arms for a later one: a request moves the
+        # times, it does not cancel and re-make timers (two a request, ~5 us, measured).
+        self._header_due = 0.0
+        self._body_due = 0.0
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._cycles: list[Any] = []  # this connection's requests without a complete response
@@ -177,6 +182,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._cancel_timers()
 
     def _cancel_timers(self) -> None:
+        self._header_due = self._body_due = 0.0
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
@@ -194,12 +200,19 @@ class EdgeProtocol(HttpToolsProtocol):
         """The connection now waits for a request's headers: start its deadline."""
         limits = self.limits
         limits.waiting[self] = None
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-        self._header_timer = self.loop.call_later(limits.timeout_header, self._header_late)
+        self._header_due = due = self.loop.time() + limits.timeout_header
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_at(due, self._header_check)
 
-    def _header_late(self) -> None:
+    def _header_check(self) -> None:
         self._header_timer = None
+        due = self._header_due
+        if not due:
+            return  # the headers came: no deadline now
+        if self.loop.time() < due:  # moved since the timer was armed
+            self._header_timer = self.loop.call_at(due, self._header_check)
+            return
+        self._header_due = 0.0
         self.limits.counts["header_timeout"] += 1
         self._close()
 
@@ -252,9 +265,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._close()
 
     def on_headers_complete(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+        self._header_due = 0.0
         self.limits.waiting.pop(self, None)
         busy = any(not c.response_complete for c in self._cycles)
         super().on_headers_complete()
@@ -277,19 +288,24 @@ class EdgeProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._in_body = False
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._body_due = 0.0
 
     # ------------------------------------------------------------------ body
 
     def _start_body_deadline(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-        self._body_timer = self.loop.call_later(self.limits.timeout_body, self._body_late)
+        self._body_due = due = self.loop.time() + self.limits.timeout_body
+        if self._body_timer is None:
+            self._body_timer = self.loop.call_at(due, self._body_check)
 
-    def _body_late(self) -> None:
+    def _body_check(self) -> None:
         self._body_timer = None
+        due = self._body_due
+        if not due:
+            return  # the body came: no deadline now
+        if self.loop.time() < due:
+            self._body_timer = self.loop.call_at(due, self._body_check)
+            return
+        self._body_due = 0.0
         self.limits.counts["body_timeout"] += 1
         running = next((c for c in self._cycles if not c.response_complete), None)
         if running is not None and not running.response_started:
