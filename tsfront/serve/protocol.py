@@ -23,7 +23,13 @@ complete, so idle connections still hold their fds):
   request runs with others queued behind it, so that the client's EOF is seen; at most
   `MAX_PIPELINED` queued requests per connection, past that the connection is closed.
 
-Nothing here is on the response path: sends (the per-token writes) are uvicorn's, untouched.
+* **One write for a response's head and its first bytes**: a request's cycle writes through a
+  `_HeadWriter`, which holds the status line and headers until the next write of the same
+  loop turn (the first body bytes, sent right after the start by every route) and sends both
+  in one ``write``; a head with nothing after it in that turn goes out at the next turn. Then
+  the cycle writes to the transport itself again.
+
+Nothing else here is on the response path: sends (the per-token writes) are uvicorn's.
 """
 
 from __future__ import annotations
@@ -55,6 +61,45 @@ def _headers_end(buf: bytes | bytearray, start: int) -> int:
         if found >= 0 and (end < 0 or found + len(mark) < end):
             end = found + len(mark)
     return end
+
+
+class _HeadWriter:
+    """The transport a request's cycle writes through until its response's head is out (see
+    the module's doc); everything but ``write`` and ``close`` is the transport's."""
+
+    __slots__ = ("_cycle", "_head", "_loop", "_transport")
+
+    def __init__(self, cycle: Any, transport: asyncio.Transport, loop: Any) -> None:
+        self._cycle = cycle
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:  # the first bytes after the head: both in one write
+            self._head = None
+            self._cycle.transport = self._transport
+            self._transport.write(head + data)
+        elif self._cycle.response_started:  # uvicorn marks the start, then writes the head
+            self._head = data
+            self._loop.call_soon(self._flush)
+        else:
+            self._transport.write(data)  # before the response (100 Continue)
+
+    def _flush(self) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._cycle.transport = self._transport
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 def _error_response(status: int, reason: str, message: str, kind: str) -> bytes:
@@ -268,8 +313,11 @@ class EdgeProtocol(HttpToolsProtocol):
         self._header_due = 0.0
         self.limits.waiting.pop(self, None)
         busy = any(not c.response_complete for c in self._cycles)
+        before = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
+        if cycle is not before:  # a new request's cycle (not an upgrade)
+            cycle.transport = _HeadWriter(cycle, self.transport, self.loop)  # type: ignore[assignment]
         self._cycles.append(cycle)
         self._in_body = True
         if not busy:
