@@ -411,7 +411,7 @@ class _DisconnectWatch:
                     self._state[1] = True
                     self._task.cancel()
                 return
-            except Exception:
+            except (Exception, asyncio.CancelledError):
                 # receive() failed: stop watching (a task would have ended with it).
                 self._closed = True
                 self._coro = None
