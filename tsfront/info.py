@@ -38,8 +38,11 @@ class EngineInfo(EngineRegistration, kw_only=True, frozen=True):  # type: ignore
     @property
     def context_limit(self) -> int | None:
         """Tokens a request (prompt + new tokens) may span on this engine, if known."""
-        limits = [v for v in (self.max_model_len, self.kv_cache_size_tokens) if v]
-        return min(limits) if limits else None
+        # Read on every request (twice): no list per call.
+        model, cache = self.max_model_len, self.kv_cache_size_tokens
+        if model and cache:
+            return min(model, cache)
+        return model or cache or None
 
     @classmethod
     def from_entry(cls, entry: EngineEntry) -> EngineInfo:

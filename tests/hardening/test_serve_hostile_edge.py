@@ -241,6 +241,29 @@ def test_keep_alive_connection_must_send_its_next_headers_in_time(edge: Edge) ->
     sock.close()
 
 
+def test_a_request_longer_than_the_header_deadline_is_not_cut_and_idle_is_closed_after(
+    edge: Edge,
+) -> None:
+    # The header deadline armed at the accept passes while the request streams (a deadline is
+    # a time the timer looks at when it fires, not a timer per request): the response must
+    # still end whole, and the idle connection after it must still meet a fresh deadline.
+    sock = edge.connect()
+    t0 = time.monotonic()
+    body = {"prompt": "w5", "max_tokens": 1000, "stream": True, "ignore_eos": True}  # 2 s
+    sock.sendall(request("/v1/completions", body))
+    data = b""
+    while not data.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"):  # the chunked body's end
+        closed, more = closed_within(sock, 0.5)
+        data += more
+        assert not closed, f"closed mid-response after {time.monotonic() - t0:.1f} s"
+        assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 > 1.5  # it did outlast --timeout-header 1
+    assert b'"finish_reason":"length"' in data
+    closed, more = closed_within(sock, 8)
+    assert closed and more == b""
+    sock.close()
+
+
 def test_pipelined_requests_with_a_blank_line_split_across_reads(edge: Edge) -> None:
     # The held-back header bytes must still see a blank line that began in the bytes already
     # fed (the first request, and the start of the second, arrive in one read).
@@ -253,6 +276,63 @@ def test_pipelined_requests_with_a_blank_line_split_across_reads(edge: Edge) -> 
     closed, data = closed_within(sock, 0.5)
     assert not closed
     assert data.startswith(b"HTTP/1.1 200") and b"tiny-words" in data
+    sock.close()
+
+
+# ---------------------------------------------------------------------- response writes
+
+
+def read_until(sock: socket.socket, marker: bytes, timeout: float = DEADLINE) -> bytes:
+    """Read until ``marker`` has arrived (fails on EOF or after ``timeout``)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while marker not in data:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0, f"no {marker!r} within {timeout} s: {data[-200:]!r}"
+        ready, _, _ = select.select([sock], [], [], remaining)
+        if ready:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed before {marker!r}: {data[-200:]!r}"
+            data += chunk
+    return data
+
+
+def write_syscalls(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("syscw:"):
+            return int(line.split()[1])
+    raise AssertionError("no syscw in /proc/PID/io")
+
+
+def test_a_response_head_and_its_body_go_out_in_one_write(edge: Edge) -> None:
+    # The worker holds a response's status line and headers until its first body bytes and
+    # writes both at once: N answers on one connection cost about N writes, not 2N.
+    pid = worker_pid(edge)
+    sock = edge.connect()
+    n = 200
+    before = write_syscalls(pid)
+    for _ in range(n):
+        sock.sendall(request("/v1/models"))
+        data = read_until(sock, b"}]}")
+        assert data.startswith(b"HTTP/1.1 200") and data.count(b"HTTP/1.1") == 1
+    writes = write_syscalls(pid) - before
+    sock.close()
+    assert writes < 1.5 * n, f"{writes} write system calls for {n} responses"
+
+
+def test_expect_100_continue_is_answered_before_the_body_then_the_response(edge: Edge) -> None:
+    # What a cycle writes before its response (the interim 100) is not held with the head.
+    sock = edge.connect()
+    data = json.dumps({"prompt": "w5", "max_tokens": 2}).encode()
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"expect: 100-continue\r\ncontent-length: %d\r\n\r\n" % len(data)
+    )
+    got = read_until(sock, b"\r\n\r\n")
+    assert got == b"HTTP/1.1 100 Continue\r\n\r\n", got
+    sock.sendall(data)
+    got = read_until(sock, b'"finish_reason"')
+    assert got.startswith(b"HTTP/1.1 200 OK\r\n"), got
     sock.close()
 
 

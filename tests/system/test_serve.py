@@ -282,6 +282,35 @@ def test_client_disconnect_aborts_the_engine_request(served: Served) -> None:
     served.wait("no request in flight", lambda: served.in_flight() == 0)
 
 
+def test_client_leaving_before_the_first_token_aborts_the_engine_request(served: Served) -> None:
+    # The ranks are frozen: the request waits for its first output when the client leaves.
+    # Only the worker's watch on receive() can see that (nothing is being sent to fail).
+    import socket
+
+    before = served.aborts()
+    host, port = served.url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"prompt": "w5", "max_tokens": 50, "stream": True}).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode()
+    engines = [served.group.engine(r) for r in range(2)]
+    for engine in engines:
+        engine.stall()
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=DEADLINE)
+        sock.sendall(head + body)
+        served.wait("the request in flight", lambda: served.in_flight() == 1)
+        sock.close()
+        served.wait(
+            "the disconnect to free it, the ranks still frozen", lambda: served.in_flight() == 0
+        )
+    finally:
+        for engine in engines:
+            engine.resume()
+    served.wait("the disconnect's ABORT at the engine", lambda: served.aborts() > before)
+
+
 # ---------------------------------------------------------------------- refusals
 
 

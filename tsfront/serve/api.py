@@ -379,7 +379,7 @@ class OpenAIService:
         return Reply(200, _JSON.encode(body))
 
     def _context_limit(self) -> int | None:
-        limits = [e.context_limit for e in self.client.engines() if e.context_limit]
+        limits = [v for e in self.client.engines() if (v := e.context_limit)]
         own = getattr(self.text, "max_model_len", None)
         if own:
             limits.append(own)
@@ -614,11 +614,14 @@ class OpenAIService:
         plan.sampling = values
 
     async def _stops(self, req: CompletionRequest | ChatRequest, plan: _Plan) -> None:
+        stop = [req.stop] if isinstance(req.stop, str) else req.stop
+        if not stop:
+            plan.stop = None
+            return
         from tsfront.text import StopSet
 
-        stop = [req.stop] if isinstance(req.stop, str) else req.stop
         # Compiled once for every choice of the request (16 x 1,024 characters: ~15 ms).
-        plan.stop = await self._off_loop(sum(map(len, stop)) * 4, StopSet, stop) if stop else None
+        plan.stop = await self._off_loop(sum(map(len, stop)) * 4, StopSet, stop)
 
     @staticmethod
     def _constrain(plan: _Plan) -> None:
@@ -957,8 +960,8 @@ class OpenAIService:
         return SSEReply(self._events(plan, fmt, choices, first))
 
     async def _submit(self, plan: _Plan, request_id: str | None = None) -> list[Choice]:
-        from tsfront.text import StopMatcher
-
+        if plan.stop is not None:
+            from tsfront.text import StopMatcher
         text = self.text
         # Unique by the worker's prefix and count; the HTTP request id (bounded) follows.
         base = f"{self._prefix}-{next(self._ids)}"

@@ -8,9 +8,10 @@ only if one is set; rendered in a thread). While the worker drains (`draining`),
 and new completions answer 503 with ``Connection: close``. With ``counters`` (and a
 gate, whose exchange sees each status), every response is counted by route and status in the
 server's shared words, once it is over (nothing per token). A streamed reply is sent as it is
-produced, one ``http.response.body`` message per event. While a request runs, a watcher task
-waits on ``receive()`` for ``http.disconnect``; a client that goes away cancels the handler,
-and cancelling a stream's read aborts its engine request.
+produced, one ``http.response.body`` message per event. While a request runs, a watcher
+(`_DisconnectWatch`, no task of its own) waits on ``receive()`` for ``http.disconnect``; a
+client that goes away cancels the handler, and cancelling a stream's read aborts its engine
+request.
 
 Made with a service (`tsfront serve`'s workers), or with ``attach=`` and ``model=``: then the
 ASGI lifespan attaches to the I/O process at startup and detaches at shutdown, which is how a
@@ -258,14 +259,7 @@ class ServeApp:
         task = cast("asyncio.Task[Any]", asyncio.current_task())
         state = [False, False, False]  # [handler finished, client disconnected, cut]
         self._running[task] = state
-        watcher = asyncio.ensure_future(_wait_disconnect(receive))
-
-        def on_disconnect(fut: asyncio.Future) -> None:
-            if not fut.cancelled() and fut.exception() is None and not state[0]:
-                state[1] = True
-                task.cancel()
-
-        watcher.add_done_callback(on_disconnect)
+        watcher = _DisconnectWatch(receive, task, state)
         reply = None
         pusher = None
         started = False
@@ -382,11 +376,60 @@ async def _read_body(receive: Any) -> bytes | None:
             return b"".join(parts) if len(parts) != 1 else parts[0]
 
 
-async def _wait_disconnect(receive: Any) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
+class _DisconnectWatch:
+    """Waits on the ASGI ``receive()`` for ``http.disconnect`` while a request runs, then
+    cancels its handler ``task`` (marking ``state[1]``, unless ``state[0]``: it finished).
+
+    ``receive()`` is stepped by hand, as `tsfront.serve.push.Pusher` steps ``send``: what it
+    waits on gets a done callback that steps it again. A task would do the same with a Task
+    object, a loop turn to start it and another to cancel it, per request.
+    """
+
+    __slots__ = ("_closed", "_coro", "_receive", "_state", "_task")
+
+    def __init__(self, receive: Any, task: asyncio.Task[Any], state: list[bool]) -> None:
+        self._receive = receive
+        self._task = task
+        self._state = state
+        self._coro: Any = None
+        self._closed = False
+        self._step()
+
+    def _step(self, _: object = None) -> None:
+        while not self._closed:
+            coro = self._coro
+            if coro is None:
+                coro = self._coro = self._receive()
+            try:
+                waiting = coro.send(None)
+            except StopIteration as done:
+                self._coro = None
+                if done.value["type"] != "http.disconnect":
+                    continue  # more of the body: wait on
+                self._closed = True
+                if not self._state[0]:
+                    self._state[1] = True
+                    self._task.cancel()
+                return
+            except (Exception, asyncio.CancelledError):
+                # receive() failed: stop watching (a task would have ended with it).
+                self._closed = True
+                self._coro = None
+                return
+            if waiting is None:  # a bare yield: step again on the next turn
+                asyncio.get_running_loop().call_soon(self._step)
+            else:
+                # As a Task does before it waits on what a coroutine yields.
+                waiting._asyncio_future_blocking = False
+                waiting.add_done_callback(self._step)
             return
+
+    def cancel(self) -> None:
+        """Stop watching (the request is over)."""
+        self._closed = True
+        coro, self._coro = self._coro, None
+        if coro is not None:
+            coro.close()
 
 
 async def _send_reply(send: Any, reply: Reply, ex: Exchange | None = None) -> None:

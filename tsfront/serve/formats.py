@@ -1,15 +1,18 @@
 """The OpenAI response shapes: completions and chat, whole and streamed.
 
 A streamed event is ``head(index) + json(text) + tail``: everything but the new text is
-encoded once per request, so a token costs one string encode and one concatenation. The
-rarer events (the first chat delta, the last one with ``finish_reason``, logprobs, usage,
-errors) are built as dicts and encoded with msgspec.
+encoded once per request, so a token costs one string encode and one concatenation; the
+last event of a choice without logprobs is the same bytes with its ``finish_reason``. The
+rarer events (the first chat delta, logprobs, usage, errors) are built as dicts and encoded
+with msgspec. A response's id is 96 bits of the process's PRNG (not `secrets`: no system call
+per request), and the served model's name is JSON-encoded once per name.
 """
 
 from __future__ import annotations
 
-import secrets
+import random
 import time
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -37,7 +40,9 @@ class Format:
     done = b"data: [DONE]\n\n"
 
     def __init__(self, model: str, text: Any, prompts: int, include_usage: bool) -> None:
-        self.id = f"{self.id_prefix}{secrets.token_hex(12)}"
+        # Unique, not secret: 96 bits of the process's PRNG (reseeded in a forked child), no
+        # system call per request as secrets' os.urandom is.
+        self.id = f"{self.id_prefix}{random.getrandbits(96):024x}"
         self.created = int(time.time())
         self.model = model
         self.text = text
@@ -46,7 +51,7 @@ class Format:
         usage = ',"usage":null' if include_usage else ""
         self._envelope = (
             f'data: {{"id":"{self.id}","object":"{self.object_chunk}","created":{self.created},'
-            f'"model":{_JSON.encode(model).decode()}{usage},"choices":[{{"index":'
+            f'"model":{_model_json(model)}{usage},"choices":[{{"index":'
         ).encode()
         self.tail = self._tail()
         self._heads: dict[int, bytes] = {}
@@ -163,7 +168,9 @@ class CompletionFormat(Format):
         }
 
     def last(self, ch: Choice, text: str, chunk: OutputChunk | None) -> bytes:
-        pairs = _pairs(chunk) if chunk is not None else None
+        if chunk is None:  # no logprobs: a text event's bytes, with the finish reason
+            return self.head(ch.index) + _JSON.encode(text) + _finish(ch.finish)
+        pairs = _pairs(chunk)
         return self.event(
             {
                 "index": ch.index,
@@ -244,7 +251,11 @@ class ChatFormat(Format):
         return {"content": content}
 
     def last(self, ch: Choice, text: str, chunk: OutputChunk | None) -> bytes:
-        pairs = _pairs(chunk) if chunk is not None else None
+        if chunk is None:  # no logprobs: a text event's bytes (or an empty delta's), finished
+            if text:
+                return self.head(ch.index) + _JSON.encode(text) + b"}" + _finish(ch.finish)
+            return self._envelope + b"%d" % ch.index + b',"delta":{}' + _finish(ch.finish)
+        pairs = _pairs(chunk)
         return self.event(
             {
                 "index": ch.index,
@@ -315,6 +326,17 @@ class ChatFormat(Format):
                 "usage": self.usage(choices),
             }
         )
+
+
+def _finish(reason: str | None) -> bytes:
+    # The end of a choice's last event, after its text.
+    return b',"logprobs":null,"finish_reason":' + _JSON.encode(reason) + b"}]}\n\n"
+
+
+@lru_cache(maxsize=8)
+def _model_json(model: str) -> str:
+    # The served model's name as JSON: the same for every request of a server.
+    return _JSON.encode(model).decode()
 
 
 def _pairs(chunk: OutputChunk) -> list[tuple[int, float]]:

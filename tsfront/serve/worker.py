@@ -271,6 +271,9 @@ async def _serve(
         timeout_graceful_shutdown=opts.graceful_timeout,  # type: ignore[arg-type]
         server_header=False,
         date_header=False,
+        # Nothing reads the client's address or scheme: no X-Forwarded-* rewrite per request
+        # (uvicorn's ProxyHeadersMiddleware, another ASGI layer around every request).
+        proxy_headers=False,
     )
     drain: Drain | None = None
 

@@ -1,0 +1,58 @@
+"""The streamed response bytes of `tsfront.serve.formats`: the fast last events are the same
+JSON as the dict-built ones, and what is built once (the model's JSON, the envelope) belongs
+to its own request."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tsfront.serve.choice import Choice
+from tsfront.serve.formats import ChatFormat, CompletionFormat, Format
+
+
+def parse(event: bytes) -> Any:
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+    return json.loads(event[6:])
+
+
+def choice(index: int, finish: str) -> Choice:
+    ch = Choice(index, None, None, None, 3)  # type: ignore[arg-type]  # only index, finish read
+    ch.finish = finish
+    return ch
+
+
+@pytest.mark.parametrize("cls", [CompletionFormat, ChatFormat])
+@pytest.mark.parametrize("usage", [False, True])
+@pytest.mark.parametrize("text", ["", " w5", 'quote " back \\ nl \n é 😀 \x00'])
+@pytest.mark.parametrize(("index", "finish"), [(0, "length"), (3, "stop")])
+def test_last_event_is_the_dict_built_event(
+    cls: type[Format], usage: bool, text: str, index: int, finish: str
+) -> None:
+    fmt = cls('m "x"', None, 1, usage)
+    ch = choice(index, finish)
+    fast = fmt.last(ch, text, None)
+    if cls is CompletionFormat:
+        fields: dict[str, Any] = {"index": index, "text": text}
+    else:
+        fields = {"index": index, "delta": {"content": text} if text else {}}
+    slow = fmt.event({**fields, "logprobs": None, "finish_reason": finish})
+    assert parse(fast) == parse(slow)
+
+
+def test_two_requests_get_their_own_id_model_and_bytes() -> None:
+    a = CompletionFormat("model-a", None, 1, False)
+    b = CompletionFormat("model-b", None, 1, False)
+    c = CompletionFormat("model-a", None, 1, False)  # the cached name again
+    events = [parse(f.head(0) + b'"t"' + f.tail) for f in (a, b, c)]
+    lasts = [parse(f.last(choice(0, "length"), "t", None)) for f in (a, b, c)]
+    for made, f in zip(events + lasts, [a, b, c] * 2, strict=True):
+        assert made["id"] == f.id and made["model"] == f.model
+        assert made["id"].startswith("cmpl-") and len(made["id"]) == 5 + 24
+    assert len({a.id, b.id, c.id}) == 3
+    assert [e["model"] for e in events] == ["model-a", "model-b", "model-a"]
+    chat = ChatFormat("model-b", None, 1, False)
+    assert parse(chat.last(choice(0, "stop"), "", None))["object"] == "chat.completion.chunk"
+    assert chat.id.startswith("chatcmpl-") and chat.id != b.id
