@@ -67,6 +67,13 @@ static inline int64_t ridmap_lookup(const ridmap_t *m, const uint8_t *key, uint3
 
 static inline int ridmap_bound(const ridmap_t *m, uint32_t slot) { return m->keys[slot] != NULL; }
 
+/* Whether `key` is the rid bound to `slot` (a guess checked: same answer as a lookup, since a
+ * rid is bound to at most one slot). */
+static inline int ridmap_holds(const ridmap_t *m, uint32_t slot, const uint8_t *key, uint32_t len) {
+    return slot < m->nslots && m->keys[slot] != NULL && m->key_len[slot] == len &&
+           memcmp(m->keys[slot], key, len) == 0;
+}
+
 /* 0, or -1 when out of memory. */
 int ridmap_init(ridmap_t *m, uint32_t nslots);
 void ridmap_free(ridmap_t *m);
