@@ -7,6 +7,7 @@ may end the loop: each frame is handled inside a boundary that drops it, counts 
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 import time
 
@@ -280,3 +281,40 @@ def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one()
         assert engine.connections == {6: 2}
         core.on_connection(engine, zmq.EVENT_DISCONNECTED, 6)
         assert engine.published_state == ENGINE_DEAD
+
+
+def _watch_state(engines, row: int, stop, out) -> None:
+    """In another process: read the row's state word until told to stop; how often it was 0
+    (ENGINE_ABSENT) and how often it was read."""
+    zeros = reads = 0
+    while not stop.is_set():
+        for _ in range(1000):
+            reads += 1
+            if engines[row][E_STATE] == 0:
+                zeros += 1
+    out.put((zeros, reads))
+
+
+def test_a_worker_reading_an_engine_row_while_it_is_published_never_sees_it_absent():
+    # struct's pack_into zeroes its target before packing: done on the shared row, a worker
+    # reading between the two saw ENGINE_ABSENT ("no engine of the group is live").
+    ctx = multiprocessing.get_context("fork")
+    with core_rig() as core:
+        engine = core.engines[0]
+        bring_live(core, engine)
+        stop, out = ctx.Event(), ctx.Queue()
+        child = ctx.Process(target=_watch_state, args=(core.region.engines, engine.row, stop, out))
+        child.start()
+        try:
+            deadline = time.monotonic() + DEADLINE
+            for i in range(200_000):
+                engine.in_flight = i & 0xFF
+                core.publish_engine(engine)
+                if i % 10_000 == 0 and time.monotonic() > deadline:
+                    break
+        finally:
+            stop.set()
+            zeros, reads = out.get(timeout=DEADLINE)
+            child.join(DEADLINE)
+        assert reads > 0
+        assert zeros == 0, f"{zeros} of {reads} reads saw the row's state as 0"

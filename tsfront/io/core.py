@@ -98,9 +98,10 @@ SENT, FULL, UNREACHABLE = 0, 1, 2
 U32_MAX = 0xFFFFFFFF
 
 # An engine-table row's first eleven words, E_STATE .. E_REQUESTS_HI, in index order, packed in
-# one call: native order and size, so each word is one aligned 4-byte store (a worker reading
-# the row sees every word whole, as with numpy's stores), on a little-endian host (the table
-# is little-endian; elsewhere the words go through numpy).
+# one call on a little-endian host (the table is little-endian; elsewhere the words go through
+# numpy). Packed into private memory, then copied in: pack_into zeroes its target first, and a
+# worker reading the shared row in between would see the engine ABSENT. The copy (memcpy, the
+# row 4-byte aligned) writes each word whole, as numpy's stores did.
 _ROW_ORDER = (
     E_STATE,
     E_INDEX,
@@ -883,9 +884,8 @@ class IOCore:
             requests >> 32,
         )
         if _ROW_WORDS is not None:
-            _ROW_WORDS.pack_into(
-                self.region.map, self.engines_off + e.row * ENGINE_WORDS * 4, *words
-            )
+            at = self.engines_off + e.row * ENGINE_WORDS * 4
+            self.region.map[at : at + _ROW_WORDS.size] = _ROW_WORDS.pack(*words)
         else:  # pragma: no cover - big-endian hosts
             self.region.engines[e.row][: len(words)] = words
 
