@@ -283,10 +283,11 @@ def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one()
         assert engine.published_state == ENGINE_DEAD
 
 
-def _watch_state(engines, row: int, stop, out) -> None:
+def _watch_state(engines, row: int, started, stop, out) -> None:
     """In another process: read the row's state word until told to stop; how often it was 0
     (ENGINE_ABSENT) and how often it was read."""
     zeros = reads = 0
+    started.set()
     while not stop.is_set():
         for _ in range(1000):
             reads += 1
@@ -302,10 +303,12 @@ def test_a_worker_reading_an_engine_row_while_it_is_published_never_sees_it_abse
     with core_rig() as core:
         engine = core.engines[0]
         bring_live(core, engine)
-        stop, out = ctx.Event(), ctx.Queue()
-        child = ctx.Process(target=_watch_state, args=(core.region.engines, engine.row, stop, out))
+        started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+        args = (core.region.engines, engine.row, started, stop, out)
+        child = ctx.Process(target=_watch_state, args=args)
         child.start()
         try:
+            assert started.wait(DEADLINE), "the reading process did not start"
             deadline = time.monotonic() + DEADLINE
             for i in range(200_000):
                 engine.in_flight = i & 0xFF
