@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+_Static_assert(sizeof(rid_key_t) == 64, "a slot's rid record is one cache line");
+
 int ridmap_init(ridmap_t *m, uint32_t nslots) {
     uint32_t cap = 16;
     while (cap < nslots * 2u) cap <<= 1;
@@ -10,21 +12,20 @@ int ridmap_init(ridmap_t *m, uint32_t nslots) {
     m->mask = cap - 1;
     m->used = m->tombs = 0;
     m->nslots = nslots;
-    m->keys = calloc(nslots, sizeof(uint8_t *));
-    m->key_len = calloc(nslots, sizeof(uint32_t));
-    return (m->map && m->keys && m->key_len) ? 0 : -1;
+    size_t bytes = (size_t)(nslots ? nslots : 1) * sizeof(rid_key_t);
+    m->keys = aligned_alloc(64, bytes);
+    if (m->keys) memset(m->keys, 0, bytes);
+    return (m->map && m->keys) ? 0 : -1;
 }
 
 void ridmap_free(ridmap_t *m) {
     if (m->keys) {
-        for (uint32_t i = 0; i < m->nslots; i++) free(m->keys[i]);
+        for (uint32_t i = 0; i < m->nslots; i++) free(m->keys[i].heap);
     }
     free(m->map);
     free(m->keys);
-    free(m->key_len);
     m->map = NULL;
     m->keys = NULL;
-    m->key_len = NULL;
 }
 
 static void ridmap_rebuild(ridmap_t *m) {
@@ -44,11 +45,17 @@ static void ridmap_rebuild(ridmap_t *m) {
 }
 
 int ridmap_insert(ridmap_t *m, const uint8_t *key, uint32_t len, uint32_t slot) {
-    uint8_t *copy = malloc(len ? (size_t)len : 1);
-    if (!copy) return -1;
-    memcpy(copy, key, len);
-    m->keys[slot] = copy;
-    m->key_len[slot] = len;
+    rid_key_t *k = &m->keys[slot];
+    if (len > RID_INLINE) {
+        uint8_t *copy = malloc(len);
+        if (!copy) return -1;
+        memcpy(copy, key, len);
+        k->heap = copy;
+    } else {
+        memcpy(k->inl, key, len);
+    }
+    k->len = len;
+    k->bound = 1;
     uint32_t h32 = (uint32_t)rid_hash(key, len);
     uint32_t i = h32 & m->mask;
     while (m->map[i].slot1 != MAP_EMPTY && m->map[i].slot1 != MAP_TOMB) i = (i + 1) & m->mask;
@@ -60,16 +67,19 @@ int ridmap_insert(ridmap_t *m, const uint8_t *key, uint32_t len, uint32_t slot) 
 }
 
 void ridmap_remove_slot(ridmap_t *m, uint32_t slot) {
-    if (!m->keys[slot]) return;
-    uint32_t h32 = (uint32_t)rid_hash(m->keys[slot], m->key_len[slot]);
-    int64_t i = ridmap_find(m, m->keys[slot], m->key_len[slot], h32);
+    rid_key_t *k = &m->keys[slot];
+    if (!k->bound) return;
+    const uint8_t *bytes = rid_key_bytes(k);
+    uint32_t h32 = (uint32_t)rid_hash(bytes, k->len);
+    int64_t i = ridmap_find(m, bytes, k->len, h32);
     if (i >= 0) {
         m->map[i].slot1 = MAP_TOMB;
         m->used--;
         m->tombs++;
         if (m->tombs > (m->mask + 1) / 4) ridmap_rebuild(m);
     }
-    free(m->keys[slot]);
-    m->keys[slot] = NULL;
-    m->key_len[slot] = 0;
+    free(k->heap);
+    k->heap = NULL;
+    k->bound = 0;
+    k->len = 0;
 }

@@ -31,6 +31,18 @@ typedef struct {
     int listed;
 } spill_t;
 
+/* Each engine's rows of its last frame, by position: an engine's batch keeps its order from
+ * step to step, so row i of a frame is most often the rid row i of the last one was, and
+ * checking that slot's key costs fewer cache misses than the hash probe (the rows of a paced
+ * frame find the map cold). A small table of engines, replaced round robin past HINT_ENGINES. */
+#define HINT_ENGINES 16
+#define HINT_MAX_ROWS 65536u
+typedef struct {
+    int32_t engine_index; /* -1: unused */
+    uint32_t cap;
+    uint32_t *slot1; /* per row position: slot + 1, 0 none */
+} hint_t;
+
 typedef struct {
     PyObject_HEAD region_t r;
     uint32_t total_slots;
@@ -55,6 +67,8 @@ typedef struct {
     uint32_t touched_workers_n;
     uint64_t *pending_head; /* local copy of each worker's head */
     uint64_t *tail_seen;    /* each worker's tail as last loaded (it only grows) */
+    hint_t hints[HINT_ENGINES];
+    uint32_t hint_next;
     /* counters */
     uint64_t frames, rows_total, unknown_rows, spilled_tokens, wakes, tokens, notify_overflows;
 } Writer;
@@ -70,6 +84,7 @@ static void writer_dealloc(Writer *self) {
         }
     }
     ridmap_free(&self->rids);
+    for (uint32_t i = 0; i < HINT_ENGINES; i++) free(self->hints[i].slot1);
     free(self->owner);
     free(self->spill);
     free(self->spill_list);
@@ -122,6 +137,7 @@ static int writer_init(Writer *self, PyObject *args, PyObject *kw) {
     }
     for (uint32_t i = 0; i < w; i++) self->wake_fd[i] = -1;
     for (uint32_t i = 0; i < self->total_slots; i++) self->owner[i] = -1;
+    for (uint32_t i = 0; i < HINT_ENGINES; i++) self->hints[i].engine_index = -1;
     memset(self->r.base + HEADER_BYTES, 0, self->r.l.slots_off - HEADER_BYTES);
     return 0;
 }
@@ -404,6 +420,31 @@ static PyObject *writer_flush_spills(Writer *self, PyObject *unused) {
     return PyLong_FromUnsignedLong(keep);
 }
 
+/* The engine's row hints, sized for `nrows` rows; NULL if no memory (lookups then hash). */
+static hint_t *hints_for(Writer *self, int32_t engine_index, uint32_t nrows) {
+    hint_t *h = NULL;
+    for (uint32_t i = 0; i < HINT_ENGINES; i++) {
+        if (self->hints[i].engine_index == engine_index) {
+            h = &self->hints[i];
+            break;
+        }
+    }
+    if (!h) {
+        h = &self->hints[self->hint_next++ % HINT_ENGINES];
+        h->engine_index = engine_index;
+        if (h->slot1) memset(h->slot1, 0, (size_t)h->cap * sizeof(uint32_t));
+    }
+    if (nrows > h->cap) {
+        if (nrows > HINT_MAX_ROWS) return NULL;
+        uint32_t *grown = realloc(h->slot1, (size_t)nrows * sizeof(uint32_t));
+        if (!grown) return NULL;
+        memset(grown + h->cap, 0, (size_t)(nrows - h->cap) * sizeof(uint32_t));
+        h->slot1 = grown;
+        h->cap = nrows;
+    }
+    return h;
+}
+
 static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs < 1 || nargs > 2) {
         PyErr_SetString(PyExc_TypeError, "ingest(frame, engine_index=0)");
@@ -445,9 +486,16 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     uint32_t unknown = 0;
+    hint_t *hint = nrows ? hints_for(self, (int32_t)default_index, nrows) : NULL;
     for (uint32_t i = 0; i < nrows; i++) {
         row_t *row = &self->frame.rows[i];
-        int64_t bound = ridmap_lookup(&self->rids, row->rid, row->rid_len);
+        int64_t bound = -1;
+        if (hint && hint->slot1[i] &&
+            ridmap_holds(&self->rids, hint->slot1[i] - 1, row->rid, row->rid_len))
+            bound = (int64_t)hint->slot1[i] - 1;
+        else
+            bound = ridmap_lookup(&self->rids, row->rid, row->rid_len);
+        if (hint) hint->slot1[i] = bound < 0 ? 0 : (uint32_t)bound + 1;
         if (bound < 0 || self->owner[bound] != (int32_t)default_index) {
             /* Aborted locally, or not ours (the engine may still be flushing it), or sent to
              * another engine: a row from this socket never touches that engine's stream. */
@@ -456,11 +504,16 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
         }
         uint32_t slot = (uint32_t)bound;
         slot_a_t *a = slot_a(r, slot);
+        /* No slot spills (the common case): its spill record is not read (one cache line less
+         * a row). A slot that starts spilling below is listed, so the count is then non-zero. */
         spill_t *sp = &self->spill[slot];
         uint64_t ws = atomic_load_explicit(&a->write_seq, memory_order_relaxed);
         /* Acquire: pairs with the reader's release of read_seq (see spill_flush_one). */
         uint64_t rs = atomic_load_explicit(&slot_b(r, slot)->read_seq, memory_order_acquire);
-        uint64_t room = sp->n ? 0 : cap - (ws - rs);
+        uint64_t room = (self->spill_count && sp->n) ? 0 : cap - (ws - rs);
+        /* Logprobs are stored only for a request that asked for them (the reader reads them
+         * only then): two cache lines less a row for the others. */
+        int with_lp = atomic_load_explicit(&a->flags, memory_order_relaxed) & 1u;
         cur_t t = {row->out, c.end, NULL}, v = {row->lpv, c.end, NULL}, x = {row->lpi, c.end, NULL};
         int32_t *tok = slot_tokens(r, slot);
         float *lpv = slot_lpv(r, slot);
@@ -477,8 +530,10 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
             if (written < room) {
                 uint64_t pos = (ws + written) % cap;
                 tok[pos] = (int32_t)tv;
-                lpv[pos] = (float)dv;
-                lpi[pos] = (int32_t)iv;
+                if (with_lp) {
+                    lpv[pos] = (float)dv;
+                    lpi[pos] = (int32_t)iv;
+                }
                 written++;
             } else {
                 if (spill_push(self, slot, (int32_t)tv, (float)dv, (int32_t)iv) < 0) {
@@ -491,7 +546,8 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
             }
         }
         self->tokens += row->out_n;
-        if (sp->n) {
+        int spilling = self->spill_count && sp->n;
+        if (spilling) {
             /* Counts go out with the last spilled token, so they never run ahead of it. */
             sp->prompt = (uint32_t)row->prompt;
             sp->completion = (uint32_t)row->completion;
@@ -508,7 +564,7 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
         atomic_store_explicit(&a->write_seq, ws + written, memory_order_release);
         if (row->finish != FIN_NONE) {
             ridmap_remove_slot(&self->rids, slot);
-            if (sp->n) {
+            if (spilling) {
                 sp->finish = row->finish; /* published after the spilled tokens */
             } else {
                 /* Release, after the last write_seq: a reader that acquires DONE sees every

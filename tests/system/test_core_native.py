@@ -130,6 +130,42 @@ def test_a_rebound_rid_follows_its_new_engine_and_an_unsent_one_takes_no_rows():
     assert r.reader.poll() == []
 
 
+def test_rows_find_their_slots_whatever_the_last_frames_order_and_its_slots_rebinding():
+    # The writer first tries the slot row i of the engine's last frame had; the guess is
+    # checked against the slot's rid, so a new order, an aborted rid whose slot went to
+    # another request, and another engine's frames in between all land where a lookup says.
+    r = Region()
+    r.bind("a", 0, engine=1)
+    r.bind("b", 1, engine=1)
+    r.bind("c", 2, engine=1)
+    r.bind("z", 5, engine=2)
+    r.writer.ingest(frame([("a", [1], ""), ("b", [2], ""), ("c", [3], "")]), 1)
+    assert sorted(r.reader.poll()) == [update(0, [1]), update(1, [2]), update(2, [3])]
+    r.writer.ingest(frame([("z", [90], ""), ("c", [4], "")], engine=2), 2)  # another engine
+    r.writer.ingest(frame([("c", [5], ""), ("a", [6], ""), ("b", [7], "")]), 1)  # reordered
+    assert sorted(r.reader.poll()) == [
+        update(0, [6]),
+        update(1, [7]),
+        update(2, [5]),
+        update(5, [90], engine=2),
+    ]
+    assert r.writer.stats()["unknown_rows"] == 1  # c from engine 2's socket
+    # a is aborted and its slot given to d: the guess for row 0 (slot 0) no longer holds "a".
+    assert r.writer.unbind(0)
+    r.bind("d", 0, engine=1)
+    result = r.writer.ingest(frame([("a", [8], ""), ("d", [9], ""), ("b", [10], "")]), 1)
+    assert result[5:7] == (3, 1)
+    assert sorted(r.reader.poll()) == [update(0, [9]), update(1, [10])]
+    # Fewer rows, then more than before: positions past the last frame's have no guess.
+    r.writer.ingest(frame([("b", [11], "")]), 1)
+    r.writer.ingest(frame([("d", [12], ""), ("c", [13], ""), ("b", [14], "stop")]), 1)
+    assert sorted(r.reader.poll()) == [
+        update(0, [12]),
+        update(1, [11, 14], _native.FIN_STOP, completion=1),
+        update(2, [13]),
+    ]
+
+
 def test_bind_refuses_an_engine_index_out_of_range():
     r = Region()
     for index in (-2, 65536):
@@ -145,6 +181,24 @@ def test_logprobs_are_delivered_as_float32_with_their_ids():
     [(_, tokens, vals, idx, *_rest)] = r.reader.poll()
     assert tokens == [7, 8] and idx == [7, 8]
     assert vals == [struct.unpack("f", struct.pack("f", v))[0] for v in (-0.1, -2.5)]
+
+
+def test_a_request_without_logprobs_gets_its_tokens_but_none_of_a_rows_logprobs():
+    # Logprobs are stored only for a slot bound with them; one frame may carry both kinds.
+    r = Region()
+    r.bind("lp", 2, logprobs=True)
+    r.bind("plain", 3)
+    r.writer.ingest(
+        frame(
+            [
+                ("plain", [5, 6], "", 3, 2, 0, [-1.0, -2.0], [5, 6]),
+                ("lp", [7], "", 3, 1, 0, [-0.5], [7]),
+            ]
+        )
+    )
+    got = {u[0]: u for u in r.reader.poll()}
+    assert got[3] == update(3, [5, 6])
+    assert got[2] == update(2, [7], lp=([-0.5], [7]))
 
 
 def test_engine_core_dead_is_reported_and_changes_nothing():

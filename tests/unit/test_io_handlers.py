@@ -7,6 +7,7 @@ may end the loop: each frame is handled inside a boundary that drops it, counts 
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 import time
 
@@ -21,12 +22,19 @@ from tsfront.io.loop import DRAIN, IOLoop, WorkerConn
 from tsfront.ipc.control import Failed, ToWorker
 from tsfront.region import (
     E_IN_FLIGHT,
+    E_INDEX,
     E_KV_ACTIVE,
     E_KV_TOTAL,
+    E_LOAD_MS_HI,
+    E_LOAD_MS_LO,
+    E_REQUESTS_HI,
+    E_REQUESTS_LO,
     E_RUNNING,
+    E_STATE,
     E_WAITING,
     ENGINE_DEAD,
     ENGINE_LIVE,
+    ENGINE_STALLED,
     FIN_DUPLICATE,
 )
 from tsfront.wire import (
@@ -48,6 +56,10 @@ class _Pull:
         if not self.frames:
             raise zmq.Again()
         return self.frames.pop(0)
+
+    def getsockopt(self, option: int) -> int:
+        assert option == zmq.EVENTS
+        return zmq.POLLIN if self.frames else 0
 
 
 def _tail_frame(running: int, waiting: int = 0, active: int = 0, total: int = 1000) -> bytes:
@@ -222,6 +234,33 @@ def test_a_lost_connection_applies_every_queued_frame_before_the_engine_is_decla
         del reader
 
 
+def test_an_engine_row_is_published_word_by_word_and_clamped_into_u32():
+    # The row is packed in one call (E_STATE .. E_REQUESTS_HI in index order); each word must
+    # land at its index, 64-bit counters split low / high, and a value out of u32 clamped
+    # rather than raised in the loop. The second engine's row is left as it was.
+    with core_rig(ClientConfig(handshake_address="tcp://127.0.0.1:0", num_engines=2)) as core:
+        engine, other = core.engines
+        bring_live(core, engine)
+        core.publish_engine(other)
+        before = [int(w) for w in core.region.engines[other.row]]
+        engine.in_flight = -3  # a bug elsewhere must not raise here
+        engine.tail = (5, 6, 7, 2**40)
+        engine.tail_at = 0x1_2345_6789 / 1000
+        engine.requests_total = 2**33 + 9
+        engine.stalled_since = 1.0
+        core.publish_engine(engine)
+        row = [int(w) for w in core.region.engines[engine.row]]
+        assert row[E_STATE] == ENGINE_STALLED
+        assert row[E_INDEX] == engine.index
+        assert row[E_IN_FLIGHT] == 0
+        assert (row[E_RUNNING], row[E_WAITING], row[E_KV_ACTIVE]) == (5, 6, 7)
+        assert row[E_KV_TOTAL] == 0xFFFFFFFF
+        assert row[E_LOAD_MS_LO] | row[E_LOAD_MS_HI] << 32 == 0x1_2345_6789
+        assert (row[E_REQUESTS_LO], row[E_REQUESTS_HI]) == (9, 2)
+        assert row[11:] == [0] * 5
+        assert [int(w) for w in core.region.engines[other.row]] == before
+
+
 def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one():
     with core_rig() as core:
         engine = core.engines[0]
@@ -242,3 +281,43 @@ def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one()
         assert engine.connections == {6: 2}
         core.on_connection(engine, zmq.EVENT_DISCONNECTED, 6)
         assert engine.published_state == ENGINE_DEAD
+
+
+def _watch_state(engines, row: int, started, stop, out) -> None:
+    """In another process: read the row's state word until told to stop; how often it was 0
+    (ENGINE_ABSENT) and how often it was read."""
+    zeros = reads = 0
+    started.set()
+    while not stop.is_set():
+        for _ in range(1000):
+            reads += 1
+            if engines[row][E_STATE] == 0:
+                zeros += 1
+    out.put((zeros, reads))
+
+
+def test_a_worker_reading_an_engine_row_while_it_is_published_never_sees_it_absent():
+    # struct's pack_into zeroes its target before packing: done on the shared row, a worker
+    # reading between the two saw ENGINE_ABSENT ("no engine of the group is live").
+    ctx = multiprocessing.get_context("fork")
+    with core_rig() as core:
+        engine = core.engines[0]
+        bring_live(core, engine)
+        started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+        args = (core.region.engines, engine.row, started, stop, out)
+        child = ctx.Process(target=_watch_state, args=args)
+        child.start()
+        try:
+            assert started.wait(DEADLINE), "the reading process did not start"
+            deadline = time.monotonic() + DEADLINE
+            for i in range(200_000):
+                engine.in_flight = i & 0xFF
+                core.publish_engine(engine)
+                if i % 10_000 == 0 and time.monotonic() > deadline:
+                    break
+        finally:
+            stop.set()
+            zeros, reads = out.get(timeout=DEADLINE)
+            child.join(DEADLINE)
+        assert reads > 0
+        assert zeros == 0, f"{zeros} of {reads} reads saw the row's state as 0"

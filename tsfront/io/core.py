@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import struct
+import sys
 import time
 from typing import TYPE_CHECKING, Protocol
 
@@ -50,6 +52,7 @@ from tsfront.ipc.codes import (
     E_RUNNING,
     E_STATE,
     E_WAITING,
+    ENGINE_WORDS,
     FIN_DEADLINE,
     FIN_DUPLICATE,
     FIN_ENGINE_DEAD,
@@ -93,6 +96,28 @@ LOST_DRAIN = 64 * 256
 SENT, FULL, UNREACHABLE = 0, 1, 2
 
 U32_MAX = 0xFFFFFFFF
+
+# An engine-table row's first eleven words, E_STATE .. E_REQUESTS_HI, in index order, packed in
+# one call on a little-endian host (the table is little-endian; elsewhere the words go through
+# numpy). Packed into private memory, then copied in: pack_into zeroes its target first, and a
+# worker reading the shared row in between would see the engine ABSENT. The copy (memcpy, the
+# row 4-byte aligned) writes each word whole, as numpy's stores did.
+_ROW_ORDER = (
+    E_STATE,
+    E_INDEX,
+    E_IN_FLIGHT,
+    E_RUNNING,
+    E_WAITING,
+    E_KV_ACTIVE,
+    E_KV_TOTAL,
+    E_LOAD_MS_LO,
+    E_LOAD_MS_HI,
+    E_REQUESTS_LO,
+    E_REQUESTS_HI,
+)
+if tuple(range(len(_ROW_ORDER))) != _ROW_ORDER:  # pragma: no cover - a layout edit's guard
+    raise ImportError("engine-table words E_STATE .. E_REQUESTS_HI are no longer 0 .. 10")
+_ROW_WORDS = struct.Struct(f"@{len(_ROW_ORDER)}I") if sys.byteorder == "little" else None
 
 
 def u32(value: int) -> int:
@@ -222,6 +247,7 @@ class IOCore:
         self.ports = ports
         self.writer = writer
         self.region = region
+        self.engines_off: int = region.layout["engines_off"]  # the engine table, in bytes
         self.stats = stats
         self.state_dir = state_dir
         self.spw = config.slots_per_worker
@@ -841,24 +867,31 @@ class IOCore:
 
     def publish_engine(self, e: Engine) -> None:
         """Write the engine's row of the engine table."""
-        # Every word is clamped into u32: numpy raises on an out-of-range store, and nothing
-        # here may raise in the loop (the tail is range-checked on arrival; this is the
-        # last line of defence).
-        row = self.region.engines[e.row]
+        # Every word is clamped into u32: the stores raise on an out-of-range value, and
+        # nothing here may raise in the loop (the tail is range-checked on arrival; this is
+        # the last line of defence). A stall is published as a state of its own; here it is a
+        # condition of a LIVE engine.
         running, waiting, active, total = e.tail
-        load_ms = int(e.tail_at * 1000) if e.tail_at else 0
-        row[E_INDEX] = u32(e.index)
-        row[E_IN_FLIGHT] = u32(e.in_flight)
-        row[E_RUNNING] = u32(running)
-        row[E_WAITING] = u32(waiting)
-        row[E_KV_ACTIVE] = u32(active)
-        row[E_KV_TOTAL] = u32(total)
-        row[E_LOAD_MS_LO] = load_ms & 0xFFFFFFFF
-        row[E_LOAD_MS_HI] = load_ms >> 32
-        row[E_REQUESTS_LO] = e.requests_total & 0xFFFFFFFF
-        row[E_REQUESTS_HI] = e.requests_total >> 32
-        # A stall is published as a state of its own; here it is a condition of a LIVE engine.
-        row[E_STATE] = e.published_state
+        load_ms = int(e.tail_at * 1000) & 0xFFFFFFFFFFFFFFFF if e.tail_at else 0
+        requests = e.requests_total & 0xFFFFFFFFFFFFFFFF
+        words = (
+            u32(e.published_state),
+            u32(e.index),
+            u32(e.in_flight),
+            u32(running),
+            u32(waiting),
+            u32(active),
+            u32(total),
+            load_ms & 0xFFFFFFFF,
+            load_ms >> 32,
+            requests & 0xFFFFFFFF,
+            requests >> 32,
+        )
+        if _ROW_WORDS is not None:
+            at = self.engines_off + e.row * ENGINE_WORDS * 4
+            self.region.map[at : at + _ROW_WORDS.size] = _ROW_WORDS.pack(*words)
+        else:  # pragma: no cover - big-endian hosts
+            self.region.engines[e.row][: len(words)] = words
 
     def publish_dirty(self) -> None:
         """Write the rows of the engines that changed."""

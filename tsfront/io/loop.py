@@ -310,6 +310,7 @@ class IOLoop:
                 except Exception as exc:
                     core.handler_failed(f"prefill engine {engine.index}: output frame", exc)
             return
+        pull = self.pulls[engine.row]
         ingest = core.writer.ingest
         on_output = core.on_output
         index = engine.index
@@ -330,6 +331,11 @@ class IOLoop:
                 self.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
             except Exception as exc:
                 core.handler_failed(f"engine {engine.index}: output frame", exc)
+            if n == 0 and not cast(int, pull.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                # One frame a turn is the paced case: reading the socket's events costs a third
+                # of a receive that raises zmq.Again (the exception is built in Python); when
+                # more frames wait, they are received until it raises.
+                break
 
     # ------------------------------------------------------------------ submissions
 
