@@ -19,6 +19,7 @@ SOURCES = [
     "prefix.c",
     "writer.c",
     "reader.c",
+    "sse.c",
     "module.c",
 ]
 EXTRA = os.environ.get("TSFRONT_NATIVE_CFLAGS", "").split()

@@ -69,6 +69,16 @@ def layout(
     num_workers: int, slots_per_worker: int, ring_capacity: int, max_engines: int
 ) -> dict[str, int]: ...
 def set_parent_death_signal(signum: int, /) -> None: ...
+def token_event(
+    pieces: list[bytes],
+    decoder: object,
+    tokens: list[int],
+    head: bytes,
+    tail: bytes,
+    errors: str,
+    framed: bool,
+    /,
+) -> bytes | None: ...
 
 class Writer:
     """The I/O process's side of the slot region: binds requests, ingests output frames."""
