@@ -231,13 +231,12 @@ PyObject *py_token_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     }
     int tail_ok;
     Py_ssize_t valid = utf8_valid((const unsigned char *)data, n, &tail_ok);
+    /* The event first, then the pending bytes: a call that fails leaves the stream as it was
+     * (the Python path can take the same tokens). */
     if (tail_ok) {
-        if (set_pending(decoder, old, data + valid, n - valid) < 0) goto done;
-        if (valid == 0) {
-            result = Py_NewRef(Py_None);
-            goto done;
-        }
-        result = event_bytes((const unsigned char *)data, valid, head, tail, framed);
+        result = valid == 0 ? Py_NewRef(Py_None)
+                            : event_bytes((const unsigned char *)data, valid, head, tail, framed);
+        if (result && set_pending(decoder, old, data + valid, n - valid) < 0) Py_CLEAR(result);
         goto done;
     }
     /* An invalid sequence: CPython's decoder and the table's error handler decide the text. */
@@ -246,19 +245,13 @@ PyObject *py_token_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Py_ssize_t consumed = 0;
     PyObject *text = PyUnicode_DecodeUTF8Stateful(data, n, errs, &consumed);
     if (!text) goto done;
-    if (set_pending(decoder, old, data + consumed, n - consumed) < 0) {
-        Py_DECREF(text);
-        goto done;
-    }
     Py_ssize_t tn;
     const char *utf8 = PyUnicode_AsUTF8AndSize(text, &tn);
-    if (!utf8) {
-        Py_DECREF(text);
-        goto done;
-    }
-    result = tn == 0 ? Py_NewRef(Py_None)
-                     : event_bytes((const unsigned char *)utf8, tn, head, tail, framed);
+    if (utf8)
+        result = tn == 0 ? Py_NewRef(Py_None)
+                         : event_bytes((const unsigned char *)utf8, tn, head, tail, framed);
     Py_DECREF(text);
+    if (result && set_pending(decoder, old, data + consumed, n - consumed) < 0) Py_CLEAR(result);
 done:
     if (heap) PyMem_Free(heap);
     Py_DECREF(old);

@@ -154,12 +154,15 @@ class Pusher:
             and not cycle.response_complete
         ):
             # What uvicorn's send would write now, made and written in one go.
-            self._choice.tokens += len(tokens)
             chunk = _token_event(
                 self._pieces, self._decoder, tokens, self._head, self._tail, self._errors, True
             )
+            self._choice.tokens += len(tokens)  # after: a step that raised changed nothing
             if chunk is not None:
-                self._write(chunk)  # type: ignore[misc]  # set with _cycle
+                try:
+                    self._write(chunk)  # type: ignore[misc]  # set with _cycle
+                except Exception as exc:  # as a send that raised: the response ends with it
+                    self.error = exc
             return True
         text = self._text(tokens)
         if not text:
