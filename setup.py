@@ -20,6 +20,7 @@ SOURCES = [
     "writer.c",
     "reader.c",
     "subring.c",
+    "sse.c",
     "module.c",
 ]
 EXTRA = os.environ.get("TSFRONT_NATIVE_CFLAGS", "").split()

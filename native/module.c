@@ -3,8 +3,8 @@
  * path. The jobs live in their own files: msgpack.c (bounds-checked msgpack reading), frame.c
  * (the output-frame decoder), region.c (layout and mapping), ridmap.c (rid -> slot), prefix.c
  * (prompt block hashes for routing), writer.c (the I/O process's side), reader.c (a worker's
- * side), subring.c (the workers' submission rings). This file holds the module table and
- * the small helpers that belong to none of them.
+ * side), subring.c (the workers' submission rings), sse.c (a streamed token's event bytes).
+ * This file holds the module table and the small helpers that belong to none of them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -17,6 +17,7 @@
 #include "reader.h"
 #include "region.h"
 #include "subring.h"
+#include "sse.h"
 #include "writer.h"
 
 PyObject *WireDecodeError = NULL;
@@ -58,6 +59,12 @@ static PyMethodDef methods[] = {
      "packed as u64 granularity then one native-endian u64 per block."},
     {"layout", (PyCFunction)(void (*)(void))py_layout, METH_VARARGS | METH_KEYWORDS,
      "layout(num_workers, slots_per_worker, ring_capacity, max_engines) -> dict of offsets."},
+    {"token_event", (PyCFunction)(void (*)(void))py_token_event, METH_FASTCALL,
+     "token_event(pieces, decoder, tokens, head, tail, errors, framed) -> bytes | None: the\n"
+     "table detokenizer's step for tokens (pieces: the table's bytes per id; decoder: the\n"
+     "stream's incremental UTF-8 decoder, whose buffer holds an incomplete character and is\n"
+     "updated; errors: its error handler), then head + the text as a JSON string + tail, as\n"
+     "one HTTP/1.1 chunk when framed; None when the tokens complete no character."},
     {"set_parent_death_signal", set_parent_death_signal, METH_O,
      "Ask the kernel to send this signal to the calling process when its parent exits."},
     {NULL, NULL, 0, NULL},

@@ -79,6 +79,16 @@ def layout(
     submit_ring_bytes: int = 0,
 ) -> dict[str, int]: ...
 def set_parent_death_signal(signum: int, /) -> None: ...
+def token_event(
+    pieces: list[bytes],
+    decoder: object,
+    tokens: list[int],
+    head: bytes,
+    tail: bytes,
+    errors: str,
+    framed: bool,
+    /,
+) -> bytes | None: ...
 
 class Writer:
     """The I/O process's side of the slot region: binds requests, ingests output frames."""

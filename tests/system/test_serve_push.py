@@ -139,8 +139,30 @@ class _Send:
         self.bodies.append(message["body"])
 
 
+class _Detok:
+    """A detokenizer with no native step (as `StreamDetokenizer`): every event through send."""
+
+    def __init__(self, text) -> None:
+        self.step = text
+
+    def native_state(self) -> None:
+        return None
+
+
+class _Choice:
+    """What `Pusher` uses of a `Choice`: ``plain`` (the text, counting tokens), ``detok``."""
+
+    def __init__(self, text) -> None:
+        self.detok = _Detok(text)
+        self.tokens = 0
+
+    def plain(self, tokens: list[int]) -> str:
+        self.tokens += len(tokens)
+        return self.detok.step(tokens)
+
+
 def _pusher(send) -> Pusher:
-    return Pusher(lambda tokens: "".join(f"<{t}>" for t in tokens), b"H", b"T", send)
+    return Pusher(_Choice(lambda tokens: "".join(f"<{t}>" for t in tokens)), b"H", b"T", send)
 
 
 async def test_pusher_writes_an_event_per_call_when_send_does_not_wait() -> None:
@@ -201,7 +223,7 @@ async def test_pusher_cancel_stops_a_send_in_flight() -> None:
 
 async def test_pusher_holds_back_an_incomplete_character() -> None:
     send = _Send()
-    p = Pusher(lambda tokens: "", b"H", b"T", send)
+    p = Pusher(_Choice(lambda tokens: ""), b"H", b"T", send)
     assert p([7]) is True
     assert send.bodies == []
 

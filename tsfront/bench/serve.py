@@ -235,11 +235,14 @@ def _wait_http(url: str, model: str, timeout: float) -> None:
 @contextlib.contextmanager
 def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[tuple[str, int]]:
     env = None
-    if stack in ("uvicorn", "pull"):
+    if stack in ("uvicorn", "pull", "python"):
         cmd = [sys.executable, "-m", "tsfront", "serve", "--workers", str(workers)]
         if stack == "pull":
             # The server without its hot path (every event through the response's task).
             env = {**os.environ, "TSFRONT_SERVE_PUSH": "0"}
+        elif stack == "python":
+            # The hot path without its native step (every pushed event through ASGI send).
+            env = {**os.environ, "TSFRONT_SERVE_NATIVE": "0"}
     else:
         cmd = [sys.executable, "-m", "tsfront.bench.stacks", "--stack", stack]
     cmd += [
@@ -504,7 +507,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--stacks",
         help="also measure these HTTP stacks at W=1, comma-separated: granian,aiohttp; "
-        "'pull' is tsfront serve without its push path (TSFRONT_SERVE_PUSH=0)",
+        "'pull' is tsfront serve without its push path (TSFRONT_SERVE_PUSH=0), 'python' "
+        "without the push path's native step (TSFRONT_SERVE_NATIVE=0)",
     )
     g.add_argument("--repeat", type=int, help="measure every target this many times (1)")
 

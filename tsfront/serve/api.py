@@ -952,7 +952,7 @@ class OpenAIService:
             if ch.stop is None and ch.parser is None and not plan.logprobs and _PUSH:
 
                 def push(send: _Send) -> Pusher:
-                    pusher = Pusher(ch.plain, fmt.head(ch.index), fmt.tail, send)
+                    pusher = Pusher(ch, fmt.head(ch.index), fmt.tail, send)
                     ch.stream.set_sink(pusher)
                     return pusher
 

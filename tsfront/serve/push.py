@@ -11,6 +11,16 @@ send runs in a task, and until it is done the sink declines, so later tokens que
 for the response's task, which waits for the send in flight (`settle`) before its own. The
 order of events on the wire is the order of tokens either way.
 
+The native step (``TSFRONT_SERVE_NATIVE``, on unless ``0``): for a stream decoded by the
+table detokenizer and a response served by uvicorn's httptools protocol, one C call
+(``tsfront._native.token_event``) does the detokenizer's step, the JSON string, the event and
+the HTTP/1.1 chunk around it, and the chunk goes to the connection's transport, as uvicorn's
+``send`` would write it. Only while uvicorn's own ``send`` would write it at once: the
+response started, chunked, not complete, the client still there and the transport not
+paused for back-pressure; otherwise the ASGI ``send`` is stepped as above. The end of the body
+always goes through ``send`` (keep-alive, uvicorn's state). docs/PERFORMANCE.md, "Worker per
+token: the native path", has what it saves.
+
 Everything else (the first and last events, errors, a client that goes away) stays with the
 response's task (`tsfront.serve.asgi`).
 """
@@ -18,40 +28,105 @@ response's task (`tsfront.serve.asgi`).
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
+
+from tsfront import _native
+
+if TYPE_CHECKING:
+    from tsfront.serve.choice import Choice
 
 __all__ = ["Pusher"]
 
 _JSON = msgspec.json.Encoder()
+_token_event = _native.token_event
+
+#: The native step (see above); ``TSFRONT_SERVE_NATIVE=0`` turns it off, to measure what it
+#: saves (``tsfront bench serve --stacks python``) or to rule it out.
+NATIVE = os.environ.get("TSFRONT_SERVE_NATIVE", "1") != "0"
+
+
+def _cycle_type() -> type | None:
+    # The class whose ``send`` the native step stands in for (None: uvicorn not installed).
+    try:
+        from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+    except ImportError:
+        return None
+    return RequestResponseCycle
+
+
+_CYCLE: list[type | None] = []  # looked up on first use (uvicorn is the serve extra's)
+
+
+def _native_cycle(send: Callable[..., Any]) -> Any:
+    """The uvicorn connection cycle whose ``send`` this is, when the native step can stand in
+    for it (httptools protocol, a chunked body; not HEAD), else None."""
+    if not _CYCLE:
+        _CYCLE.append(_cycle_type())
+    cycle: Any = getattr(send, "__self__", None)
+    kind: Any = type(cycle)
+    if _CYCLE[0] is None or kind is not _CYCLE[0]:
+        return None
+    if cycle.chunked_encoding is not True or cycle.scope.get("method") == "HEAD":
+        return None
+    return cycle
 
 
 class Pusher:
     """The sink of one streamed choice: writes its plain-token events straight to ``send``.
 
     Args:
-        text: turns token ids into the next piece of text (the choice's detokenizer step,
-            which also counts its tokens).
+        choice: the response's one choice (its detokenizer step counts its tokens).
         head: the event's bytes before the JSON-encoded text.
         tail: the event's bytes after it.
         send: the ASGI ``send`` of the response (whose start was sent already).
     """
 
-    __slots__ = ("_coro", "_head", "_message", "_send", "_tail", "_text", "error", "inflight")
+    __slots__ = (
+        "_choice",
+        "_coro",
+        "_cycle",
+        "_decoder",
+        "_errors",
+        "_head",
+        "_message",
+        "_pieces",
+        "_send",
+        "_tail",
+        "_text",
+        "_write",
+        "error",
+        "inflight",
+    )
 
     def __init__(
         self,
-        text: Callable[[list[int]], str],
+        choice: Choice,
         head: bytes,
         tail: bytes,
         send: Callable[[dict[str, Any]], Coroutine[Any, Any, None]],
     ) -> None:
-        self._text = text
+        self._choice = choice
+        self._text = choice.plain
         self._head = head
         self._tail = tail
         self._send = send
+        #: The uvicorn connection cycle whose transport the native step writes to (None: no
+        #: native step for this response; every event through ``send``).
+        self._cycle: Any = None
+        self._write: Callable[[bytes], None] | None = None
+        self._pieces: list[bytes] = []
+        self._decoder: Any = None
+        self._errors = ""
+        state = choice.detok.native_state() if NATIVE else None
+        cycle = _native_cycle(send) if state is not None else None
+        if state is not None and cycle is not None:
+            self._cycle = cycle
+            self._write = cycle.transport.write
+            self._pieces, self._decoder, self._errors = state
         self._message: dict[str, Any] = {
             "type": "http.response.body",
             "body": b"",
@@ -63,9 +138,32 @@ class Pusher:
         #: What a pushed send raised (a broken connection): the response ends with it.
         self.error: BaseException | None = None
 
+    @property
+    def native(self) -> bool:
+        """Whether this response's events take the native step (see the module's doc)."""
+        return self._cycle is not None
+
     def __call__(self, tokens: list[int]) -> bool:
         if self.inflight is not None or self.error is not None:
             return False  # the response's task takes them, after the send in flight
+        cycle = self._cycle
+        if (
+            cycle is not None
+            and not cycle.flow.write_paused
+            and not cycle.disconnected
+            and not cycle.response_complete
+        ):
+            # What uvicorn's send would write now, made and written in one go.
+            chunk = _token_event(
+                self._pieces, self._decoder, tokens, self._head, self._tail, self._errors, True
+            )
+            self._choice.tokens += len(tokens)  # after: a step that raised changed nothing
+            if chunk is not None:
+                try:
+                    self._write(chunk)  # type: ignore[misc]  # set with _cycle
+                except Exception as exc:  # as a send that raised: the response ends with it
+                    self.error = exc
+            return True
         text = self._text(tokens)
         if not text:
             return True  # an incomplete character: nothing to send yet

@@ -79,6 +79,11 @@ class Detokenizer:
         exactly as a full decode shows it)."""
         raise NotImplementedError
 
+    def native_state(self) -> tuple[list[bytes], Any, str] | None:
+        """What a native step of this stream needs (see `TableDetokenizer.native_state`);
+        ``None``: this stream has none."""
+        return None
+
 
 # Byte-fallback decoders show each byte of an invalid sequence as its own U+FFFD.
 _BYTE_FALLBACK_ERRORS = "tsfront.bytefallback"
@@ -310,6 +315,15 @@ class TableDetokenizer(Detokenizer):
                     text = text[1:]
                 return text + self.step(token_ids[i + 1 :])
         return ""
+
+    def native_state(self) -> tuple[list[bytes], Any, str] | None:
+        """What a native step of this stream needs (``tsfront._native.token_event``): the
+        table's bytes per id, the incremental UTF-8 decoder whose ``buffer`` holds the bytes
+        of an incomplete character (shared: the native step and `step` may take turns), and
+        its error handler. ``None`` while the text's first-token rules still apply."""
+        if self._at_start:
+            return None
+        return self._pieces, self._utf8, self._table.errors
 
     def flush(self) -> str:
         """At the end of the stream: the held-back bytes, as U+FFFD (as a full decode)."""

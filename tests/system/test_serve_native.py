@@ -1,0 +1,366 @@
+"""The push path's native step end to end: real uvicorn, real sockets, the official client.
+
+Two rigs. In process: uvicorn with httptools serving an ASGI app whose response is written by
+a `Pusher` over a real `TableDetokenizer` (the table full of what breaks escaping and
+decoding), so the test can see that the native step was taken, that a client that stops
+reading turns it into the ASGI ``send`` fall-back (back-pressure) and back, that the bytes on
+the wire are exactly the Python path's, and that the connection stays usable for the next
+request (keep-alive: uvicorn's state is right after the native writes). Then ``tsfront serve``
+(native step on, the default) with a byte-level model and an engine whose tokens are single
+bytes of a text full of multi-byte characters, quotes, backslashes and control characters:
+streamed completions and chat completions through the ``openai`` client must give exactly
+the tokenizer's decode of the generated ids, and a client that leaves mid-stream gets its
+engine request aborted with no traceback in the server's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import openai
+import pytest
+from support.serve_fixtures import start_served
+
+import tsfront.serve.push as push
+from tsfront.serve.push import Pusher
+from tsfront.text.detok import TableDetokenizer, TokenTable
+
+DEADLINE = 30.0
+TEXT = 'Ünïcödé "quoted" \\ back\\slash\nline\ttab\x01\x1f del\x7f 😀€ 中文 ok'
+_JSON = msgspec.json.Encoder()
+
+# ---------------------------------------------------------------------- in process
+
+
+class _Choice:
+    """What `Pusher` uses of a `Choice`: its detokenizer, ``plain`` and the token count."""
+
+    def __init__(self, detok: TableDetokenizer) -> None:
+        self.detok = detok
+        self.tokens = 0
+
+    def plain(self, tokens: list[int]) -> str:
+        self.tokens += len(tokens)
+        return self.detok.step(tokens)
+
+
+def _table() -> tuple[TokenTable, list[list[int]]]:
+    # One token per byte of TEXT (so characters split over tokens) and a few whole pieces.
+    data = TEXT.encode()
+    pieces = [bytes([b]) for b in range(256)] + [b'"\\', "😀".encode(), b"\xff"]
+    steps: list[list[int]] = []
+    for i, b in enumerate(data):
+        steps.append([b] if i % 5 else [b, 256, 257])
+    steps.append([258])  # an invalid byte: U+FFFD, as the Python step
+    return TokenTable(pieces, None, frozenset(), False, False, "replace"), steps
+
+
+HEAD, TAIL = b'data: {"choices":[{"index":0,"text":', b',"finish_reason":null}]}\n\n'
+
+
+def _python_bytes(repeat: int) -> bytes:
+    table, steps = _table()
+    detok = TableDetokenizer(table)
+    out = bytearray()
+    for _ in range(repeat):
+        for tokens in steps:
+            text = detok.step(tokens)
+            if text:
+                body = HEAD + _JSON.encode(text) + TAIL
+                out += b"%x\r\n" % len(body) + body + b"\r\n"
+    return bytes(out)
+
+
+class _App:
+    """Streams ``repeat`` rounds of the table's steps through a `Pusher`, as the server's
+    response task would: a declined call waits for the send in flight (``settle``), then the
+    tokens go through the same pusher again."""
+
+    def __init__(self) -> None:
+        self.native_calls = 0
+        self.declined = 0
+        self.native = False
+        self.pushed = asyncio.Event()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        repeat = int(scope["path"].strip("/") or "1")
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-test", b"1")]})
+        table, steps = _table()
+        choice = _Choice(TableDetokenizer(table))
+        pusher = Pusher(choice, HEAD, TAIL, send)  # type: ignore[arg-type]
+        self.native = pusher.native
+        for _ in range(repeat):
+            for tokens in steps:
+                while not pusher(tokens):
+                    self.declined += 1
+                    await pusher.settle()
+                await asyncio.sleep(0)
+        await pusher.settle()
+        self.pushed.set()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _serve(app, monkeypatch) -> tuple:
+    import uvicorn
+
+    calls = [0]
+    real = push._token_event
+
+    def counting(*args):
+        calls[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(push, "_token_event", counting)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, http="httptools", lifespan="off", log_level="error")
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve(sockets=[sock]))
+    deadline = time.monotonic() + DEADLINE
+    while not server.started:
+        assert time.monotonic() < deadline and not task.done(), "uvicorn did not start"
+        await asyncio.sleep(0.01)
+    return server, task, sock.getsockname()[1], calls
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), DEADLINE)
+    body = bytearray()
+    deadline = time.monotonic() + DEADLINE
+    while not body.endswith(b"\r\n0\r\n\r\n"):
+        assert time.monotonic() < deadline, "the response never ended"
+        data = await asyncio.wait_for(reader.read(1 << 16), DEADLINE)
+        assert data, "the server closed the connection early"
+        body += data
+    return head, bytes(body)
+
+
+async def test_native_writes_are_the_python_paths_bytes_and_keep_the_connection(
+    monkeypatch,
+) -> None:
+    app = _App()
+    server, task, port, calls = await _serve(app, monkeypatch)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):  # the same connection twice: keep-alive survives the native writes
+            writer.write(b"GET /3 HTTP/1.1\r\nhost: x\r\n\r\n")
+            head, body = await _read_response(reader)
+            assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+            assert body == _python_bytes(3) + b"0\r\n\r\n"
+        assert app.native, "the pusher did not take the native step under uvicorn + httptools"
+        assert calls[0] > 0 and app.declined == 0
+        writer.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, DEADLINE)
+
+
+async def test_a_client_that_stops_reading_gets_the_fall_back_then_every_byte(
+    monkeypatch,
+) -> None:
+    # Enough events to fill the kernel's buffers and the transport's 64 KiB high-water mark,
+    # so uvicorn pauses writing: the pusher hands the send in flight to a task, declines while
+    # it is in flight, and takes the native step again once the client reads.
+    app = _App()
+    server, task, port, calls = await _serve(app, monkeypatch)
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        writer.write(b"GET /2000 HTTP/1.1\r\nhost: x\r\n\r\n")
+        deadline = time.monotonic() + DEADLINE
+        while app.declined == 0:  # not reading: wait for the back-pressure
+            assert time.monotonic() < deadline, "the server never applied back-pressure"
+            await asyncio.sleep(0.01)
+        native_before = calls[0]
+        head, body = await _read_response(reader)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert body == _python_bytes(2000) + b"0\r\n\r\n"
+        assert native_before > 0 and calls[0] > native_before, "no native step after the fall-back"
+        writer.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, DEADLINE)
+
+
+def test_the_switch_turns_the_native_step_off(monkeypatch) -> None:
+    monkeypatch.setattr(push, "NATIVE", False)
+    table, _ = _table()
+
+    async def send(message) -> None:
+        pass
+
+    pusher = Pusher(_Choice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
+    assert not pusher.native
+
+
+# ---------------------------------------------------------------------- tsfront serve
+
+
+_IDS: list[int] = []  # the engine's output, set by the fixture (token i of every request)
+
+
+def token_fn(rid: str, position: int) -> int:
+    return _IDS[position % len(_IDS)]
+
+
+class _Served:
+    def __init__(self, s, stderr: Path) -> None:
+        self.s = s
+        self.stderr = stderr
+        self.client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="none", max_retries=0)
+
+    def aborts(self) -> int:
+        return sum(c["aborts"] for c in self.s.group.counters().values())
+
+    def wait(self, what: str, predicate, timeout: float = DEADLINE) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_and_model(tmp_path_factory: pytest.TempPathFactory):
+    from tokenizers import Tokenizer
+
+    from tsfront.text.detok import token_tables
+    from tsfront.text.testing import make_test_model
+
+    path = make_test_model(tmp_path_factory.mktemp("model") / "bytes", "bytelevel")
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tables = token_tables(tok)
+    assert tables is not None, "the byte-level test model has a table detokenizer"
+    pieces = tables[True].pieces
+    byte_id: dict[int, int] = {}
+    for i, piece in enumerate(pieces):
+        if len(piece) == 1 and piece[0] not in byte_id:
+            byte_id[piece[0]] = i
+    _IDS[:] = [byte_id[b] for b in TEXT.encode()]
+    return tok, path
+
+
+@pytest.fixture(scope="module")
+def served(tokenizer_and_model, tmp_path_factory) -> Iterator[_Served]:
+    _, path = tokenizer_and_model
+    stderr = tmp_path_factory.mktemp("log") / "serve.err"
+    s = start_served(path, workers=1, token_fn=token_fn, stderr=stderr, step_ms=0.5)
+    yield _Served(s, stderr)
+    code, left = s.close()
+    assert code == 0 and not left
+
+
+def _expected(tokenizer, n: int) -> str:
+    return tokenizer.decode([token_fn("", p) for p in range(n)], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("n", [1, 7, 300])
+def test_streamed_completion_is_the_exact_decode(served, tokenizer_and_model, n: int) -> None:
+    tok, _ = tokenizer_and_model
+    stream = served.client.completions.create(
+        model="bytes", prompt="hello", max_tokens=n, stream=True
+    )
+    texts = [e.choices[0].text for e in stream if e.choices]
+    assert "".join(texts) == _expected(tok, n)
+    assert n < 50 or len(texts) > 10  # streamed, not one blob
+
+
+def test_streamed_chat_completion_is_the_exact_decode(served, tokenizer_and_model) -> None:
+    tok, _ = tokenizer_and_model
+    n = 250
+    stream = served.client.chat.completions.create(
+        model="bytes",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=n,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    content, usage = [], None
+    for event in stream:
+        if event.choices and event.choices[0].delta.content:
+            content.append(event.choices[0].delta.content)
+        if event.usage is not None:
+            usage = event.usage
+    assert "".join(content) == _expected(tok, n)
+    assert usage is not None and usage.completion_tokens == n
+
+
+def test_a_slow_reader_gets_the_exact_text(served, tokenizer_and_model) -> None:
+    # The client reads a few bytes at a time with a small receive buffer: writes back up and
+    # the server's back-pressure fall-back runs between native writes.
+    tok, _ = tokenizer_and_model
+    n = 3000
+    host, port = served.s.url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {"model": "bytes", "prompt": "hello", "max_tokens": n, "stream": True}
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    sock.settimeout(DEADLINE)
+    sock.connect((host, int(port)))
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    data = bytearray()
+    deadline = time.monotonic() + 120
+    while not data.endswith(b"0\r\n\r\n"):
+        assert time.monotonic() < deadline, "the response never ended"
+        chunk = sock.recv(512)
+        assert chunk, "the server closed the connection early"
+        data += chunk
+    sock.close()
+    head, _, rest = bytes(data).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    texts = []
+    for event in _dechunk(rest).split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            texts.append(json.loads(event[6:])["choices"][0]["text"])
+    assert "".join(texts) == _expected(tok, n)
+
+
+def _dechunk(raw: bytes) -> bytes:
+    out = bytearray()
+    while raw:
+        size, _, raw = raw.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out += raw[:n]
+        raw = raw[n + 2 :]
+    return bytes(out)
+
+
+def test_a_client_that_leaves_mid_stream_aborts_the_request_without_a_traceback(
+    served,
+) -> None:
+    before = served.aborts()
+    with httpx.stream(
+        "POST",
+        f"{served.s.url}/v1/completions",
+        json={"model": "bytes", "prompt": "hello", "max_tokens": 4000, "stream": True},
+        timeout=DEADLINE,
+    ) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        for _ in range(20):  # well into the native writes
+            next(line for line in lines if line.startswith("data: "))
+    # The connection is closed here, mid-stream.
+    served.wait("the disconnect's ABORT at the engine", lambda: served.aborts() > before)
+    # A request after it is served in full (the worker is fine).
+    out = served.client.completions.create(model="bytes", prompt="hello", max_tokens=5)
+    assert out.choices[0].finish_reason == "length"
+    log = served.stderr.read_text()
+    assert "Traceback" not in log, log
