@@ -234,14 +234,14 @@ class Attachment:
 
     def _drain(self) -> None:
         reader = self.reader
-        streams = self.slots.streams
+        refs = self.slots.refs  # weak references by local slot: no Python call per lookup
         record = self.recorder.updates if self.recorder is not None else None
         while True:
             now = monotonic_ns()
             updates = reader.poll()
             for update in updates:
-                stream = streams.get(update[0])
-                if stream is not None:
+                ref = refs[update[0]]
+                if ref is not None and (stream := ref()) is not None:
                     stream.deliver(update)
             if record is not None and updates:
                 record(updates, now)

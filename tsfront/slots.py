@@ -45,6 +45,9 @@ class SlotTable:
         streams: the open streams by local slot (weak: a stream its owner dropped is
             collected, and `dropped` aborts it).
         by_rid: the open streams by rid (weak).
+        refs: the open streams by local slot again, as a list of weak references (None: free),
+            for the drain's lookup per update (a list index and a reference call, where
+            ``streams.get`` is a Python-level call).
         free: the free local slots (the last one is taken next).
         aborted: the rids this worker aborted recently (`RecentAborts`).
         disaggregated: whether the group serves prefill and decode apart (for the errors'
@@ -57,6 +60,7 @@ class SlotTable:
             weakref.WeakValueDictionary()
         )
         self.by_rid: weakref.WeakValueDictionary[str, RequestStream] = weakref.WeakValueDictionary()
+        self.refs: list[weakref.ref[RequestStream] | None] = []
         self.free: list[int] = []
         self.aborted = RecentAborts(ABORTED_RIDS_REMEMBERED)
         self.disaggregated = False
@@ -94,6 +98,7 @@ class SlotTable:
         self._ticket_base = ticket_base
         self._next_ticket = ticket_base + 1
         self.free = list(range(size - 1, -1, -1))
+        self.refs = [None] * size
         self.disaggregated = disaggregated
 
     # ------------------------------------------------------------------ taking a slot
@@ -126,6 +131,7 @@ class SlotTable:
         stream = RequestStream(self, rid, slot, ticket, deadline)
         self.streams[slot] = stream
         self.by_rid[rid] = stream
+        self.refs[slot] = weakref.ref(stream)
         if deadline is not None:
             self._add_deadline(expires, stream)
         return stream
@@ -138,6 +144,7 @@ class SlotTable:
         if self.streams.get(slot) is stream:
             del self.streams[slot]
             self.by_rid.pop(stream.rid, None)
+            self.refs[slot] = None
             if self._reader is not None:
                 self._reader.release(slot)
             self.free.append(slot)
@@ -171,6 +178,7 @@ class SlotTable:
             self._recorder.cancelled(stream.slot)
         if self._reader is not None:
             self._reader.release(stream.slot)
+        self.refs[stream.slot] = None
         self.free.append(stream.slot)
         self._schedule_aborts()
 

@@ -237,6 +237,7 @@ class RequestStream:
         "_error",
         "_owner",
         "_pending",
+        "_push",
         "_sink",
         "_waiter",
         "engine_index",
@@ -268,6 +269,10 @@ class RequestStream:
         self._error: StreamError | None = None
         self._deadline = deadline  # seconds, as given (None: none)
         self._sink: Callable[[list[int]], bool] | None = None
+        # The sink while the reader is parked with nothing unread and the stream not ended,
+        # else None: what `deliver` checks first, one attribute for the state `set_sink`
+        # describes (set when the reader parks, cleared by every wake-up).
+        self._push: Callable[[list[int]], bool] | None = None
 
     # -- fed by the attachment and the slot table ---------------------------------------------
 
@@ -276,27 +281,24 @@ class RequestStream:
         tokens to the sink, else queue them as a chunk for the reader (coalesced with an unread
         one); a finish reason ends the stream and frees the slot, a local end code (engine
         death, the I/O process stopping) ends it with its `StreamError` after any tokens."""
+        push = self._push
+        if push is not None:
+            # The reader is parked with nothing unread (its waiter not cancelled either): plain
+            # tokens may go straight to the sink (see `set_sink`), in the worker's drain, with
+            # no chunk and no task switch.
+            tokens = update[1]
+            waiter = self._waiter
+            if tokens and not update[4] and update[2] is None and waiter and not waiter.done():
+                self.engine_index = update[8]
+                try:
+                    if push(tokens):
+                        return
+                except Exception:
+                    log.exception(
+                        "stream %r: its sink failed; the reader takes its tokens", self.rid
+                    )
+                    self._sink = self._push = None
         _local, tokens, lp_val, lp_idx, finish, prompt, completion, cached, engine = update
-        sink = self._sink
-        if (
-            sink is not None
-            and tokens
-            and not finish
-            and lp_val is None
-            and not self._pending
-            and not self._done
-            and self._waiter is not None
-            and not self._waiter.done()
-        ):
-            # The reader is parked with nothing unread: plain tokens may go straight to the
-            # sink (see `set_sink`), in the worker's drain, with no chunk and no task switch.
-            self.engine_index = engine
-            try:
-                if sink(tokens):
-                    return
-            except Exception:
-                log.exception("stream %r: its sink failed; the reader takes its tokens", self.rid)
-                self._sink = None
         local_end = finish >= region.FIN_ENGINE_DEAD
         if local_end and not tokens:
             self.fail(_stream_error(finish, self.rid, engine, self._deadline, self._pd()))
@@ -354,6 +356,7 @@ class RequestStream:
         self._wake()
 
     def _wake(self) -> None:
+        self._push = None
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -398,6 +401,7 @@ class RequestStream:
             if self._done:
                 raise StopAsyncIteration
             waiter = self._waiter = self._owner.loop.create_future()
+            self._push = self._sink  # parked, nothing unread, not ended (checked above)
             try:
                 await waiter
             except asyncio.CancelledError:
@@ -405,7 +409,7 @@ class RequestStream:
                     self.abort()
                 raise
             finally:
-                self._waiter = None
+                self._waiter = self._push = None
 
     def set_sink(self, sink: Callable[[list[int]], bool] | None) -> None:
         """Offer plain tokens to ``sink`` as they arrive, before the reader sees them.
@@ -425,6 +429,8 @@ class RequestStream:
         dropped, and the tokens go to the reader). ``None`` removes it.
         """
         self._sink = sink
+        waiter = self._waiter
+        self._push = sink if waiter is not None and not waiter.done() else None
 
     @property
     def finished(self) -> bool:

@@ -109,7 +109,49 @@ class _App:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _serve(app, monkeypatch) -> tuple:
+class _EdgeApp:
+    """As the server's response task does it under `tsfront serve`'s own protocol: the start,
+    the `Pusher` made, the first event through ``send``; then each step pushed and, at once in
+    the same loop turn, a marker event through ``send`` (as the task sends a later event)."""
+
+    def __init__(self) -> None:
+        self.native = False
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        table, steps = _table()
+        pusher = Pusher(_Choice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
+        self.native = pusher.native
+        await send({"type": "http.response.body", "body": FIRST, "more_body": True})
+        for tokens in steps:
+            assert pusher(tokens)
+            await send({"type": "http.response.body", "body": MARK, "more_body": True})
+        await pusher.settle()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+FIRST, MARK = b"data: first\n\n", b"data: mark\n\n"
+
+
+def _chunk(body: bytes) -> bytes:
+    return b"%x\r\n" % len(body) + body + b"\r\n"
+
+
+def _edge_bytes() -> bytes:
+    table, steps = _table()
+    detok = TableDetokenizer(table)
+    out = bytearray(_chunk(FIRST))
+    for tokens in steps:
+        text = detok.step(tokens)
+        if text:
+            out += _chunk(HEAD + _JSON.encode(text) + TAIL)
+        out += _chunk(MARK)
+    return bytes(out + b"0\r\n\r\n")
+
+
+async def _serve(app, monkeypatch, http: object = "httptools") -> tuple:
     import uvicorn
 
     calls = [0]
@@ -122,7 +164,7 @@ async def _serve(app, monkeypatch) -> tuple:
     monkeypatch.setattr(push, "_token_event", counting)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http="httptools", lifespan="off", log_level="error")
+    config = uvicorn.Config(app, http=http, lifespan="off", log_level="error")  # type: ignore[arg-type]
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     deadline = time.monotonic() + DEADLINE
@@ -158,6 +200,34 @@ async def test_native_writes_are_the_python_paths_bytes_and_keep_the_connection(
             assert body == _python_bytes(3) + b"0\r\n\r\n"
         assert app.native, "the pusher did not take the native step under uvicorn + httptools"
         assert calls[0] > 0 and app.declined == 0
+        writer.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, DEADLINE)
+
+
+async def test_under_the_servers_protocol_a_pushed_event_is_written_in_its_turn(
+    monkeypatch,
+) -> None:
+    # tsfront serve's protocol writes through a head-holding writer until the response's head
+    # is out; a pusher made before that (as the response task makes it) must still write each
+    # event when it is pushed, not hold it to a later loop turn: a `send` right after it in the
+    # same turn (the response's task sending a later event) must reach the wire after it.
+    from tsfront.serve.protocol import EdgeLimits, protocol_class
+
+    limits = EdgeLimits(
+        timeout_header=DEADLINE, timeout_body=DEADLINE, max_header_bytes=1 << 16, max_connections=8
+    )
+    app = _EdgeApp()
+    server, task, port, calls = await _serve(app, monkeypatch, protocol_class(limits))
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):  # and the connection stays usable
+            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            head, body = await _read_response(reader)
+            assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+            assert body == _edge_bytes()
+        assert app.native and calls[0] > 0
         writer.close()
     finally:
         server.should_exit = True

@@ -98,6 +98,45 @@ async def test_tokens_taken_by_a_sink_and_read_interleave_in_generation_order() 
         assert declined[0] > 0, "the sink never declined"
 
 
+async def test_a_sink_set_or_removed_while_the_reader_is_parked_takes_effect_at_once() -> None:
+    async with rig(1) as r:
+        n = 80
+        stream = await r.client.generate(request("sink-parked", n))
+        read: list[int] = []
+        chunks = []
+        taken: list[int] = []
+        took_some = asyncio.Event()
+        removed_at = [-1]
+
+        def sink(tokens: list[int]) -> bool:
+            assert removed_at[0] < 0, "the sink was offered tokens after it was removed"
+            taken.extend(tokens)
+            if len(taken) >= 10:
+                took_some.set()
+            return True
+
+        async def consume() -> None:
+            async for chunk in stream:
+                chunks.append(chunk)
+                read.extend(chunk.output_ids)
+
+        task = asyncio.ensure_future(consume())
+        await asyncio.sleep(0)  # one step of the reader: it reads what is there and parks
+        assert not task.done()
+        before = len(chunks)
+        stream.set_sink(sink)  # while parked: the next plain tokens are the sink's
+        await asyncio.wait_for(took_some.wait(), DEADLINE)
+        assert len(chunks) == before, "the reader got plain tokens while the sink was set"
+        stream.set_sink(None)  # while parked (the sink took everything): the reader's again
+        removed_at[0] = len(taken)
+        await asyncio.wait_for(task, DEADLINE)
+        assert len(taken) + len(read) == n and len(chunks) > before
+        want = expected_tokens("sink-parked", n)
+        head = len(read) - sum(len(c.output_ids) for c in chunks[before:])
+        assert read[:head] + taken + read[head:] == want
+        assert chunks[-1].finish_reason == "length"
+
+
 async def test_a_sink_that_raises_is_dropped_and_nothing_is_lost(caplog) -> None:
     async with rig(1) as r:
         n = 40

@@ -91,13 +91,13 @@ class Pusher:
         "_cycle",
         "_decoder",
         "_errors",
+        "_flow",
         "_head",
         "_message",
         "_pieces",
         "_send",
         "_tail",
         "_text",
-        "_write",
         "error",
         "inflight",
     )
@@ -117,7 +117,7 @@ class Pusher:
         #: The uvicorn connection cycle whose transport the native step writes to (None: no
         #: native step for this response; every event through ``send``).
         self._cycle: Any = None
-        self._write: Callable[[bytes], None] | None = None
+        self._flow: Any = None  # its connection's flow control (one per connection)
         self._pieces: list[bytes] = []
         self._decoder: Any = None
         self._errors = ""
@@ -125,7 +125,7 @@ class Pusher:
         cycle = _native_cycle(send) if state is not None else None
         if state is not None and cycle is not None:
             self._cycle = cycle
-            self._write = cycle.transport.write
+            self._flow = cycle.flow
             self._pieces, self._decoder, self._errors = state
         self._message: dict[str, Any] = {
             "type": "http.response.body",
@@ -149,7 +149,7 @@ class Pusher:
         cycle = self._cycle
         if (
             cycle is not None
-            and not cycle.flow.write_paused
+            and not self._flow.write_paused
             and not cycle.disconnected
             and not cycle.response_complete
         ):
@@ -160,7 +160,11 @@ class Pusher:
             self._choice.tokens += len(tokens)  # after: a step that raised changed nothing
             if chunk is not None:
                 try:
-                    self._write(chunk)  # type: ignore[misc]  # set with _cycle
+                    # The cycle's transport as uvicorn's send writes to it, looked up per event:
+                    # `tsfront.serve.protocol` swaps it for a writer that holds the response's
+                    # head to the next loop turn, and then back once the head is out (a write
+                    # bound before that would defer every event to a loop turn of its own).
+                    cycle.transport.write(chunk)
                 except Exception as exc:  # as a send that raised: the response ends with it
                     self.error = exc
             return True
