@@ -260,7 +260,6 @@ class IOLoop:
         core = self.core
         writer = core.writer
         intake, intake_fd = self.intake, self.intake_fd
-        every_pull = list(pulls.items())
         self.running = True
         # One clock reading a turn: the end of the last turn's says how long this poll waits.
         timeout = core.timeout_ms(time.monotonic())
@@ -271,19 +270,10 @@ class IOLoop:
             if intake is not None and timeout and not intake.park():
                 timeout = 0
             events = poll(timeout)
-            drained = []
             for sock, _ in events:
                 engine = pulls.get(sock)
                 if engine is not None:
                     self.drain_output(engine)
-                    drained.append(sock)
-            if drained and len(drained) < len(every_pull):
-                # Another rank's frame that came while this turn ran is taken in it too (one
-                # turn and one wake of the workers instead of two); reading a socket's events
-                # does not wait, and a turn with no output frame reads none.
-                for pull, engine in every_pull:
-                    if pull not in drained and cast(int, pull.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                        self.drain_output(engine)
             if intake is not None:
                 self.on_rings()
             for sock, mask in events:
