@@ -938,9 +938,15 @@ class IOCore:
 
     def timeout_ms(self, now: float) -> int:
         """How long the shell's poll may wait for the next event."""
-        if self.writer.spilling() or any(e.backlog for e in self.engines):
+        if self.writer.spilling():
             return 1
-        if any(e.aborts for e in self.engines):
+        aborts = False
+        for e in self.engines:  # a loop, not any() over a generator: once a turn
+            if e.backlog:
+                return 1
+            if e.aborts:
+                aborts = True
+        if aborts:
             return 10  # ABORTs the socket did not take (e.g. an input still reconnecting)
         if self.state == "handshaking" or self.adopting:
             return max(0, min(1000, int((self.deadline - now) * 1000) + 1))

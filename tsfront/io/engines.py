@@ -47,6 +47,7 @@ import collections
 import enum
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import zmq
 
@@ -230,9 +231,10 @@ class Engine:
             return ENGINE_STALLED
         return self.state.published
 
-    @property
+    @cached_property
     def identity(self) -> bytes:
-        """The engine's ZMQ identity: its index as a 2-byte little-endian u16."""
+        """The engine's ZMQ identity: its index as a 2-byte little-endian u16 (made once: it
+        is the first frame of every send to the engine)."""
         return engine_identity(self.index)
 
     @property

@@ -26,6 +26,7 @@ import time
 from typing import cast
 
 import zmq
+import zmq.backend
 from zmq.utils.monitor import recv_monitor_message
 
 from tsfront import _native, control
@@ -49,6 +50,15 @@ log = logging.getLogger("tsfront.io")
 DRAIN = 256
 # Bytes of control messages a worker may leave unread before it is detached.
 MAX_CONTROL_BACKLOG = 4 << 20
+
+# The engine-bound sends go frame by frame through pyzmq's backend `send` with plain int flags:
+# `send_multipart` and the sugar `send` cost ~20 µs more a message in Python (type checks, the
+# `zmq.Flag` enum's `|` per frame), measured a lone ADD at a time ("I/O process per turn" in
+# docs/PERFORMANCE.md). Only the identity frame can fail (full, unreachable): a ROUTER checks
+# its peer's pipe there, so the later frames of a message are always taken.
+_send_frame = zmq.backend.Socket.send
+_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
+_LAST = int(zmq.NOBLOCK)
 
 
 class Stop(Exception):
@@ -251,8 +261,9 @@ class IOLoop:
         writer = core.writer
         intake, intake_fd = self.intake, self.intake_fd
         self.running = True
+        # One clock reading a turn: the end of the last turn's says how long this poll waits.
+        timeout = core.timeout_ms(time.monotonic())
         while True:
-            timeout = core.timeout_ms(time.monotonic())
             # The submission rings' wake-up (DESIGN.md, "The submission rings"): parked is
             # published, then the rings re-checked, before the poll may block; a worker that
             # publishes a record after that check finds parked set and writes intake_fd.
@@ -283,8 +294,10 @@ class IOLoop:
                         pass
                 elif isinstance(sock, int) and sock in self.conns:
                     self.on_control(self.conns[sock], mask)
-            core.end_of_turn(time.monotonic())
+            now = time.monotonic()
+            core.end_of_turn(now)
             writer.wake()
+            timeout = core.timeout_ms(now)
 
     # ------------------------------------------------------------------ engine output
 
@@ -416,26 +429,28 @@ class IOLoop:
 
     def send_add(self, engine: Engine, payload: zmq.Frame | bytes) -> int:
         """`Ports.send_add` on the engine's group's input ROUTER."""
+        sock = self.input_of[engine.group]
         try:
-            self.input_of[engine.group].send_multipart(
-                [engine.identity, ADD, payload], zmq.NOBLOCK, copy=False
-            )
+            _send_frame(sock, engine.identity, _MORE)
         except zmq.Again:
             return FULL
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 return UNREACHABLE
             raise
+        _send_frame(sock, ADD, _MORE)
+        _send_frame(sock, payload, _LAST)
         return SENT
 
     def send_abort(self, engine: Engine, payload: bytes) -> bool:
         """`Ports.send_abort`: False if the socket refused it (kept for the next turn)."""
+        sock = self.input_of[engine.group]
         try:
-            self.input_of[engine.group].send_multipart(
-                [engine.identity, ABORT, payload], zmq.NOBLOCK
-            )
+            _send_frame(sock, engine.identity, _MORE)
         except zmq.ZMQError:
             return False  # full (next turn), or unreachable (until it comes back)
+        _send_frame(sock, ABORT, _MORE)
+        _send_frame(sock, payload, _LAST)
         return True
 
     def send_init(self, engine: Engine, payload: bytes) -> bool:
