@@ -26,7 +26,7 @@ import httpx
 import msgspec
 import openai
 import pytest
-from support.serve_fixtures import start_served
+from support.serve_fixtures import post_stream, read_chunked, start_served
 
 import tsfront.serve.push as push
 from tsfront.serve.push import Pusher
@@ -372,45 +372,19 @@ def test_a_slow_reader_gets_the_exact_text(served, tokenizer_and_model) -> None:
     # the server's back-pressure fall-back runs between native writes.
     tok, _ = tokenizer_and_model
     n = 3000
-    host, port = served.s.url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {"model": "bytes", "prompt": "hello", "max_tokens": n, "stream": True}
-    ).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-    sock.settimeout(DEADLINE)
-    sock.connect((host, int(port)))
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    sock = post_stream(
+        served.s.url,
+        {"model": "bytes", "prompt": "hello", "max_tokens": n, "stream": True},
+        rcvbuf=2048,
+        timeout=DEADLINE,
     )
-    data = bytearray()
-    deadline = time.monotonic() + 120
-    while not data.endswith(b"0\r\n\r\n"):
-        assert time.monotonic() < deadline, "the response never ended"
-        chunk = sock.recv(512)
-        assert chunk, "the server closed the connection early"
-        data += chunk
-    sock.close()
-    head, _, rest = bytes(data).partition(b"\r\n\r\n")
+    head, rest = read_chunked(sock, read=512, within=120)
     assert head.startswith(b"HTTP/1.1 200")
     texts = []
-    for event in _dechunk(rest).split(b"\n\n"):
+    for event in rest.split(b"\n\n"):
         if event.startswith(b"data: {"):
             texts.append(json.loads(event[6:])["choices"][0]["text"])
     assert "".join(texts) == _expected(tok, n)
-
-
-def _dechunk(raw: bytes) -> bytes:
-    out = bytearray()
-    while raw:
-        size, _, raw = raw.partition(b"\r\n")
-        n = int(size, 16)
-        if n == 0:
-            break
-        out += raw[:n]
-        raw = raw[n + 2 :]
-    return bytes(out)
 
 
 def test_a_client_that_leaves_mid_stream_aborts_the_request_without_a_traceback(

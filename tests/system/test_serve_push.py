@@ -14,10 +14,10 @@ import asyncio
 import json
 import logging
 import socket
-import time
 
 import pytest
 from support.core_fixtures import DEADLINE, expected_tokens, request, rig
+from support.serve_fixtures import post_stream, read_chunked
 from test_serve import expected_text, start_served
 
 from tsfront.serve.push import Pusher
@@ -290,32 +290,18 @@ def test_a_client_that_stops_reading_gets_every_token_once_in_order(fast_served)
     # applies back-pressure: ~5 MiB of events is past all three), and the events that could
     # not be pushed go the slow way. The text must be exact either way.
     n = 28000
-    host, port = fast_served.url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {"model": "tiny-words", "prompt": "w5", "max_tokens": n, "stream": True}
-    ).encode()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.settimeout(DEADLINE)
-    sock.connect((host, int(port)))
-    sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    sock = post_stream(
+        fast_served.url,
+        {"model": "tiny-words", "prompt": "w5", "max_tokens": n, "stream": True},
+        rcvbuf=4096,
+        timeout=DEADLINE,
     )
     # Do not read until the engine has produced the whole stream.
     fast_served.wait("the whole stream generated", lambda: fast_served.in_flight() == 0, 120)
-    data = bytearray()
-    deadline = time.monotonic() + 60
-    while not data.endswith(b"0\r\n\r\n"):
-        assert time.monotonic() < deadline, "the response never ended"
-        chunk = sock.recv(1 << 16)
-        assert chunk, "the server closed the connection early"
-        data += chunk
-    sock.close()
-    head, _, rest = bytes(data).partition(b"\r\n\r\n")
+    head, rest = read_chunked(sock, read=1 << 16, within=60)
     assert head.startswith(b"HTTP/1.1 200")
     texts = []
-    for line in _dechunk(rest).split(b"\n"):
+    for line in rest.split(b"\n"):
         if line.startswith(b"data: {"):
             texts.append(json.loads(line[6:])["choices"][0]["text"])
     assert "".join(texts) == expected_text(n)
@@ -331,10 +317,6 @@ def _chunks(raw: bytes) -> list[bytes]:
         out.append(raw[:n])
         raw = raw[n + 2 :]
     return out
-
-
-def _dechunk(raw: bytes) -> bytes:
-    return b"".join(_chunks(raw))
 
 
 def _stream_raw(served, body: dict) -> bytes:
