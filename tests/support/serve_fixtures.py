@@ -4,6 +4,9 @@
 ``tsfront_serve`` fixture is built on them): the command in its own session, its stdout lines
 waited for with a deadline, SIGTERM then SIGKILL of whatever is left of the session.
 
+`session_shm` and `shm_left` tell the server's own /dev/shm entries from the machine's: other
+processes (other test runs, other servers) make and remove entries there all the time.
+
 `post_stream` and `read_chunked` are a raw HTTP/1.1 client for the tests that need what a
 library client hides: a small receive window (a slow reader), a client that stops reading.
 """
@@ -11,10 +14,11 @@ library client hides: a small receive window (a slow reader), a client that stop
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 
-from tsfront.testing.serve import ServeProcess, serve_children, start_served
+from tsfront.testing.serve import ServeProcess, serve_children, session_pids, start_served
 
 __all__ = [
     "ServeProcess",
@@ -22,8 +26,35 @@ __all__ = [
     "post_stream",
     "read_chunked",
     "serve_children",
+    "session_shm",
+    "shm_left",
     "start_served",
 ]
+
+
+def session_shm(session: int) -> set[int]:
+    """Inodes of the /dev/shm files the live processes of ``session`` have mapped.
+
+    By inode, not by name: a mapping shows the name the file had when it was mapped (glibc's
+    ``sem_open`` maps a temporary ``sem.XXXXXX`` and then links it as ``sem.mp-...``)."""
+    inodes = set()
+    for pid in session_pids(session):
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = f.readlines()
+        except OSError:
+            continue  # exited meanwhile
+        for line in lines:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                inodes.add(int(fields[4]))
+    return inodes
+
+
+def shm_left(inodes: set[int]) -> set[str]:
+    """The /dev/shm entries that are still there among the files ``inodes`` name."""
+    with os.scandir("/dev/shm") as entries:
+        return {e.name for e in entries if e.inode() in inodes}
 
 
 def post_stream(url: str, body: dict, *, rcvbuf: int, timeout: float) -> socket.socket:

@@ -11,7 +11,6 @@ deadline. About 20 s in all, most of it the three servers' start.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess, session_shm, shm_left
 from support.serve_fixtures import start_served as serve_rig
 
 from tsfront.sim import SimGroup
@@ -410,7 +409,6 @@ def test_engine_death_ends_streams_then_503_with_retry_after_and_clean_stop(mode
     try:
         pids = s.server.group_pids()
         assert len(pids) >= 3  # master, I/O process, worker
-        shm_before = set(os.listdir("/dev/shm"))
         with httpx.stream(
             "POST",
             f"{s.url}/v1/completions",
@@ -435,13 +433,18 @@ def test_engine_death_ends_streams_then_503_with_retry_after_and_clean_stop(mode
         assert "no engine" in response.json()["error"]["message"]
         # A clean stop: the master exits 0 on SIGTERM and every process of its session (I/O
         # process, workers, multiprocessing's resource tracker, which leaves when the master's
-        # pipe closes) exits by itself, with no SIGKILL from the test.
+        # pipe closes) exits by itself, with no SIGKILL from the test, and no /dev/shm file
+        # the server's processes had mapped is left. Its own files only: other processes on
+        # the machine (another server, another test run) add /dev/shm entries meanwhile. The
+        # master's spawn-context queue holds named semaphores, so there are files to watch.
+        shm = session_shm(s.server.proc.pid)
+        assert shm
         s.server.proc.send_signal(signal.SIGTERM)
         assert s.server.proc.wait(15) == 0
         s.wait(
             "every process of the server's session to exit", lambda: not s.server.group_pids(), 10
         )
-        assert set(os.listdir("/dev/shm")) - shm_before == set()
+        assert shm_left(shm) == set()
     finally:
         s.server.stop()
         s.group.stop()
