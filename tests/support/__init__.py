@@ -8,7 +8,7 @@
 * `text_fixtures` — mixed-script text and test model folders;
 * `notify_reader` — a worker's side of the notify protocol, run as its own process;
 * `hardening` — rank processes (`RankProcess`), the I/O rig of the hardening suite (`io_rig`),
-  slot dumps and leak checks (`fd_count`, `shm_names`).
+  slot dumps and leak checks (`fd_count`, `region_inodes`, `region_mappers`).
 
 ``tests/`` is on ``sys.path`` through ``tests/conftest.py`` (pytest's rootdir-relative
 import mode), so ``from support.core_fixtures import rig`` works from every test file in

@@ -6,7 +6,7 @@ rank (SIGKILL: no sentinel, the kernel closes its sockets), start it again under
 identity, or run it inside a network namespace (``prefix=["ip", "netns", "exec", ns]``).
 `IORig` is an I/O process with rank processes and attached clients, torn down in reverse.
 `slot_state` reads one slot (and its worker's notify ring) out of a mapping of the region, to
-say why a stream hangs; `fd_count`, `shm_names` and `new_shm_names` check for leaks.
+say why a stream hangs; `fd_count`, `region_inodes` and `region_mappers` check for leaks.
 """
 
 from __future__ import annotations
@@ -150,16 +150,41 @@ def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def shm_names() -> set[str]:
-    return set(os.listdir("/dev/shm"))
+def region_inodes(pid: int) -> set[int]:
+    """Inodes of the tsfront memfds (the slot region) process ``pid`` has mapped.
+
+    tsfront names nothing in /dev/shm: its one shared segment is an anonymous memfd, which
+    the kernel frees with the last descriptor and mapping of it. So "no segment outlives its
+    owner" means: once the rig is closed and its processes reaped, no live process maps it."""
+    inodes = set()
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/memfd:tsfront"):
+                inodes.add(int(fields[4]))
+    return inodes
 
 
-def new_shm_names(before: set[str]) -> set[str]:
-    """The /dev/shm entries of ours (named ``*tsfront*``) that were not there ``before``.
-
-    Only our own names count: other processes on the machine use /dev/shm too.
-    """
-    return {n for n in shm_names() - before if "tsfront" in n}
+def region_mappers(inodes: set[int]) -> set[int]:
+    """The live processes that still map one of these memfd inodes."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                for line in f:
+                    fields = line.split(maxsplit=5)
+                    if (
+                        len(fields) == 6
+                        and fields[5].startswith("/memfd:")
+                        and (int(fields[4]) in inodes)
+                    ):
+                        found.add(int(entry))
+                        break
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+    return found
 
 
 # Mirrors of the native layout (native/: slot_a_t, slot_b_t, worker_ctl_t), for diagnostics
