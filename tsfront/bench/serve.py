@@ -451,12 +451,13 @@ def _ratios(results: list[Figures]) -> dict:
         if smg and name != "SMG gateway":
             ratios[f"{name} / SMG (CPU per token)"] = value / smg
     # The I/O process's share of tsfront's figure (what the one shared process costs).
-    for f in results:
-        io = f.extra.get("us_per_token_by_process", {}).get("I/O process")
-        if io is not None and f.target == "tsfront serve W=1":
-            by.setdefault("io", []).append(io)
-    if "io" in by:
-        ratios["tsfront serve W=1: I/O process µs per token (median)"] = statistics.median(by["io"])
+    io = [
+        f.extra["us_per_token_by_process"]["I/O process"]
+        for f in results
+        if f.target == "tsfront serve W=1" and "I/O process" in f.extra["us_per_token_by_process"]
+    ]
+    if io:
+        ratios["tsfront serve W=1: I/O process µs per token (median)"] = statistics.median(io)
     one, two = best.get("tsfront serve W=1"), best.get("tsfront serve W=2")
     if one and two:
         ratios["W=2 / W=1 (CPU per token)"] = two / one

@@ -28,6 +28,7 @@ response's task (`tsfront.serve.asgi`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
@@ -49,8 +50,10 @@ _token_event = _native.token_event
 NATIVE = os.environ.get("TSFRONT_SERVE_NATIVE", "1") != "0"
 
 
+@functools.cache
 def _cycle_type() -> type | None:
-    # The class whose ``send`` the native step stands in for (None: uvicorn not installed).
+    # The class whose ``send`` the native step stands in for (None: uvicorn not installed);
+    # looked up on first use, since uvicorn is the serve extra's.
     try:
         from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
     except ImportError:
@@ -58,17 +61,12 @@ def _cycle_type() -> type | None:
     return RequestResponseCycle
 
 
-_CYCLE: list[type | None] = []  # looked up on first use (uvicorn is the serve extra's)
-
-
 def _native_cycle(send: Callable[..., Any]) -> Any:
     """The uvicorn connection cycle whose ``send`` this is, when the native step can stand in
     for it (httptools protocol, a chunked body; not HEAD), else None."""
-    if not _CYCLE:
-        _CYCLE.append(_cycle_type())
+    kind: Any = _cycle_type()
     cycle: Any = getattr(send, "__self__", None)
-    kind: Any = type(cycle)
-    if _CYCLE[0] is None or kind is not _CYCLE[0]:
+    if kind is None or type(cycle) is not kind:
         return None
     if cycle.chunked_encoding is not True or cycle.scope.get("method") == "HEAD":
         return None
