@@ -12,6 +12,8 @@ mid-stream is replaced at its place by a new one whose ring works from a clean s
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 from support.core_fixtures import (
@@ -91,10 +93,17 @@ async def test_a_full_ring_is_busy_at_once_and_takes_submissions_again() -> None
     prompt = [40000 + i for i in range(500)]  # ~1.5 KB: two fit a 4 KB ring
     async with rig(1, config={"submit_ring_bytes": SMALL_RING, "slots_per_worker": 64}) as r:
         streams = []
-        with pytest.raises(Busy, match="submission ring"):
-            for i in range(64):  # no yield: the I/O process cannot drain meanwhile
-                streams.append(await r.client.generate(request(f"full-{i}", 2, prompt=prompt)))
-        assert 1 <= len(streams) < 10
+        # The I/O process is stopped, so nothing drains the ring while it fills (it is a
+        # process of its own: the worker not yielding would not stop it, and under a slow
+        # build it drained part of the ring meanwhile).
+        os.kill(r.io.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(Busy, match="submission ring"):
+                for i in range(64):
+                    streams.append(await r.client.generate(request(f"full-{i}", 2, prompt=prompt)))
+        finally:
+            os.kill(r.io.pid, signal.SIGCONT)
+        assert 1 <= len(streams) <= SMALL_RING // 1500  # what fits, and no more
         for s in streams:
             tokens, _ = await collect(s)
             assert len(tokens) == 2
