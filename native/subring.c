@@ -1,12 +1,13 @@
 /*
  * subring.c: the per-worker submission rings (see subring.h for the layout).
  *
- * `Submitter` is a worker's producer side: `add` / `abort` write one record and publish it,
- * and write the I/O process's eventfd only if it said it is parked. `Intake` is the I/O
- * process's consumer side over every worker's ring: `park` publishes that it is about to
- * block, `take` copies the published records out (validating each: the ring is written by
- * another process, which may lie), `applied` counts a ZMQ submission handled (the ordering
- * rule between the two paths). The invariant is in docs/DESIGN.md, "The submission rings".
+ * `Submitter` is a worker's producer side: `add` / `abort` write one record and publish it;
+ * `ring`, the doorbell (once per worker loop turn that published a record, not per record),
+ * writes the I/O process's eventfd only if it said it is parked. `Intake` is the I/O process's
+ * consumer side over every worker's ring: `park` publishes that it is about to block, `take`
+ * copies the published records out (validating each: the ring is written by another process,
+ * which may lie), `applied` counts a ZMQ submission handled (the ordering rule between the two
+ * paths). The invariant is in docs/DESIGN.md, "The submission rings".
  */
 #include "subring.h"
 
@@ -26,7 +27,7 @@ typedef struct {
     uint64_t tail;      /* private copy of what this worker published (it is the only writer) */
     uint64_t head_seen; /* last head read from the I/O process */
     uint64_t sent;      /* ZMQ submissions this worker sent since its attach */
-    uint64_t records, full, wakes;
+    uint64_t records, full, rings, wakes;
 } Submitter;
 
 static void submitter_dealloc(Submitter *self) {
@@ -115,12 +116,19 @@ static int submitter_put(Submitter *self, uint32_t kind, const Py_buffer *a, con
      * before it reads them. */
     atomic_store_explicit(&ctl->tail, self->tail, memory_order_release);
     self->records++;
-    /* Wake-up (Dekker with Intake.park): tail stored, seq_cst fence, then parked loaded. The
-     * consumer stores parked, fences, then loads tail: at least one of us sees the other's
-     * store, so either it sees this record before it blocks or we see parked = 1. The exchange
-     * makes exactly one waker write the eventfd per park. */
+    return SUB_OK;
+}
+
+/* The doorbell (Dekker with Intake.park), rung after the records it announces were published
+ * (their release stores of tail, in put): seq_cst fence, then parked loaded. The consumer
+ * stores parked, fences, then loads tail: at least one of us sees the other's store, so either
+ * it sees every record published before this fence before it blocks, or we see parked = 1. The
+ * exchange makes exactly one waker write the eventfd per park. The worker rings once per loop
+ * turn that published a record, at the end of it (tsfront.attachment), not once per record. */
+static PyObject *submitter_ring(Submitter *self, PyObject *noargs) {
+    self->rings++;
     atomic_thread_fence(memory_order_seq_cst);
-    sub_shared_t *sh = sub_shared(r);
+    sub_shared_t *sh = sub_shared(&self->r);
     if (atomic_load_explicit(&sh->parked, memory_order_relaxed) &&
         atomic_exchange_explicit(&sh->parked, 0, memory_order_acq_rel) == 1) {
         uint64_t one = 1;
@@ -129,8 +137,9 @@ static int submitter_put(Submitter *self, uint32_t kind, const Py_buffer *a, con
             rc = write(self->efd, &one, sizeof one);
         } while (rc < 0 && errno == EINTR);
         self->wakes++; /* EAGAIN: the counter is saturated, the I/O process is awake anyway */
+        Py_RETURN_TRUE;
     }
-    return SUB_OK;
+    Py_RETURN_FALSE;
 }
 
 static PyObject *submitter_add(Submitter *self, PyObject *args) {
@@ -165,17 +174,21 @@ static PyObject *submitter_zmq_sent(Submitter *self, PyObject *noargs) {
 }
 
 static PyObject *submitter_stats(Submitter *self, PyObject *noargs) {
-    return Py_BuildValue("{sKsKsKsKsK}", "records", self->records, "full", self->full, "wakes",
-                         self->wakes, "zmq_sent", self->sent, "max_record",
+    return Py_BuildValue("{sKsKsKsKsKsK}", "records", self->records, "full", self->full, "rings",
+                         self->rings, "wakes", self->wakes, "zmq_sent", self->sent, "max_record",
                          (unsigned long long)sub_max_record(&self->r));
 }
 
 static PyMethodDef submitter_methods[] = {
     {"add", (PyCFunction)submitter_add, METH_VARARGS,
-     "add(header, payload, hashes=None) -> int: write an ADD record; 0 written, 1 the ring is\n"
-     "full, 2 too large for the ring, 3 a ZMQ submission is not handled yet (send over ZMQ)."},
+     "add(header, payload, hashes=None) -> int: write and publish an ADD record (not announced:\n"
+     "see ring); 0 written, 1 the ring is full, 2 too large for the ring, 3 a ZMQ submission is\n"
+     "not handled yet (send over ZMQ)."},
     {"abort", (PyCFunction)submitter_abort, METH_VARARGS,
-     "abort(entries) -> int: write an ABORT record; the codes of add."},
+     "abort(entries) -> int: write and publish an ABORT record; the codes of add."},
+    {"ring", (PyCFunction)submitter_ring, METH_NOARGS,
+     "ring() -> bool: the doorbell, after records were published: wake the I/O process if it\n"
+     "is parked (True: this call wrote its eventfd)."},
     {"zmq_sent", (PyCFunction)submitter_zmq_sent, METH_NOARGS,
      "zmq_sent(): count one submission sent over ZMQ instead (the ordering rule)."},
     {"stats", (PyCFunction)submitter_stats, METH_NOARGS, "stats() -> dict of counters."},
@@ -284,7 +297,7 @@ static inline int readable(Intake *self, uint32_t w) {
 static PyObject *intake_park(Intake *self, PyObject *noargs) {
     sub_shared_t *sh = sub_shared(&self->r);
     /* parked stored, seq_cst fence, then every tail loaded: pairs with the producer's tail
-     * store, fence, parked load (Submitter.put). */
+     * stores (Submitter.put), then its fence and parked load (Submitter.ring). */
     atomic_store_explicit(&sh->parked, 1, memory_order_relaxed);
     atomic_thread_fence(memory_order_seq_cst);
     for (uint32_t w = 0; w < self->r.l.num_workers; w++) {

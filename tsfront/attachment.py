@@ -2,7 +2,9 @@
 
 It owns the worker's control socket, its eventfd, its mapping of the slot region with a native
 `Reader`, its submission ring (a native `Submitter`, in the same region) and a ZMQ DEALER.
-Submissions go into the ring without waiting (a full ring is `Busy`); one too large for the
+Submissions go into the ring without waiting (a full ring is `Busy`); the first of an event
+loop turn schedules the ring's doorbell (`Submitter.ring`) for the end of that turn, so the
+submissions of one turn cost the I/O process one wake-up, not one each. One too large for the
 ring, and every one made while a ZMQ submission of this worker is not yet handled (the rule
 that keeps the two paths in order, DESIGN.md "The submission rings"), goes out on the DEALER,
 also without waiting (a full queue is `Busy`); outputs come in through shared memory: the I/O
@@ -71,6 +73,7 @@ class Attachment:
         self.reader: Any = None  # this worker's _native.Reader (no stub), once attached
         self.submitter: _native.Submitter | None = None  # its submission ring, if the region has
         self.io_eventfd = -1  # the I/O process's, written when it is parked (by the Submitter)
+        self._bell = False  # a record was published this turn: the doorbell is scheduled
         self.ctx: zmq.Context | None = None
         self.dealer: zmq.Socket | None = None
         self.recorder: Recorder | None = None  # this worker's request metrics (shared memory)
@@ -282,6 +285,8 @@ class Attachment:
         if ring is not None:
             sent = ring.add(header, payload, hashes)
             if sent == _native.SUB_OK:
+                if not self._bell:
+                    self._schedule_bell()
                 return self.slots.open(rid, slot, ticket, expires, deadline)
             if sent == _native.SUB_FULL:
                 self.slots.put_back(slot)
@@ -314,6 +319,19 @@ class Attachment:
             ring.zmq_sent()
         return self.slots.open(rid, slot, ticket, expires, deadline)
 
+    def _schedule_bell(self) -> None:
+        # The first record of this loop turn: the doorbell rings once, when the handles ready
+        # now have run (call_soon queues it behind them; the loop does not block while a
+        # handle is ready), so no record is left unannounced past the end of the turn that
+        # published it (DESIGN.md, "The submission rings").
+        self._bell = True
+        self.loop.call_soon(self._ring_bell)
+
+    def _ring_bell(self) -> None:
+        self._bell = False
+        if self.submitter is not None:
+            self.submitter.ring()
+
     def _send_aborts(self, batch: bytes) -> bool:
         # The slot table's batch of abort entries; False: the queue is full, try again.
         if self.dealer is None:
@@ -322,6 +340,8 @@ class Attachment:
         if ring is not None:
             sent = ring.abort(batch)
             if sent == _native.SUB_OK:
+                if not self._bell:
+                    self._schedule_bell()
                 return True
             if sent == _native.SUB_FULL:
                 return False
@@ -351,6 +371,8 @@ class Attachment:
                 self._send_aborts(batch)  # best effort: the detach aborts them all anyway
             except zmq.ZMQError:
                 pass
+        if self._bell:
+            self._ring_bell()  # now: the scheduled call finds no submitter
         if self.sock is not None:
             try:
                 self.loop.remove_reader(self.sock.fileno())

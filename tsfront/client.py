@@ -254,8 +254,8 @@ class EngineClient:
         frames whose handler failed, load tails out of range, output connections lost, ADDs
         refused for reusing a recently aborted rid, under prefix affinity the placements
         load took from the longest match and the ADDs the I/O process had to hash itself, and
-        the submissions taken from the workers' rings, those that came over ZMQ and the ring
-        contents dropped as corrupt.
+        the submissions taken from the workers' rings, those that came over ZMQ, the ring
+        contents dropped as corrupt and the turns a worker's doorbell woke the I/O process.
         """
         att = self._att
         if att.closed or att.region is None:

@@ -72,7 +72,7 @@ METRICS_OFFSET = 64
 #   reused_rids         ADDs refused because the rid was aborted on that engine < 300 s ago
 #   orphan_aborts       rids of a predecessor I/O process, still decoding on an engine this one
 #                       took over, aborted there (once each; see tsfront.io.adoption)
-#   ring_submissions, zmq_submissions, bad_ring_records: see below
+#   ring_submissions, zmq_submissions, bad_ring_records, ring_wakeups: see below
 IO_METRICS = (
     "handler_errors",
     "output_disconnects",
@@ -84,11 +84,13 @@ IO_METRICS = (
     "affinity_rehashed",
     "orphan_aborts",
     # Submissions (tsfront.io.loop): records taken from the workers' submission rings,
-    # submissions that came over ZMQ (too large for a ring, or behind one that did), and ring
-    # contents dropped as corrupt (DESIGN.md, "The submission rings").
+    # submissions that came over ZMQ (too large for a ring, or behind one that did), ring
+    # contents dropped as corrupt, and the turns a worker's doorbell woke the parked I/O
+    # process (at most one per worker loop turn; DESIGN.md, "The submission rings").
     "ring_submissions",
     "zmq_submissions",
     "bad_ring_records",
+    "ring_wakeups",
 )
 IO_METRICS_OFFSET = 2048
 

@@ -1,6 +1,8 @@
 """Submissions through the workers' shared-memory rings, through a real I/O process and sim ranks.
 
 Pins: small ADDs and ABORTs go through the ring (the I/O process counts them, none over ZMQ);
+the ADDs of one turn of the worker's loop wake the parked I/O process once (one doorbell at the
+end of the turn, not one an ADD) and all reach the engine;
 a prompt too large for the ring goes over ZMQ and the ADDs made right after it reach the engine
 after it, in order; an ABORT right after its ADD reaches the engine after that ADD on either
 path; a full ring is `Busy` at once (never a hang) and takes submissions again once the I/O
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 from support.core_fixtures import (
@@ -55,6 +58,31 @@ async def test_adds_and_aborts_go_through_the_ring() -> None:
         ring, zmq = await wait_until(lambda: _counts(r)[0] >= 7 and _counts(r), "ring counts")
         assert ring == 7 and zmq == 0  # 6 ADDs and one ABORT batch
         assert r.client.metrics()["bad_ring_records"] == 0
+
+
+async def test_the_adds_of_one_loop_turn_ring_the_doorbell_once() -> None:
+    n = 6
+    async with rig(1) as r:
+        # A round trip first: the I/O process has just had a turn and parks (idle, its poll
+        # waits up to a second: nothing but a doorbell wakes it during the turn below).
+        tokens, _ = await collect(await r.client.generate(request("turn-warm", 2)))
+        assert len(tokens) == 2
+        taken, wakeups = _counts(r)[0], r.client.metrics()["ring_wakeups"]
+        streams = []
+        for i in range(n):  # one loop turn: generate does not yield
+            streams.append(await r.client.generate(request(f"turn-{i}", 2)))
+            # Still in the turn, a pause in which a doorbell per ADD would have woken the I/O
+            # process, had it take the ADD and park again (then the next ADD wakes it again).
+            # A busy wait (the loop must not run) that ends early once the ADD was taken.
+            end = time.monotonic() + 0.02
+            while _counts(r)[0] < taken + i + 1 and time.monotonic() < end:
+                pass
+        for s in streams:
+            tokens, _ = await collect(s)
+            assert len(tokens) == 2
+        assert engine_rids(r.sim, 0)[1:] == [f"turn-{i}" for i in range(n)]
+        assert _counts(r) == (taken + n, 0)
+        assert r.client.metrics()["ring_wakeups"] == wakeups + 1, "one doorbell for the turn"
 
 
 async def test_a_prompt_too_large_for_the_ring_goes_over_zmq_and_keeps_the_order() -> None:

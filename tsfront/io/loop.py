@@ -288,6 +288,7 @@ class IOLoop:
                 elif sock == listener_fd:
                     self.on_accept()
                 elif sock == intake_fd:
+                    core.count("ring_wakeups")
                     try:
                         os.read(intake_fd, 8)  # the rings were read above, every turn
                     except BlockingIOError:
