@@ -2,8 +2,9 @@
  * subring.c: the per-worker submission rings (see subring.h for the layout).
  *
  * `Submitter` is a worker's producer side: `add` / `abort` write one record and publish it;
- * `ring`, the doorbell (once per worker loop turn that published a record, not per record),
- * writes the I/O process's eventfd only if it said it is parked. `Intake` is the I/O process's
+ * `ring`, the doorbell (once per worker loop turn that published a record, not per record, and
+ * at once from `add` / `abort` when a quarter of the ring is published unannounced), writes
+ * the I/O process's eventfd only if it said it is parked. `Intake` is the I/O process's
  * consumer side over every worker's ring: `park` publishes that it is about to block, `take`
  * copies the published records out (validating each: the ring is written by another process,
  * which may lie), `applied` counts a ZMQ submission handled (the ordering rule between the two
@@ -27,7 +28,8 @@ typedef struct {
     uint64_t tail;      /* private copy of what this worker published (it is the only writer) */
     uint64_t head_seen; /* last head read from the I/O process */
     uint64_t sent;      /* ZMQ submissions this worker sent since its attach */
-    uint64_t records, full, rings, wakes;
+    uint64_t announced; /* tail at the last doorbell: records past it are not announced yet */
+    uint64_t records, full, rings, early, wakes;
 } Submitter;
 
 static void submitter_dealloc(Submitter *self) {
@@ -57,7 +59,29 @@ static int submitter_init(Submitter *self, PyObject *args, PyObject *kw) {
     self->worker = worker;
     self->efd = efd;
     /* The I/O process reset this ring (Intake.open) before it sent the region: we start at 0. */
-    self->tail = self->head_seen = self->sent = 0;
+    self->tail = self->head_seen = self->sent = self->announced = 0;
+    return 0;
+}
+
+/* The doorbell (Dekker with Intake.park), rung after the records it announces were published
+ * (their release stores of tail, in put): seq_cst fence, then parked loaded. The consumer
+ * stores parked, fences, then loads tail: at least one of us sees the other's store, so either
+ * it sees every record published before this fence before it blocks, or we see parked = 1. The
+ * exchange makes exactly one waker write the eventfd per park. 1 if this call wrote. */
+static int doorbell(Submitter *self) {
+    self->announced = self->tail;
+    atomic_thread_fence(memory_order_seq_cst);
+    sub_shared_t *sh = sub_shared(&self->r);
+    if (atomic_load_explicit(&sh->parked, memory_order_relaxed) &&
+        atomic_exchange_explicit(&sh->parked, 0, memory_order_acq_rel) == 1) {
+        uint64_t one = 1;
+        ssize_t rc;
+        do {
+            rc = write(self->efd, &one, sizeof one);
+        } while (rc < 0 && errno == EINTR);
+        self->wakes++; /* EAGAIN: the counter is saturated, the I/O process is awake anyway */
+        return 1;
+    }
     return 0;
 }
 
@@ -116,30 +140,21 @@ static int submitter_put(Submitter *self, uint32_t kind, const Py_buffer *a, con
      * before it reads them. */
     atomic_store_explicit(&ctl->tail, self->tail, memory_order_release);
     self->records++;
+    /* A turn that has published a quarter of the ring or more rings now, not at the end of the
+     * turn: the I/O process drains while the rest is written, so a burst of many
+     * ADDs in one turn does not find the ring full for want of a doorbell. */
+    if (self->tail - self->announced >= ring / 4) {
+        self->early++;
+        doorbell(self);
+    }
     return SUB_OK;
 }
 
-/* The doorbell (Dekker with Intake.park), rung after the records it announces were published
- * (their release stores of tail, in put): seq_cst fence, then parked loaded. The consumer
- * stores parked, fences, then loads tail: at least one of us sees the other's store, so either
- * it sees every record published before this fence before it blocks, or we see parked = 1. The
- * exchange makes exactly one waker write the eventfd per park. The worker rings once per loop
- * turn that published a record, at the end of it (tsfront.attachment), not once per record. */
+/* The worker rings once per loop turn that published a record, at the end of it
+ * (tsfront.attachment), not once per record. */
 static PyObject *submitter_ring(Submitter *self, PyObject *noargs) {
     self->rings++;
-    atomic_thread_fence(memory_order_seq_cst);
-    sub_shared_t *sh = sub_shared(&self->r);
-    if (atomic_load_explicit(&sh->parked, memory_order_relaxed) &&
-        atomic_exchange_explicit(&sh->parked, 0, memory_order_acq_rel) == 1) {
-        uint64_t one = 1;
-        ssize_t rc;
-        do {
-            rc = write(self->efd, &one, sizeof one);
-        } while (rc < 0 && errno == EINTR);
-        self->wakes++; /* EAGAIN: the counter is saturated, the I/O process is awake anyway */
-        Py_RETURN_TRUE;
-    }
-    Py_RETURN_FALSE;
+    return PyBool_FromLong(doorbell(self));
 }
 
 static PyObject *submitter_add(Submitter *self, PyObject *args) {
@@ -174,15 +189,16 @@ static PyObject *submitter_zmq_sent(Submitter *self, PyObject *noargs) {
 }
 
 static PyObject *submitter_stats(Submitter *self, PyObject *noargs) {
-    return Py_BuildValue("{sKsKsKsKsKsK}", "records", self->records, "full", self->full, "rings",
-                         self->rings, "wakes", self->wakes, "zmq_sent", self->sent, "max_record",
+    return Py_BuildValue("{sKsKsKsKsKsKsK}", "records", self->records, "full", self->full,
+                         "rings", self->rings, "early_rings", self->early, "wakes", self->wakes,
+                         "zmq_sent", self->sent, "max_record",
                          (unsigned long long)sub_max_record(&self->r));
 }
 
 static PyMethodDef submitter_methods[] = {
     {"add", (PyCFunction)submitter_add, METH_VARARGS,
-     "add(header, payload, hashes=None) -> int: write and publish an ADD record (not announced:\n"
-     "see ring); 0 written, 1 the ring is full, 2 too large for the ring, 3 a ZMQ submission is\n"
+     "add(header, payload, hashes=None) -> int: write and publish an ADD record (announced by\n"
+     "ring, or at once once a quarter of the ring is unannounced); 0 written, 1 the ring is full, 2 too large for the ring, 3 a ZMQ submission is\n"
      "not handled yet (send over ZMQ)."},
     {"abort", (PyCFunction)submitter_abort, METH_VARARGS,
      "abort(entries) -> int: write and publish an ABORT record; the codes of add."},

@@ -5,7 +5,8 @@ ring full, and pauses now and then so that the consumer parks), every record arr
 once, in order, byte for byte, and no wake-up is lost (the consumer blocks on its eventfd with
 a deadline; a record found after a wait that no eventfd write ended is a lost wake-up), with a
 doorbell per record and with deferred ringing (records published in bursts, one
-`Submitter.ring` a burst, as a worker rings once at the end of a loop turn); the
+`Submitter.ring` a burst, as a worker rings once at the end of a loop turn, and the ring at
+once when a quarter of the ring is published unannounced); the
 codes of a full ring, a record too large for it and a ZMQ submission not yet handled (the
 ordering rule of DESIGN.md "The submission rings"); and a ring a peer controls: random bytes,
 lying tails and each kind of corrupt record are dropped and counted, never read out of bounds,
@@ -137,7 +138,7 @@ def _hammer(r: Region, burst: int, max_record: int, gap: int = 0) -> dict:
     assert done["records"] == received
     # One ring per burst, and one more before each retry of a full ring; a write per ring at most.
     assert done["rings"] == done["bursts"] + done["full_rings"]
-    assert done["wakes"] <= done["rings"]
+    assert done["wakes"] <= done["rings"] + done["early_rings"]
     assert done["wakes"] > 0 and waits > 0, "the consumer never parked and was woken"
     stats = intake.stats()
     assert stats["bad_records"] == 0 and stats["records"] == received
@@ -164,6 +165,7 @@ def test_two_process_hammer_deferred_ringing_one_ring_per_burst(region) -> None:
     assert done["written"] >= 20_000, f"only {done['written']} records in 3 s"
     assert done["bursts"] >= 1000 and done["written"] >= 8 * done["bursts"]
     assert done["wakes"] >= 100, "the consumer seldom parked between bursts"
+    assert done["early_rings"] > 0, "no burst reached a quarter of the ring"
     assert done["wakes"] < done["written"] // 4, "not several records per wake-up"
 
 
@@ -213,6 +215,29 @@ def test_park_refuses_while_a_record_waits_and_the_record_wakes_a_parked_intake(
     assert r.intake.park() is False  # records wait: do not block
     assert len(r.intake.take()) == 2
     assert r.intake.park() is True
+
+
+def test_a_quarter_of_the_ring_published_unannounced_rings_at_once(region) -> None:
+    r = region(8192)  # a quarter: 2,048 bytes
+    sub = r.submitter()
+    assert r.intake.park() is True
+    assert sub.add(b"h" * 24, b"p" * 976) == _native.SUB_OK  # 1,024 bytes with its head
+    with pytest.raises(BlockingIOError):
+        os.read(r.efd, 8)  # below a quarter: left for the end of the turn
+    assert sub.add(b"h" * 24, b"p" * 976) == _native.SUB_OK  # 2,048 unannounced: rings now
+    assert os.read(r.efd, 8) == (1).to_bytes(8, "little")
+    assert sub.stats()["early_rings"] == 1 and sub.stats()["rings"] == 0
+    assert len(r.intake.take()) == 2
+    # Counted from the last doorbell, whichever rang it: a ring resets it.
+    assert r.intake.park() is True
+    assert sub.add(b"h" * 24, b"p" * 976) == _native.SUB_OK
+    assert sub.ring() is True
+    assert os.read(r.efd, 8) == (1).to_bytes(8, "little")
+    assert len(r.intake.take()) == 1 and r.intake.park() is True
+    assert sub.add(b"h" * 24, b"p" * 976) == _native.SUB_OK
+    with pytest.raises(BlockingIOError):
+        os.read(r.efd, 8)
+    assert sub.stats()["early_rings"] == 1
 
 
 def test_open_resets_what_the_last_worker_left(region) -> None:

@@ -2,7 +2,8 @@
 
 Pins: small ADDs and ABORTs go through the ring (the I/O process counts them, none over ZMQ);
 the ADDs of one turn of the worker's loop wake the parked I/O process once (one doorbell at the
-end of the turn, not one an ADD) and all reach the engine;
+end of the turn, not one an ADD) and all reach the engine, and a turn that publishes more than
+the ring holds rings before it fills;
 a prompt too large for the ring goes over ZMQ and the ADDs made right after it reach the engine
 after it, in order; an ABORT right after its ADD reaches the engine after that ADD on either
 path; a full ring is `Busy` at once (never a hang) and takes submissions again once the I/O
@@ -83,6 +84,22 @@ async def test_the_adds_of_one_loop_turn_ring_the_doorbell_once() -> None:
         assert engine_rids(r.sim, 0)[1:] == [f"turn-{i}" for i in range(n)]
         assert _counts(r) == (taken + n, 0)
         assert r.client.metrics()["ring_wakeups"] == wakeups + 1, "one doorbell for the turn"
+
+
+async def test_a_turn_that_publishes_more_than_the_ring_holds_rings_before_it_fills() -> None:
+    # 200 ADDs of ~16 KB in one turn: three times the default ring (1 MiB). The doorbell rings
+    # once a quarter of the ring is unannounced, so the I/O process drains while the turn goes
+    # on and none of them finds the ring full (with a doorbell only at the end of the turn,
+    # the 65th would be Busy).
+    prompt = [7] * 16384
+    async with rig(1, config={"slots_per_worker": 256}) as r:
+        streams = [
+            await r.client.generate(request(f"burst-{i}", 1, prompt=prompt)) for i in range(200)
+        ]
+        for s in streams:
+            tokens, _ = await collect(s)
+            assert len(tokens) == 1
+        assert _counts(r) == (200, 0)
 
 
 async def test_a_prompt_too_large_for_the_ring_goes_over_zmq_and_keeps_the_order() -> None:
