@@ -269,10 +269,10 @@ def test_keep_alive_closes_an_idle_connection_and_any_byte_ends_it(
         sock.sendall(request("/health"))
         closed, data = closed_within(sock, 0.3)
         assert not closed and data.startswith(b"HTTP/1.1 200"), data
-    t1 = time.monotonic()
+    t1 = time.monotonic()  # 0.3 s after the last response came
     closed, _ = closed_within(sock, 6)
     idle = time.monotonic() - t1
-    assert closed and 0.7 < idle < 3, idle  # the keep-alive (1 s), not the header deadline (4)
+    assert closed and 0.4 < idle < 3, idle  # the keep-alive (1 s), not the header deadline (4)
     sock.close()
     sock = edge.connect()
     sock.sendall(request("/health"))
