@@ -52,6 +52,11 @@ class EngineClient:
     def __init__(self, attachment: Attachment, io: IOProcess | None) -> None:
         self._att = attachment
         self._io = io
+        # Each engine's context limit, made once per registration list (the attachment
+        # replaces the list when an engine registers again), not per request; see `_limits`.
+        self._limits_of: list[EngineInfo] | None = None
+        self._limits: list[int | None] = []
+        self._least: int | None = None
 
     @property
     def attachment(self) -> Attachment:
@@ -148,7 +153,7 @@ class EngineClient:
         pin = request.data_parallel_rank
         limit = self._context_limit(pin)
         validate_request(request, max_model_len=limit)
-        if request.rid in att.slots.by_rid:
+        if request.rid in att.slots.slot_of:
             raise DuplicateRequest(
                 "rid",
                 request.rid,
@@ -191,35 +196,56 @@ class EngineClient:
 
     def _context_limit(self, pin: int | None) -> int | None:
         att = self._att
-        table = cast(shm.Region, att.region).engines  # mapped while attached
+        # The engine table's words (mapped while attached): a state is a Python int, read
+        # with no array view or scalar per rank.
+        words = cast(shm.Region, att.region).engine_words
         # The group requests are placed on (its decode group under disaggregated serving),
         # rows 0..num_engines-1; prefill engines follow it.
         n = att.config.num_engines
+        limits = self._group_limits()
         if pin is not None:
             if isinstance(pin, bool) or not isinstance(pin, int) or not 0 <= pin < n:
                 raise EngineUnavailable(
                     f"data_parallel_rank={pin!r}: this group has ranks 0..{n - 1} (engines "
                     f"{att.config.first_engine_index}..{att.config.first_engine_index + n - 1})"
                 )
-            if table[pin][shm.E_STATE] not in shm.SERVING_STATES:
+            if words[pin * shm.ENGINE_WORDS + shm.E_STATE] not in shm.SERVING_STATES:
                 raise EngineUnavailable(
                     f"data_parallel_rank={pin}: engine {att.engines[pin].index} is not live; "
                     "send unpinned or wait for it to restart"
                 )
-            return att.engines[pin].context_limit
-        limits = [
-            e.context_limit
-            for i, e in enumerate(att.engines[:n])
-            if table[i][shm.E_STATE] in shm.SERVING_STATES  # a stalled rank still takes some
-        ]
-        if not limits:
+            return limits[pin]
+        least: int | None = None
+        live = False
+        for rank, limit in enumerate(limits):
+            # A stalled rank still takes some (SERVING_STATES).
+            if words[rank * shm.ENGINE_WORDS + shm.E_STATE] in shm.SERVING_STATES:
+                live = True
+                if limit and (least is None or limit < least):
+                    least = limit
+        if not live:
             raise EngineUnavailable("no engine of the group is live; requests cannot be served")
-        known = [v for v in limits if v]
-        return min(known) if known else None
+        return least
+
+    def _group_limits(self) -> list[int | None]:
+        """`EngineInfo.context_limit` of each engine of the group, by rank."""
+        engines = self._att.engines
+        if engines is not self._limits_of:
+            self._limits_of = engines
+            self._limits = [e.context_limit for e in engines[: self._att.config.num_engines]]
+            self._least = min((v for e in engines if (v := e.context_limit)), default=None)
+        return self._limits
+
+    @property
+    def context_limit(self) -> int | None:
+        """The smallest context limit (`EngineInfo.context_limit`) of every registered
+        engine, live or not; ``None`` when no engine reports one. Cheap: read per request."""
+        self._group_limits()
+        return self._least
 
     def abort(self, rid: str) -> bool:
         """Abort the in-flight request ``rid`` of this client; False if there is none."""
-        stream = self._att.slots.by_rid.get(rid)
+        stream = self._att.slots.stream_of(rid)
         if stream is None:
             return False
         stream.abort()

@@ -35,6 +35,7 @@ from tsfront.ipc.codes import (
     ENGINE_HANDSHAKING,
     ENGINE_LIVE,
     ENGINE_STALLED,
+    ENGINE_WORDS,
     FIN_DEADLINE,
     FIN_DUPLICATE,
     FIN_ENGINE_DEAD,
@@ -139,8 +140,15 @@ class Region:
         self.map = mmap.mmap(fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         off = self.layout["engines_off"]
         self.engines = np.frombuffer(
-            self.map, dtype="<u4", count=geometry.max_engines * 16, offset=off
-        ).reshape(geometry.max_engines, 16)
+            self.map, dtype="<u4", count=geometry.max_engines * ENGINE_WORDS, offset=off
+        ).reshape(geometry.max_engines, ENGINE_WORDS)
+        #: The same table as u32 words (row r's word k at ``r * ENGINE_WORDS + k``): an item
+        #: read is a Python int, with no array view or scalar per read (the engines' states
+        #: are read per request). Released by `close`.
+        self.engine_words = memoryview(self.map)[
+            off : off + geometry.max_engines * ENGINE_WORDS * 4
+        ].cast("I")
+        self._views.append(self.engine_words)
         self.io_metrics = np.frombuffer(
             self.map, dtype="<u8", count=len(IO_METRICS), offset=IO_METRICS_OFFSET
         )
@@ -213,6 +221,7 @@ __all__ = [
     "ENGINE_HANDSHAKING",
     "ENGINE_LIVE",
     "ENGINE_STALLED",
+    "ENGINE_WORDS",
     "E_INDEX",
     "E_IN_FLIGHT",
     "E_KV_ACTIVE",

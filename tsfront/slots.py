@@ -42,12 +42,12 @@ class SlotTable:
 
     Attributes:
         loop: the event loop the streams wait on and the timers run in.
-        streams: the open streams by local slot (weak: a stream its owner dropped is
-            collected, and `dropped` aborts it).
-        by_rid: the open streams by rid (weak).
-        refs: the open streams by local slot again, as a list of weak references (None: free),
-            for the drain's lookup per update (a list index and a reference call, where
-            ``streams.get`` is a Python-level call).
+        refs: the open streams by local slot, as a list of weak references (None: free; weak:
+            a stream its owner dropped is collected, and `dropped` aborts it). The drain's
+            lookup per update is a list index and a reference call.
+        slot_of: the open streams' local slots by rid (`stream_of` gives the stream). A plain
+            dict, emptied by `release` and `dropped`: no weak-value dictionary, whose entries
+            cost a Python-level keyed reference each, per request.
         free: the free local slots (the last one is taken next).
         aborted: the rids this worker aborted recently (`RecentAborts`).
         disaggregated: whether the group serves prefill and decode apart (for the errors'
@@ -56,11 +56,8 @@ class SlotTable:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.streams: weakref.WeakValueDictionary[int, RequestStream] = (
-            weakref.WeakValueDictionary()
-        )
-        self.by_rid: weakref.WeakValueDictionary[str, RequestStream] = weakref.WeakValueDictionary()
         self.refs: list[weakref.ref[RequestStream] | None] = []
+        self.slot_of: dict[str, int] = {}
         self.free: list[int] = []
         self.aborted = RecentAborts(ABORTED_RIDS_REMEMBERED)
         self.disaggregated = False
@@ -101,6 +98,26 @@ class SlotTable:
         self.refs = [None] * size
         self.disaggregated = disaggregated
 
+    # ------------------------------------------------------------------ open streams
+
+    @property
+    def streams(self) -> dict[int, RequestStream]:
+        """The open streams by local slot (a new dict: for the ends and for tools, not per
+        request)."""
+        return {slot: stream for slot, stream in enumerate(self._live()) if stream is not None}
+
+    def stream_of(self, rid: str) -> RequestStream | None:
+        """The open stream of ``rid``, or None."""
+        slot = self.slot_of.get(rid)
+        return None if slot is None else self._at(slot)
+
+    def _at(self, slot: int) -> RequestStream | None:
+        ref = self.refs[slot]
+        return None if ref is None else ref()
+
+    def _live(self) -> list[RequestStream | None]:
+        return [None if ref is None else ref() for ref in self.refs]
+
     # ------------------------------------------------------------------ taking a slot
 
     def take(self) -> tuple[int, int] | None:
@@ -129,9 +146,8 @@ class SlotTable:
         """The stream of the request just sent in ``slot``; ``expires`` (monotonic time) is
         when its ``deadline`` (seconds, None: none) passes."""
         stream = RequestStream(self, rid, slot, ticket, deadline)
-        self.streams[slot] = stream
-        self.by_rid[rid] = stream
         self.refs[slot] = weakref.ref(stream)
+        self.slot_of[rid] = slot
         if deadline is not None:
             self._add_deadline(expires, stream)
         return stream
@@ -141,9 +157,10 @@ class SlotTable:
     def release(self, stream: RequestStream) -> None:
         """The stream saw its end in the slot: the slot is free to reuse."""
         slot = stream.slot
-        if self.streams.get(slot) is stream:
-            del self.streams[slot]
-            self.by_rid.pop(stream.rid, None)
+        ref = self.refs[slot]
+        if ref is not None and ref() is stream:
+            if self.slot_of.get(stream.rid) == slot:  # (a reused rid maps to its newest)
+                del self.slot_of[stream.rid]
             self.refs[slot] = None
             if self._reader is not None:
                 self._reader.release(slot)
@@ -152,7 +169,7 @@ class SlotTable:
     def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
         """End the open ``stream`` early: abort its request on the engine (in this loop
         iteration's batch), free its slot, record it as ``reason``."""
-        if self.streams.get(stream.slot) is not stream:
+        if self._at(stream.slot) is not stream:
             return
         self.aborted.add(stream.rid, time.monotonic())
         self._aborts.append(ABORT_ENTRY.pack(stream.slot, stream.ticket))
@@ -164,14 +181,16 @@ class SlotTable:
     def dropped(self, stream: RequestStream) -> None:
         """An unfinished stream was garbage-collected: abort it and free its slot."""
         # A collected reference cycle clears weak references before finalizers run, so its
-        # entries may be gone already: the slot is still its own (only `release` frees a
+        # reference may be dead already: the slot is still its own (only `release` frees a
         # slot), so abort by what the stream knows.
-        current = self.streams.get(stream.slot)
+        current = self._at(stream.slot)
         if current is stream:
             self.abort(stream)
             return
         if current is not None or self.closed:
             return
+        if self.slot_of.get(stream.rid) == stream.slot:
+            del self.slot_of[stream.rid]
         self.aborted.add(stream.rid, time.monotonic())
         self._aborts.append(ABORT_ENTRY.pack(stream.slot, stream.ticket))
         if self._recorder is not None:
@@ -204,7 +223,7 @@ class SlotTable:
 
     def _add_deadline(self, expires: float, stream: RequestStream) -> None:
         heap = self._deadlines
-        if len(heap) >= DEADLINES_COMPACT_AT and len(heap) > 2 * len(self.streams):
+        if len(heap) >= DEADLINES_COMPACT_AT and len(heap) > 2 * len(self.slot_of):
             # Most entries belong to streams that ended: drop them now rather than when their
             # time comes, so the heap stays within twice the open streams (amortised O(1)).
             heap[:] = [e for e in heap if (s := e[2]()) is not None and not s.finished]
@@ -228,11 +247,7 @@ class SlotTable:
         while heap and heap[0][0] <= now:
             _, ticket, ref = heapq.heappop(heap)
             stream = ref()
-            if (
-                stream is not None
-                and stream.ticket == ticket
-                and self.streams.get(stream.slot) is stream
-            ):
+            if stream is not None and stream.ticket == ticket and self._at(stream.slot) is stream:
                 stream.expire()
         if heap and not self.closed:
             self._arm_deadline_timer(heap[0][0])
@@ -242,7 +257,7 @@ class SlotTable:
     def fail_all(self, error: Callable[[RequestStream], StreamError], reason: StreamError) -> int:
         """End every open stream with ``error(stream)`` (the I/O process is gone: nothing to
         abort), recorded as ``reason``; how many there were."""
-        open_streams = list(self.streams.values())
+        open_streams = [stream for stream in self._live() if stream is not None]
         for stream in open_streams:
             stream.fail(error(stream))
             if self._recorder is not None:
@@ -260,7 +275,7 @@ class SlotTable:
             self._deadline_timer.cancel()
             self._deadline_timer = None
         self._deadlines.clear()
-        for stream in list(self.streams.values()):
+        for stream in [stream for stream in self._live() if stream is not None]:
             self._aborts.append(ABORT_ENTRY.pack(stream.slot, stream.ticket))
             stream.fail(
                 StreamError(f"request {stream.rid!r}: the client was closed", rid=stream.rid)

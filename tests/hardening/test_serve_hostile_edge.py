@@ -241,6 +241,56 @@ def test_keep_alive_connection_must_send_its_next_headers_in_time(edge: Edge) ->
     sock.close()
 
 
+@pytest.fixture(scope="module")
+def short_keep_alive(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
+    """A server whose keep-alive deadline (1 s) comes before its header deadline (4 s)."""
+    e = start_edge(
+        model_dir,
+        tmp_path_factory.mktemp("keepalive"),
+        "--timeout-header", "4", "--timeout-body", "4", "--timeout-keep-alive", "1",
+    )  # fmt: skip
+    yield e
+    assert e.server.stop() == 0
+    e.group.stop()
+
+
+def test_keep_alive_closes_an_idle_connection_and_any_byte_ends_it(
+    short_keep_alive: Edge,
+) -> None:
+    """uvicorn's keep-alive, kept by the edge's header timer: idle after a response, closed at
+    ``--timeout-keep-alive`` (not counted as a header timeout); a connection that keeps
+    sending requests is never cut; a byte after a response ends the keep-alive deadline,
+    and the header deadline applies to the rest of the headers."""
+    edge = short_keep_alive
+    before = edge_events(edge)["header_timeout"]
+    sock = edge.connect()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2.5:  # past the keep-alive deadline, with requests
+        sock.sendall(request("/health"))
+        closed, data = closed_within(sock, 0.3)
+        assert not closed and data.startswith(b"HTTP/1.1 200"), data
+    t1 = time.monotonic()  # 0.3 s after the last response came
+    closed, _ = closed_within(sock, 6)
+    idle = time.monotonic() - t1
+    assert closed and 0.4 < idle < 3, idle  # the keep-alive (1 s), not the header deadline (4)
+    sock.close()
+    sock = edge.connect()
+    sock.sendall(request("/health"))
+    closed, data = closed_within(sock, 0.5)
+    assert not closed and data.startswith(b"HTTP/1.1 200")
+    sock.sendall(b"GET /health HTTP/1.1\r\n")  # a byte: the keep-alive deadline is over
+    t2 = time.monotonic()
+    closed, _ = closed_within(sock, 8)
+    waited = time.monotonic() - t2
+    assert closed and 3 < waited < 7, waited  # the header deadline (4 s)
+    sock.close()
+    edge.wait(
+        "the one header timeout in /metrics",
+        lambda: edge_events(edge)["header_timeout"] >= before + 1,
+    )
+    assert edge_events(edge)["header_timeout"] == before + 1  # the idle close is not one
+
+
 def test_a_request_longer_than_the_header_deadline_is_not_cut_and_idle_is_closed_after(
     edge: Edge,
 ) -> None:

@@ -56,3 +56,26 @@ def test_two_requests_get_their_own_id_model_and_bytes() -> None:
     chat = ChatFormat("model-b", None, 1, False)
     assert parse(chat.last(choice(0, "stop"), "", None))["object"] == "chat.completion.chunk"
     assert chat.id.startswith("chatcmpl-") and chat.id != b.id
+
+
+@pytest.mark.parametrize("usage", [False, True])
+def test_a_text_event_is_the_same_bytes_in_each_second(
+    usage: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The envelope after the id is made once per (second, model, usage): a request of a
+    later second carries its own ``created``, and every event is the bytes of the shape."""
+    import tsfront.serve.formats as formats
+
+    for now in (1000.25, 1000.75, 1001.5, 1000.5):
+        monkeypatch.setattr(formats.time, "time", lambda now=now: now)
+        fmt = ChatFormat('m "x"', None, 1, usage)
+        usage_field = ',"usage":null' if usage else ""
+        expected = (
+            f'data: {{"id":"{fmt.id}","object":"chat.completion.chunk","created":{int(now)},'
+            f'"model":"m \\"x\\""{usage_field},"choices":[{{"index":2,'
+            '"delta":{"content":"t"},"logprobs":null,"finish_reason":null}]}\n\n'
+        )
+        assert fmt.head(2) + b'"t"' + fmt.tail == expected.encode()
+        assert fmt.created == int(now)
+        assert parse(fmt.head(0) + b'"t"' + fmt.tail)["created"] == int(now)
+        assert fmt.id[len("chatcmpl-") :].isalnum() and fmt.id == fmt.id.lower()

@@ -78,13 +78,14 @@ async def test_every_slot_in_use_then_each_freed_once_for_a_fresh_ticket() -> No
     tickets = [s.ticket for s in streams]
     assert len(set(tickets)) == SLOTS and all(t > TICKET_BASE for t in tickets)
     assert reader.expected == {s.slot: s.ticket for s in streams}
-    assert set(slots.by_rid) == {s.rid for s in streams}
+    assert set(slots.slot_of) == {s.rid for s in streams}
+    assert all(slots.stream_of(s.rid) is s for s in streams)
     # The stream saw its end: the slot goes back, once, however often it is reported.
     first = streams[0]
     slots.release(first)
     slots.release(first)
     assert reader.released == [first.slot] and slots.free == [first.slot]
-    assert first.rid not in slots.by_rid
+    assert first.rid not in slots.slot_of and slots.stream_of(first.rid) is None
     slot, ticket = slots.take() or (None, None)
     assert slot == first.slot and ticket not in tickets
     # A slot whose submission never went out comes back too.
@@ -156,3 +157,34 @@ async def test_take_ready_hands_over_the_unread_chunks_and_the_end_still_comes()
     stream.deliver((0, [8], None, None, FIN_LENGTH, 3, 4, 0, 0))
     chunks = [chunk async for chunk in stream]
     assert [c.output_ids for c in chunks] == [[8]] and chunks[-1].finish_reason == "length"
+
+
+async def test_a_stream_collected_in_a_cycle_leaves_no_rid_behind() -> None:
+    """A reference cycle is collected with its weak references cleared before the stream's
+    finalizer runs: the rid is forgotten all the same, and a new request may use it."""
+    slots, reader, sender = table()
+    taken = slots.take()
+    assert taken is not None
+    slot, ticket = taken
+    stream = slots.open("cycle", slot, ticket, 0.0, None)
+    holder: list = [stream]
+    holder.append(holder)  # the stream lives only in a cycle now
+    del stream, holder
+    gc.collect()
+    await wait_until(lambda: sender.batches, "the collected stream's abort")
+    assert sender.batches == [[(slot, ticket)]]
+    assert "cycle" not in slots.slot_of and slots.stream_of("cycle") is None
+    assert slots.free.count(slot) == 1 and reader.released == [slot] and not slots.streams
+
+
+async def test_a_rid_open_twice_maps_to_its_newest_until_that_ends() -> None:
+    """The table itself does not refuse a rid in flight (`EngineClient` does): ending the
+    older stream leaves the newer one found by its rid."""
+    slots, _, _ = table()
+    old = slots.open("same", *(slots.take() or (0, 0)), 0.0, None)
+    new = slots.open("same", *(slots.take() or (0, 0)), 0.0, None)
+    assert slots.stream_of("same") is new
+    slots.release(old)
+    assert slots.stream_of("same") is new and slots.streams == {new.slot: new}
+    slots.release(new)
+    assert slots.stream_of("same") is None and not slots.slot_of

@@ -356,3 +356,20 @@ def test_ids_outside_the_vocabulary_give_no_text(
     out = "".join(detok.step([t]) for t in mixed[:100]) + detok.step(mixed[100:]) + detok.flush()
     base = model.decode(ids[:3])
     assert out == model.decode(ids[:3] + ids)[len(base) :]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prompt_cut_anywhere_then_output_decodes_as_the_whole(
+    models: dict[str, TextModel], kind: str
+) -> None:
+    """Whatever the prompt's last token (an ASCII end, whose decode of the prompt's tail the
+    table skips, or one inside or at the end of a wider character), the output after it is
+    the full decode's continuation."""
+    model = models[kind]
+    ids = model.encode("ok é 🦜 x, fine ü.", False)
+    full_of = {k: model.decode(ids[:k]) for k in range(len(ids) + 1)}
+    for cut in range(1, len(ids)):
+        head = full_of[cut].rstrip(REPLACEMENT)
+        detok = model.detokenizer(ids[:cut], algorithm="table")
+        out = "".join(detok.step([t]) for t in ids[cut:]) + detok.flush()
+        assert out == full_of[len(ids)][len(head) :], f"cut at {cut}"

@@ -154,6 +154,15 @@ REFUSED = [
     (make(sp={"temperature": float("inf")}), InvalidRequest, "sampling_params.temperature", {}),
     (make(bootstrap_room=1 << 64), InvalidRequest, "bootstrap_room", {}),
     (make(logprob_start_len=-(1 << 64)), InvalidRequest, "logprob_start_len", {}),
+    (make(top_logprobs_num=1 << 63), InvalidRequest, "top_logprobs_num", {}),
+    (make(bootstrap_port=-(1 << 63) - 1), InvalidRequest, "bootstrap_port", {}),
+    (make(data_parallel_rank=1 << 64), InvalidRequest, "data_parallel_rank", {}),
+    (
+        make(sp={"stop_str_max_len": 1 << 63}),
+        InvalidRequest,
+        "sampling_params.stop_str_max_len",
+        {},
+    ),
     (make(input_ids=list(range(99))), PromptTooLong, "input_ids", {"max_model_len": 100}),
     (
         make(input_ids=list(range(90)), sp={"max_new_tokens": 9}),

@@ -379,11 +379,12 @@ class OpenAIService:
         return Reply(200, _JSON.encode(body))
 
     def _context_limit(self) -> int | None:
-        limits = [v for e in self.client.engines() if (v := e.context_limit)]
+        # The engines' (kept by the client per registration) and the model's own.
+        limit = self.client.context_limit
         own = getattr(self.text, "max_model_len", None)
-        if own:
-            limits.append(own)
-        return min(limits) if limits else None
+        if own and (limit is None or own < limit):
+            return own
+        return limit
 
     # ------------------------------------------------------------------ generation routes
 
@@ -614,6 +615,7 @@ class OpenAIService:
         plan.sampling = values
 
     async def _stops(self, req: CompletionRequest | ChatRequest, plan: _Plan) -> None:
+        # Awaited only when there are stop strings (no coroutine per request without).
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
         if not stop:
             plan.stop = None
@@ -699,7 +701,10 @@ class OpenAIService:
             else:
                 self._check_ids(item, limit)
         if texts:
-            encoded = iter(await self._off_loop(chars, self._encode_all, texts))
+            if chars <= OFFLOAD_CHARS:  # on the loop: no coroutine for `_off_loop`
+                encoded = iter(self._encode_all(texts))
+            else:
+                encoded = iter(await self._off_loop(chars, self._encode_all, texts))
             plan.prompts = [next(encoded) if isinstance(i, str) else i for i in items]
         else:
             plan.prompts = cast("list[list[int]]", items)  # all token-id lists here
@@ -709,7 +714,10 @@ class OpenAIService:
         plan.constraint = constraint(req.response_format, req.structured_outputs)
         plan.parse = None
         self._fit(plan, limit, "prompt")
-        await self._stops(req, plan)
+        if req.stop:
+            await self._stops(req, plan)
+        else:
+            plan.stop = None
         self._sampling(req, plan)
         self._constrain(plan)
         return plan
@@ -810,7 +818,10 @@ class OpenAIService:
                 constrained = True
         plan.parse = self._parser_factory(tools, constrained, prompt, kwargs)
         self._fit(plan, limit, "messages")
-        await self._stops(req, plan)
+        if req.stop:
+            await self._stops(req, plan)
+        else:
+            plan.stop = None
         self._sampling(req, plan)
         self._constrain(plan)
         if plan.parse is not None:

@@ -96,6 +96,7 @@ class ServeApp:
         # The generation requests running, with their state lists (see `_request`): `cut`
         # ends them.
         self._running: dict[asyncio.Task[Any], list[bool]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # the last request's (see _request)
         self._counters = counters
         self._place = place
         self._metrics = metrics
@@ -255,8 +256,13 @@ class ServeApp:
             answer = service.tokenize(body) if route == "tokenize" else service.detokenize(body)
             await _send_reply(send, answer, ex)
             return
-        # A request handler always runs in a task (the server's, per connection).
-        task = cast("asyncio.Task[Any]", asyncio.current_task())
+        # A request handler always runs in a task (the server's, per connection). Looked up
+        # by the loop of the last request: asyncio.get_running_loop() (in a bare
+        # current_task()) makes a getpid system call in Python 3.11, per request.
+        task = asyncio.current_task(self._loop) if self._loop is not None else None
+        if task is None:  # the first request, or a loop other than the last one's
+            self._loop = asyncio.get_running_loop()
+            task = cast("asyncio.Task[Any]", asyncio.current_task(self._loop))
         state = [False, False, False]  # [handler finished, client disconnected, cut]
         self._running[task] = state
         watcher = _DisconnectWatch(receive, task, state)

@@ -5,7 +5,7 @@ encoded once per request, so a token costs one string encode and one concatenati
 last event of a choice without logprobs is the same bytes with its ``finish_reason``. The
 rarer events (the first chat delta, logprobs, usage, errors) are built as dicts and encoded
 with msgspec. A response's id is 96 bits of the process's PRNG (not `secrets`: no system call
-per request), and the served model's name is JSON-encoded once per name.
+per request), and the envelope after the id (object, time, model) is made once per second.
 """
 
 from __future__ import annotations
@@ -42,17 +42,18 @@ class Format:
     def __init__(self, model: str, text: Any, prompts: int, include_usage: bool) -> None:
         # Unique, not secret: 96 bits of the process's PRNG (reseeded in a forked child), no
         # system call per request as secrets' os.urandom is.
-        self.id = f"{self.id_prefix}{random.getrandbits(96):024x}"
+        # (24 hex digits, as ``f"{bits:024x}"``, which formats at twice the cost.)
+        self.id = self.id_prefix + random.getrandbits(96).to_bytes(12, "big").hex()
         self.created = int(time.time())
         self.model = model
         self.text = text
         self.prompts = prompts
         self.include_usage = include_usage
-        usage = ',"usage":null' if include_usage else ""
         self._envelope = (
-            f'data: {{"id":"{self.id}","object":"{self.object_chunk}","created":{self.created},'
-            f'"model":{_model_json(model)}{usage},"choices":[{{"index":'
-        ).encode()
+            b'data: {"id":"'
+            + self.id.encode()
+            + _after_id(self.object_chunk, self.created, model, include_usage)
+        )
         self.tail = self._tail()
         self._heads: dict[int, bytes] = {}
 
@@ -333,10 +334,15 @@ def _finish(reason: str | None) -> bytes:
     return b',"logprobs":null,"finish_reason":' + _JSON.encode(reason) + b"}]}\n\n"
 
 
-@lru_cache(maxsize=8)
-def _model_json(model: str) -> str:
-    # The served model's name as JSON: the same for every request of a server.
-    return _JSON.encode(model).decode()
+@lru_cache(maxsize=64)
+def _after_id(obj: str, created: int, model: str, include_usage: bool) -> bytes:
+    # A stream event's envelope after the response id: the same for every request of a
+    # server in the same second (made once, not formatted per request).
+    usage = ',"usage":null' if include_usage else ""
+    return (
+        f'","object":"{obj}","created":{created},"model":{_JSON.encode(model).decode()}{usage},'
+        '"choices":[{"index":'
+    ).encode()
 
 
 def _pairs(chunk: OutputChunk) -> list[tuple[int, float]]:

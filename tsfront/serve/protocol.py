@@ -7,7 +7,9 @@ complete, so idle connections still hold their fds):
 
 * **Header deadline**: a connection has ``timeout_header`` seconds, from its accept or from the
   end of its previous response, to send a request's complete headers, else it is closed (before
-  the first byte, trickled headers, between keep-alive requests alike).
+  the first byte, trickled headers, between keep-alive requests alike). uvicorn's keep-alive
+  deadline (``timeout_keep_alive`` after a response, ended by any byte; then closed, not
+  counted) is kept by the same timer, not a timer armed and cancelled per response.
 * **Header size**: the bytes of a request's headers are held by this class until the blank line
   that ends them arrives, then fed to the parser in one piece; more than ``max_header_bytes``
   before it is answered 431 and closed. (httptools joins a header's pieces with ``+=``: fed as
@@ -188,6 +190,11 @@ class EdgeProtocol(HttpToolsProtocol):
         self._body_due = 0.0
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
+        # uvicorn's keep-alive deadline (``timeout_keep_alive`` after a response, cancelled by
+        # any byte), kept by the header timer too: uvicorn would arm and cancel a timer per
+        # response. The header timer fires by the earlier of the two (``_header_at``).
+        self._idle_due = 0.0
+        self._header_at = 0.0
         self._cycles: list[Any] = []  # this connection's requests without a complete response
 
     # ------------------------------------------------------------------ connection
@@ -227,7 +234,7 @@ class EdgeProtocol(HttpToolsProtocol):
         self._cancel_timers()
 
     def _cancel_timers(self) -> None:
-        self._header_due = self._body_due = 0.0
+        self._header_due = self._body_due = self._idle_due = 0.0
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
@@ -241,34 +248,52 @@ class EdgeProtocol(HttpToolsProtocol):
 
     # ------------------------------------------------------------------ headers
 
-    def _wait_headers(self) -> None:
-        """The connection now waits for a request's headers: start its deadline."""
+    def _wait_headers(self, idle: bool = False) -> None:
+        """The connection now waits for a request's headers: start its deadline (``idle``:
+        after a response, and the keep-alive deadline too)."""
         limits = self.limits
         limits.waiting[self] = None
-        self._header_due = due = self.loop.time() + limits.timeout_header
+        now = self.loop.time()
+        self._header_due = due = now + limits.timeout_header
+        if idle:
+            self._idle_due = idle_due = now + self.timeout_keep_alive
+            due = min(due, idle_due)
         if self._header_timer is None:
-            self._header_timer = self.loop.call_at(due, self._header_check)
+            self._arm_header(due)
+        elif due < self._header_at:  # rare: once per connection and keep-alive period
+            self._header_timer.cancel()
+            self._arm_header(due)
+
+    def _arm_header(self, due: float) -> None:
+        self._header_at = due
+        self._header_timer = self.loop.call_at(due, self._header_check)
 
     def _header_check(self) -> None:
         self._header_timer = None
-        due = self._header_due
-        if not due:
-            return  # the headers came: no deadline now
-        if self.loop.time() < due:  # moved since the timer was armed
-            self._header_timer = self.loop.call_at(due, self._header_check)
+        now = self.loop.time()
+        idle = self._idle_due
+        if idle and now >= idle:
+            # Idle since its last response for timeout_keep_alive: closed (as uvicorn does).
+            self._header_due = self._idle_due = 0.0
+            self._close()
             return
-        self._header_due = 0.0
-        self.limits.counts["header_timeout"] += 1
-        self._close()
+        due = self._header_due
+        if due and now >= due:
+            self._header_due = self._idle_due = 0.0
+            self.limits.counts["header_timeout"] += 1
+            self._close()
+            return
+        # Moved since the timer was armed, or none running now: arm for the earlier, if any.
+        if due or idle:
+            self._arm_header(min(due or idle, idle or due))
 
     def data_received(self, data: bytes) -> None:
         if self._in_body:  # body bytes: straight to the parser
             super().data_received(data)
             return
-        # uvicorn's keep-alive timer is cancelled by any byte; these are held, not fed.
-        if self.timeout_keep_alive_task is not None:
-            self.timeout_keep_alive_task.cancel()
-            self.timeout_keep_alive_task = None
+        # The keep-alive deadline ends with any byte (as uvicorn's timer); these are held,
+        # not fed.
+        self._idle_due = 0.0
         pending = self._pending
         if pending:
             start = max(0, len(pending) - 3)
@@ -365,11 +390,19 @@ class EdgeProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         queued = bool(self.pipeline)
         self._cycles = [c for c in self._cycles if not c.response_complete]
-        super().on_response_complete()
+        if queued:
+            super().on_response_complete()  # starts the next request (no keep-alive timer)
+        else:
+            # uvicorn's steps without arming its keep-alive timer (`_wait_headers` keeps
+            # that deadline, so uvicorn's timer is never armed): the count, reading resumed.
+            self.server_state.total_requests += 1
+            if self.transport.is_closing():
+                return
+            self.flow.resume_reading()
         if self.transport.is_closing():
             return
         if not queued:
-            self._wait_headers()
+            self._wait_headers(idle=True)
         elif self._in_body and self._cycles and self._cycles[0] is self.cycle:
             # The queued request now runs and its body is still arriving: its deadline starts.
             self._start_body_deadline()

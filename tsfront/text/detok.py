@@ -282,7 +282,12 @@ class TableDetokenizer(Detokenizer):
         )
         if prompt_ids and not self._at_start:
             # A prompt that ends inside a character: its bytes start the first output text.
-            self._decode(self._bytes(prompt_ids[-_CONTEXT_MIN:]))
+            # One whose last token ends in an ASCII byte leaves no bytes held (the decoder
+            # as new): the usual case, with no decode of the tail.
+            last = prompt_ids[-1]
+            end = self._pieces[last][-1:] if 0 <= last < self._n else b""
+            if not end or end[0] >= 0x80:
+                self._decode(self._bytes(prompt_ids[-_CONTEXT_MIN:]))
 
     def _bytes(self, token_ids: Sequence[int]) -> bytes:
         pieces, n = self._pieces, self._n
