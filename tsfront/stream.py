@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
-from tsfront import region
+from tsfront import _native, region
 from tsfront.errors import (
     DeadlineExceeded,
     EngineDied,
@@ -220,6 +221,25 @@ def _stream_error(
     if code == region.FIN_IO_STOPPING:
         return IOProcessDied(f"request {rid!r}: the I/O process stopped", rid=rid)
     return StreamError(f"request {rid!r}: ended with unknown code {code}", rid=rid)
+
+
+def deliver_all(updates: list[tuple], refs: list[weakref.ref[RequestStream] | None]) -> None:
+    """Hand a `Reader.poll` batch to its streams (``refs``: the streams' weak references by
+    local slot, None for a free slot; an update of a slot with no live stream is dropped).
+
+    The common case first, in one native pass (``tsfront._native.push_batch``, native/push.c):
+    plain tokens of a stream parked on a `tsfront.serve.push.Pusher` with the native step,
+    whose checks all pass, are written as `deliver` and the sink would write them, with no
+    Python frame per update. That pass reads the stream's ``_push``, ``_waiter`` and sets
+    ``engine_index``, as `deliver` does. Every update it leaves goes through `deliver`, in
+    order."""
+    for update in _push_batch(updates, refs):
+        ref = refs[update[0]]
+        if ref is not None and (stream := ref()) is not None:
+            stream.deliver(update)
+
+
+_push_batch = _native.push_batch
 
 
 class RequestStream:
