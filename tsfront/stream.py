@@ -1,12 +1,13 @@
 """`OutputChunk` and `RequestStream`: one request's outputs as an async iterator.
 
 A stream is fed by its worker's `Attachment` (tsfront.attachment) with the tuples the native
-reader copies out of the request's slot (`RequestStream.deliver`), and ended by it or by the
-slot table (`fail`, `expire`); it never touches shared memory itself. It ends exactly once:
-after the chunk that carries a finish reason, or by raising one `StreamError`. Leaving an
-``async for`` early, cancelling the task, calling `abort`, or dropping the stream aborts the
-request on its engine and frees its slot, through the one thing it knows of its worker: a
-`SlotOwner` (the worker's `tsfront.slots.SlotTable`).
+reader copies out of the request's slot (`deliver_all` for a poll's batch: the common case of
+the streaming server in one native pass, every other update through `RequestStream.deliver`),
+and ended by it or by the slot table (`fail`, `expire`); it never touches shared memory itself.
+It ends exactly once: after the chunk that carries a finish reason, or by raising one
+`StreamError`. Leaving an ``async for`` early, cancelling the task, calling `abort`, or
+dropping the stream aborts the request on its engine and frees its slot, through the one thing
+it knows of its worker: a `SlotOwner` (the worker's `tsfront.slots.SlotTable`).
 """
 
 from __future__ import annotations
