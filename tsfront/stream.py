@@ -302,6 +302,9 @@ class RequestStream:
         tokens to the sink, else queue them as a chunk for the reader (coalesced with an unread
         one); a finish reason ends the stream and frees the slot, a local end code (engine
         death, the I/O process stopping) ends it with its `StreamError` after any tokens."""
+        # native/push.c (``take``, through `deliver_all`) makes these checks, in this order, for
+        # plain tokens to a native `Pusher` before this is called: a change here is a change
+        # there.
         push = self._push
         if push is not None:
             # The reader is parked with nothing unread (its waiter not cancelled either): plain
