@@ -21,6 +21,7 @@ SOURCES = [
     "reader.c",
     "subring.c",
     "sse.c",
+    "push.c",
     "module.c",
 ]
 EXTRA = os.environ.get("TSFRONT_NATIVE_CFLAGS", "").split()

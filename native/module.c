@@ -3,7 +3,8 @@
  * path. The jobs live in their own files: msgpack.c (bounds-checked msgpack reading), frame.c
  * (the output-frame decoder), region.c (layout and mapping), ridmap.c (rid -> slot), prefix.c
  * (prompt block hashes for routing), writer.c (the I/O process's side), reader.c (a worker's
- * side), subring.c (the workers' submission rings), sse.c (a streamed token's event bytes).
+ * side), subring.c (the workers' submission rings), sse.c (a streamed token's event bytes),
+ * push.c (the drain's dispatch of pushed tokens).
  * This file holds the module table and the small helpers that belong to none of them.
  */
 #define PY_SSIZE_T_CLEAN
@@ -14,6 +15,7 @@
 
 #include "frame.h"
 #include "prefix.h"
+#include "push.h"
 #include "reader.h"
 #include "region.h"
 #include "subring.h"
@@ -65,6 +67,11 @@ static PyMethodDef methods[] = {
      "stream's incremental UTF-8 decoder, whose buffer holds an incomplete character and is\n"
      "updated; errors: its error handler), then head + the text as a JSON string + tail, as\n"
      "one HTTP/1.1 chunk when framed; None when the tokens complete no character."},
+    {"push_batch", (PyCFunction)(void (*)(void))py_push_batch, METH_FASTCALL,
+     "push_batch(updates, refs) -> list: write the events of the updates of a Reader.poll\n"
+     "batch whose stream's sink is a parked native Pusher (refs: the streams' weak references\n"
+     "by local slot), exactly as RequestStream.deliver and Pusher.__call__ would; the updates\n"
+     "it did not take, in order, for RequestStream.deliver (see native/push.c)."},
     {"set_parent_death_signal", set_parent_death_signal, METH_O,
      "Ask the kernel to send this signal to the calling process when its parent exits."},
     {NULL, NULL, 0, NULL},
@@ -76,7 +83,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tsfront._native",
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&ReaderType) < 0 ||
-        PyType_Ready(&SubmitterType) < 0 || PyType_Ready(&IntakeType) < 0)
+        PyType_Ready(&SubmitterType) < 0 || PyType_Ready(&IntakeType) < 0 ||
+        PyType_Ready(&PusherBaseType) < 0)
         return NULL;
     PyObject *errors = PyImport_ImportModule("tsfront.errors");
     if (!errors) return NULL;
@@ -93,6 +101,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&IntakeType);
     PyModule_AddObject(m, "Submitter", (PyObject *)&SubmitterType);
     PyModule_AddObject(m, "Intake", (PyObject *)&IntakeType);
+    Py_INCREF(&PusherBaseType);
+    PyModule_AddObject(m, "PusherBase", (PyObject *)&PusherBaseType);
     PyModule_AddIntConstant(m, "SUB_OK", SUB_OK);
     PyModule_AddIntConstant(m, "SUB_FULL", SUB_FULL);
     PyModule_AddIntConstant(m, "SUB_TOO_BIG", SUB_TOO_BIG);

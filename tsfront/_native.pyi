@@ -5,7 +5,7 @@ fields are named here, in order, so that a change of shape in the C has to chang
 aliases, and every caller that unpacks one by position fails mypy until it follows.
 """
 
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from typing_extensions import Buffer
 
@@ -89,6 +89,21 @@ def token_event(
     framed: bool,
     /,
 ) -> bytes | None: ...
+def push_batch(updates: list[SlotUpdate], refs: list[Any], /) -> list[SlotUpdate]: ...
+
+class PusherBase:
+    """The state `push_batch` reads of a streamed choice's sink (`tsfront.serve.push.Pusher`)."""
+
+    _cycle: Any
+    _flow: Any
+    _pieces: list[bytes]
+    _decoder: Any
+    _errors: str
+    _head: bytes
+    _tail: bytes
+    _choice: Any
+    inflight: Any
+    error: BaseException | None
 
 class Writer:
     """The I/O process's side of the slot region: binds requests, ingests output frames."""

@@ -10,7 +10,8 @@ that keeps the two paths in order, DESIGN.md "The submission rings"), goes out o
 also without waiting (a full queue is `Busy`); outputs come in through shared memory: the I/O
 process writes the worker's eventfd only when the worker has published that it is parked, the
 loop's reader callback drains every notified slot in one native call, hands each update to its
-stream (`RequestStream.deliver`), and parks again. Nothing here blocks the event loop. Which
+stream (`tsfront.stream.deliver_all`: pushed plain tokens written in one native pass, the rest
+through `RequestStream.deliver`), and parks again. Nothing here blocks the event loop. Which
 request holds which slot, until when, and the aborts are the slot table's
 (`tsfront.slots.SlotTable`, ``Attachment.slots``).
 """
@@ -42,7 +43,7 @@ from tsfront.ipc.submit import SUBMIT_ABORT, SUBMIT_ADD, SUBMIT_HEADER, WORKER_I
 from tsfront.metrics.recorder import Recorder, monotonic_ns
 from tsfront.region import Geometry, Region
 from tsfront.slots import SlotTable
-from tsfront.stream import RequestStream
+from tsfront.stream import RequestStream, deliver_all
 
 ATTACH_TIMEOUT = 30.0
 
@@ -242,12 +243,10 @@ class Attachment:
         while True:
             now = monotonic_ns()
             updates = reader.poll()
-            for update in updates:
-                ref = refs[update[0]]
-                if ref is not None and (stream := ref()) is not None:
-                    stream.deliver(update)
-            if record is not None and updates:
-                record(updates, now)
+            if updates:
+                deliver_all(updates, refs)
+                if record is not None:
+                    record(updates, now)
             if reader.park():
                 return
 

@@ -1,22 +1,24 @@
 """`OutputChunk` and `RequestStream`: one request's outputs as an async iterator.
 
 A stream is fed by its worker's `Attachment` (tsfront.attachment) with the tuples the native
-reader copies out of the request's slot (`RequestStream.deliver`), and ended by it or by the
-slot table (`fail`, `expire`); it never touches shared memory itself. It ends exactly once:
-after the chunk that carries a finish reason, or by raising one `StreamError`. Leaving an
-``async for`` early, cancelling the task, calling `abort`, or dropping the stream aborts the
-request on its engine and frees its slot, through the one thing it knows of its worker: a
-`SlotOwner` (the worker's `tsfront.slots.SlotTable`).
+reader copies out of the request's slot (`deliver_all` for a poll's batch: the common case of
+the streaming server in one native pass, every other update through `RequestStream.deliver`),
+and ended by it or by the slot table (`fail`, `expire`); it never touches shared memory itself.
+It ends exactly once: after the chunk that carries a finish reason, or by raising one
+`StreamError`. Leaving an ``async for`` early, cancelling the task, calling `abort`, or
+dropping the stream aborts the request on its engine and frees its slot, through the one thing
+it knows of its worker: a `SlotOwner` (the worker's `tsfront.slots.SlotTable`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
-from tsfront import region
+from tsfront import _native, region
 from tsfront.errors import (
     DeadlineExceeded,
     EngineDied,
@@ -222,6 +224,25 @@ def _stream_error(
     return StreamError(f"request {rid!r}: ended with unknown code {code}", rid=rid)
 
 
+def deliver_all(updates: list[tuple], refs: list[weakref.ref[RequestStream] | None]) -> None:
+    """Hand a `Reader.poll` batch to its streams (``refs``: the streams' weak references by
+    local slot, None for a free slot; an update of a slot with no live stream is dropped).
+
+    The common case first, in one native pass (``tsfront._native.push_batch``, native/push.c):
+    plain tokens of a stream parked on a `tsfront.serve.push.Pusher` with the native step,
+    whose checks all pass, are written as `deliver` and the sink would write them, with no
+    Python frame per update. That pass reads the stream's ``_push``, ``_waiter`` and sets
+    ``engine_index``, as `deliver` does. Every update it leaves goes through `deliver`, in
+    order."""
+    for update in _push_batch(updates, refs):
+        ref = refs[update[0]]
+        if ref is not None and (stream := ref()) is not None:
+            stream.deliver(update)
+
+
+_push_batch = _native.push_batch
+
+
 class RequestStream:
     """The outputs of one request, in order.
 
@@ -281,6 +302,9 @@ class RequestStream:
         tokens to the sink, else queue them as a chunk for the reader (coalesced with an unread
         one); a finish reason ends the stream and frees the slot, a local end code (engine
         death, the I/O process stopping) ends it with its `StreamError` after any tokens."""
+        # native/push.c (``take``, through `deliver_all`) makes these checks, in this order, for
+        # plain tokens to a native `Pusher` before this is called: a change here is a change
+        # there.
         push = self._push
         if push is not None:
             # The reader is parked with nothing unread (its waiter not cancelled either): plain

@@ -19,6 +19,7 @@ import asyncio
 import json
 import socket
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,7 +30,9 @@ import pytest
 from support.serve_fixtures import post_stream, read_chunked, start_served
 
 import tsfront.serve.push as push
+from tsfront import _native
 from tsfront.serve.push import Pusher
+from tsfront.stream import OutputChunk, RequestStream, deliver_all
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
 DEADLINE = 30.0
@@ -133,6 +136,59 @@ class _EdgeApp:
 
 
 FIRST, MARK = b"data: first\n\n", b"data: mark\n\n"
+
+
+class _Owner:
+    """What a `RequestStream` asks of its slot table (nothing to free or abort here)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.disaggregated = False
+
+    def release(self, stream: RequestStream) -> None:
+        pass
+
+    def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
+        pass
+
+    def dropped(self, stream: RequestStream) -> None:
+        pass
+
+
+class _DrainApp:
+    """As the worker does it: the response's task parked on its stream with a `Pusher` as the
+    sink, and the table's steps arriving as poll updates handed to the drain
+    (`deliver_all`); the last update carries a finish reason, which the task reads."""
+
+    def __init__(self) -> None:
+        self.native = False
+        self.chunks: list[OutputChunk] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        table, steps = _table()
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(_Owner(loop), "r", 0, 1)
+        pusher = Pusher(_Choice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
+        self.native = pusher.native
+        stream.set_sink(pusher)
+        refs = [weakref.ref(stream)]
+
+        async def feed() -> None:
+            for i, tokens in enumerate(steps):
+                await asyncio.sleep(0)
+                deliver_all([(0, list(tokens), None, None, 0, 1, i + 1, 0, 0)], refs)
+            await asyncio.sleep(0)
+            deliver_all([(0, [], None, None, _native.FIN_STOP, 1, len(steps), 0, 0)], refs)
+
+        feeding = asyncio.ensure_future(feed())
+        async for chunk in stream:
+            self.chunks.append(chunk)
+        await feeding
+        await pusher.settle()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _chunk(body: bytes) -> bytes:
@@ -258,6 +314,49 @@ async def test_a_client_that_stops_reading_gets_the_fall_back_then_every_byte(
         assert head.startswith(b"HTTP/1.1 200")
         assert body == _python_bytes(2000) + b"0\r\n\r\n"
         assert native_before > 0 and calls[0] > native_before, "no native step after the fall-back"
+        writer.close()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, DEADLINE)
+
+
+@pytest.mark.parametrize("protocol", ["httptools", "edge"])
+async def test_the_drains_native_pass_writes_the_python_paths_bytes(monkeypatch, protocol) -> None:
+    # Through uvicorn's real cycle, flow control and transport (and tsfront serve's own
+    # protocol, whose head-holding writer is the cycle's transport until the head is out): the
+    # drain's native pass takes every plain update (the sink is never called), the bytes on the
+    # wire are the Python path's, and the last update reaches the response's task.
+    from tsfront.serve.protocol import EdgeLimits, protocol_class
+
+    called: list[list[int]] = []
+    real = Pusher.__call__
+
+    def counted(self: Pusher, tokens: list[int]) -> bool:
+        called.append(tokens)
+        return real(self, tokens)
+
+    monkeypatch.setattr(Pusher, "__call__", counted)
+    http: object = "httptools"
+    if protocol == "edge":
+        limits = EdgeLimits(
+            timeout_header=DEADLINE,
+            timeout_body=DEADLINE,
+            max_header_bytes=1 << 16,
+            max_connections=8,
+        )
+        http = protocol_class(limits)
+    app = _DrainApp()
+    server, task, port, _calls = await _serve(app, monkeypatch, http)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):  # and the connection stays usable
+            app.chunks.clear()
+            writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+            head, body = await _read_response(reader)
+            assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
+            assert body == _python_bytes(1) + b"0\r\n\r\n"
+            assert [c.finish_reason for c in app.chunks] == ["stop"]
+        assert app.native and called == []
         writer.close()
     finally:
         server.should_exit = True

@@ -73,8 +73,14 @@ def _native_cycle(send: Callable[..., Any]) -> Any:
     return cycle
 
 
-class Pusher:
+class Pusher(_native.PusherBase):
     """The sink of one streamed choice: writes its plain-token events straight to ``send``.
+
+    Its native step's state (the cycle, flow control, the detokenizer's table and decoder, the
+    event's head and tail, the choice) and ``inflight``/``error`` are fields of the native
+    base, which the worker's drain reads directly: an update that `__call__` would write with
+    the native step is written by ``tsfront._native.push_batch`` without calling it (see
+    `tsfront.stream.deliver_all`); `__call__` is what runs for everything else.
 
     Args:
         choice: the response's one choice (its detokenizer step counts its tokens).
@@ -83,22 +89,9 @@ class Pusher:
         send: the ASGI ``send`` of the response (whose start was sent already).
     """
 
-    __slots__ = (
-        "_choice",
-        "_coro",
-        "_cycle",
-        "_decoder",
-        "_errors",
-        "_flow",
-        "_head",
-        "_message",
-        "_pieces",
-        "_send",
-        "_tail",
-        "_text",
-        "error",
-        "inflight",
-    )
+    # The rest are the native base's: _choice, _cycle, _decoder, _errors, _flow, _head,
+    # _pieces, _tail, error, inflight.
+    __slots__ = ("_coro", "_message", "_send", "_text")
 
     def __init__(
         self,
@@ -142,6 +135,8 @@ class Pusher:
         return self._cycle is not None
 
     def __call__(self, tokens: list[int]) -> bool:
+        # native/push.c (``take``) makes the native step's checks and calls in this order for
+        # the drain's common case: a change here is a change there.
         if self.inflight is not None or self.error is not None:
             return False  # the response's task takes them, after the send in flight
         cycle = self._cycle

@@ -1,0 +1,278 @@
+/*
+ * push.c: the drain's common case in one native pass (tsfront/stream.py `deliver_all`).
+ *
+ * A streamed token of a response on the push path's native step (tsfront/serve/push.py) used
+ * to go: the drain's loop, the stream's weak reference, `RequestStream.deliver` and its checks,
+ * the sink (`Pusher.__call__`) and its checks, `token_event`, the count of the choice's
+ * tokens and the transport's write; each a Python frame or a handful of Python bytecodes.
+ * `push_batch` does exactly that sequence for every update of a `Reader.poll` batch that
+ * takes it, and returns the updates that do not, for `RequestStream.deliver` to take as
+ * before. An update is taken here only when every check that `deliver` and `Pusher.__call__`
+ * make before the native write passes:
+ *   - its slot's stream is alive (the slot table's weak reference, by local slot);
+ *   - the stream's ``_push`` (its sink while the reader is parked with nothing unread) is a
+ *     `PusherBase` (a `Pusher`) with a native cycle (``_cycle`` not None);
+ *   - the update carries tokens, no logprobs, no finish code;
+ *   - the stream's waiter is not done (a cancelled reader);
+ *   - the pusher has no send in flight and no error (``inflight``, ``error``);
+ *   - its connection's flow control is not paused, the client not gone, the response not
+ *     complete (``flow.write_paused``, ``cycle.disconnected``, ``cycle.response_complete``).
+ * Then, as `deliver` and `Pusher.__call__`: the stream's ``engine_index`` is set, the event's
+ * chunk made by `token_event`, the choice's ``tokens`` count raised, and the chunk written to
+ * ``cycle.transport`` (an `Exception` from the write is the pusher's ``error``, as there).
+ * Anything that fails or raises before the tokens are consumed (an attribute missing, the
+ * native step refusing its arguments) leaves the update to `deliver`, which makes the same
+ * calls and so meets the same failure where the Python path handles it (the sink logged and
+ * dropped). The updates not taken keep their order; an update taken here and one left to
+ * `deliver` are of different slots (a poll names a slot at most once), so of different
+ * responses: the order of events on each connection is the Python path's.
+ */
+#include "push.h"
+
+#include <structmember.h>
+
+#include "sse.h"
+
+typedef struct {
+    PyObject_HEAD PyObject *cycle; /* the uvicorn cycle (None/NULL: no native step) */
+    PyObject *flow;
+    PyObject *pieces;
+    PyObject *decoder;
+    PyObject *errors;
+    PyObject *head;
+    PyObject *tail;
+    PyObject *choice;
+    PyObject *inflight;
+    PyObject *error;
+} PusherBase;
+
+static int pb_traverse(PusherBase *self, visitproc visit, void *arg) {
+    Py_VISIT(self->cycle);
+    Py_VISIT(self->flow);
+    Py_VISIT(self->pieces);
+    Py_VISIT(self->decoder);
+    Py_VISIT(self->errors);
+    Py_VISIT(self->head);
+    Py_VISIT(self->tail);
+    Py_VISIT(self->choice);
+    Py_VISIT(self->inflight);
+    Py_VISIT(self->error);
+    return 0;
+}
+
+static int pb_clear(PusherBase *self) {
+    Py_CLEAR(self->cycle);
+    Py_CLEAR(self->flow);
+    Py_CLEAR(self->pieces);
+    Py_CLEAR(self->decoder);
+    Py_CLEAR(self->errors);
+    Py_CLEAR(self->head);
+    Py_CLEAR(self->tail);
+    Py_CLEAR(self->choice);
+    Py_CLEAR(self->inflight);
+    Py_CLEAR(self->error);
+    return 0;
+}
+
+static void pb_dealloc(PusherBase *self) {
+    PyObject_GC_UnTrack(self);
+    pb_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef pb_members[] = {
+    {"_cycle", T_OBJECT, offsetof(PusherBase, cycle), 0, NULL},
+    {"_flow", T_OBJECT, offsetof(PusherBase, flow), 0, NULL},
+    {"_pieces", T_OBJECT, offsetof(PusherBase, pieces), 0, NULL},
+    {"_decoder", T_OBJECT, offsetof(PusherBase, decoder), 0, NULL},
+    {"_errors", T_OBJECT, offsetof(PusherBase, errors), 0, NULL},
+    {"_head", T_OBJECT, offsetof(PusherBase, head), 0, NULL},
+    {"_tail", T_OBJECT, offsetof(PusherBase, tail), 0, NULL},
+    {"_choice", T_OBJECT, offsetof(PusherBase, choice), 0, NULL},
+    {"inflight", T_OBJECT, offsetof(PusherBase, inflight), 0,
+     "The task finishing a send that the server suspended (back-pressure), or None."},
+    {"error", T_OBJECT, offsetof(PusherBase, error), 0,
+     "What a pushed send raised (a broken connection): the response ends with it."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject PusherBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tsfront._native.PusherBase",
+    .tp_basicsize = sizeof(PusherBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The state push_batch reads of a streamed choice's sink (tsfront.serve.push.Pusher).",
+    .tp_new = PyType_GenericNew,
+    .tp_traverse = (traverseproc)pb_traverse,
+    .tp_clear = (inquiry)pb_clear,
+    .tp_dealloc = (destructor)pb_dealloc,
+    .tp_members = pb_members,
+};
+
+static PyObject *S_PUSH, *S_WAITER, *S_DONE, *S_ENGINE_INDEX, *S_TOKENS, *S_WRITE_PAUSED,
+    *S_DISCONNECTED, *S_RESPONSE_COMPLETE, *S_TRANSPORT, *S_WRITE;
+
+static int intern_names(void) {
+    if (S_WRITE) return 0;
+#define INTERN(var, s) \
+    if (!(var = PyUnicode_InternFromString(s))) return -1
+    INTERN(S_PUSH, "_push");
+    INTERN(S_WAITER, "_waiter");
+    INTERN(S_DONE, "done");
+    INTERN(S_ENGINE_INDEX, "engine_index");
+    INTERN(S_TOKENS, "tokens");
+    INTERN(S_WRITE_PAUSED, "write_paused");
+    INTERN(S_DISCONNECTED, "disconnected");
+    INTERN(S_RESPONSE_COMPLETE, "response_complete");
+    INTERN(S_TRANSPORT, "transport");
+    INTERN(S_WRITE, "write");
+#undef INTERN
+    return 0;
+}
+
+static inline int is_none(PyObject *o) { return o == NULL || o == Py_None; }
+
+/* 1: obj.name is true; 0: false; -1: an error (set). */
+static int attr_true(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v) return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+/* The stream of a slot, a new reference (NULL: none, no error set). */
+static PyObject *slot_stream(PyObject *refs, PyObject *local) {
+    Py_ssize_t i = PyLong_AsSsize_t(local);
+    if (i == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return NULL;
+    }
+    if (i < 0 || i >= PyList_GET_SIZE(refs)) return NULL;
+    PyObject *ref = PyList_GET_ITEM(refs, i);
+    if (!PyWeakref_CheckRef(ref)) return NULL;
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *stream = NULL;
+    if (PyWeakref_GetRef(ref, &stream) < 0) PyErr_Clear();
+    return stream;
+#else
+    PyObject *stream = PyWeakref_GET_OBJECT(ref);
+    if (stream == Py_None) return NULL;
+    return Py_NewRef(stream);
+#endif
+}
+
+/* Take one update if it is the common case. 1: taken; 0: left (no error set); -1: an error
+ * to raise (only what `deliver` would not catch: a BaseException from the write). */
+static int take(PyObject *update, PyObject *refs) {
+    if (!PyTuple_CheckExact(update) || PyTuple_GET_SIZE(update) != 9) return 0;
+    PyObject *tokens = PyTuple_GET_ITEM(update, 1);
+    if (!PyList_CheckExact(tokens) || PyList_GET_SIZE(tokens) == 0) return 0;
+    if (PyTuple_GET_ITEM(update, 2) != Py_None) return 0;
+    PyObject *finish = PyTuple_GET_ITEM(update, 4);
+    if (!PyLong_CheckExact(finish)) return 0;
+    int fin = PyObject_IsTrue(finish);
+    if (fin != 0) {
+        if (fin < 0) PyErr_Clear();
+        return 0;
+    }
+    PyObject *stream = slot_stream(refs, PyTuple_GET_ITEM(update, 0));
+    if (!stream) return 0;
+    int rc = 0;
+    PyObject *push = NULL, *waiter = NULL, *count = NULL, *chunk = NULL;
+    push = PyObject_GetAttr(stream, S_PUSH);
+    if (!push || !PyObject_TypeCheck(push, &PusherBaseType)) goto left;
+    PusherBase *p = (PusherBase *)push;
+    if (is_none(p->cycle) || is_none(p->flow) || is_none(p->choice) || !is_none(p->inflight) ||
+        !is_none(p->error))
+        goto left;
+    if (!p->pieces || !p->decoder || !p->head || !p->tail || !p->errors) goto left;
+    waiter = PyObject_GetAttr(stream, S_WAITER);
+    if (!waiter || waiter == Py_None) goto left;
+    PyObject *done = PyObject_CallMethodNoArgs(waiter, S_DONE);
+    if (!done) goto left;
+    int t = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    if (t != 0) goto left;
+    /* Pusher.__call__'s own checks, in its order. */
+    if (attr_true(p->flow, S_WRITE_PAUSED) != 0) goto left;
+    if (attr_true(p->cycle, S_DISCONNECTED) != 0) goto left;
+    if (attr_true(p->cycle, S_RESPONSE_COMPLETE) != 0) goto left;
+    if (PyObject_SetAttr(stream, S_ENGINE_INDEX, PyTuple_GET_ITEM(update, 8)) < 0) goto left;
+    /* The choice's new count before the step: the step changes the stream's decoder, so
+     * nothing that can fail comes between it and the write but the store of this count. */
+    PyObject *old = PyObject_GetAttr(p->choice, S_TOKENS);
+    if (!old) goto left;
+    PyObject *n = PyLong_FromSsize_t(PyList_GET_SIZE(tokens));
+    if (!n) {
+        Py_DECREF(old);
+        goto left;
+    }
+    count = PyNumber_InPlaceAdd(old, n);
+    Py_DECREF(old);
+    Py_DECREF(n);
+    if (!count) goto left;
+    PyObject *args[7] = {p->pieces, p->decoder, tokens, p->head, p->tail, p->errors, Py_True};
+    chunk = py_token_event(NULL, args, 7);
+    if (!chunk) goto left; /* a failed step leaves the stream as it was: deliver retries it */
+    /* From here the tokens are consumed. */
+    rc = 1;
+    if (PyObject_SetAttr(p->choice, S_TOKENS, count) < 0) {
+        /* Only MemoryError can get here (a plain int attribute): raise it from the drain. */
+        rc = -1;
+        goto out;
+    }
+    if (chunk != Py_None) {
+        PyObject *transport = PyObject_GetAttr(p->cycle, S_TRANSPORT);
+        PyObject *res = transport ? PyObject_CallMethodOneArg(transport, S_WRITE, chunk) : NULL;
+        Py_XDECREF(transport);
+        if (res) {
+            Py_DECREF(res);
+        } else if (PyErr_ExceptionMatches(PyExc_Exception)) {
+            /* As a send that raised: the response ends with it. */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb && value) PyException_SetTraceback(value, tb);
+            Py_XSETREF(p->error, value ? value : Py_NewRef(Py_None));
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+        } else {
+            rc = -1;
+        }
+    }
+    goto out;
+left:
+    if (PyErr_Occurred()) PyErr_Clear();
+    rc = 0;
+out:
+    Py_XDECREF(chunk);
+    Py_XDECREF(count);
+    Py_XDECREF(waiter);
+    Py_XDECREF(push);
+    Py_DECREF(stream);
+    return rc;
+}
+
+PyObject *py_push_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "push_batch(updates: list, refs: list)");
+        return NULL;
+    }
+    if (intern_names() < 0) return NULL;
+    PyObject *updates = args[0], *refs = args[1];
+    PyObject *rest = PyList_New(0);
+    if (!rest) return NULL;
+    /* The list may not change under us: nothing here runs code that holds it, but index each
+     * time against its current size anyway. */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(updates); i++) {
+        PyObject *update = Py_NewRef(PyList_GET_ITEM(updates, i));
+        int rc = take(update, refs);
+        if (rc == 0 && PyList_Append(rest, update) < 0) rc = -1;
+        Py_DECREF(update);
+        if (rc < 0) {
+            Py_DECREF(rest);
+            return NULL;
+        }
+    }
+    return rest;
+}
