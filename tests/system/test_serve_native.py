@@ -27,6 +27,7 @@ import httpx
 import msgspec
 import openai
 import pytest
+from support.push_fixtures import LoggingOwner, PlainChoice
 from support.serve_fixtures import post_stream, read_chunked, start_served
 
 import tsfront.serve.push as push
@@ -40,18 +41,6 @@ TEXT = 'Ünïcödé "quoted" \\ back\\slash\nline\ttab\x01\x1f del\x7f 😀€ �
 _JSON = msgspec.json.Encoder()
 
 # ---------------------------------------------------------------------- in process
-
-
-class _Choice:
-    """What `Pusher` uses of a `Choice`: its detokenizer, ``plain`` and the token count."""
-
-    def __init__(self, detok: TableDetokenizer) -> None:
-        self.detok = detok
-        self.tokens = 0
-
-    def plain(self, tokens: list[int]) -> str:
-        self.tokens += len(tokens)
-        return self.detok.step(tokens)
 
 
 def _table() -> tuple[TokenTable, list[list[int]]]:
@@ -98,7 +87,7 @@ class _App:
         repeat = int(scope["path"].strip("/") or "1")
         await send({"type": "http.response.start", "status": 200, "headers": [(b"x-test", b"1")]})
         table, steps = _table()
-        choice = _Choice(TableDetokenizer(table))
+        choice = PlainChoice(TableDetokenizer(table))
         pusher = Pusher(choice, HEAD, TAIL, send)  # type: ignore[arg-type]
         self.native = pusher.native
         for _ in range(repeat):
@@ -125,7 +114,7 @@ class _EdgeApp:
             return
         await send({"type": "http.response.start", "status": 200, "headers": []})
         table, steps = _table()
-        pusher = Pusher(_Choice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
+        pusher = Pusher(PlainChoice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
         self.native = pusher.native
         await send({"type": "http.response.body", "body": FIRST, "more_body": True})
         for tokens in steps:
@@ -136,23 +125,6 @@ class _EdgeApp:
 
 
 FIRST, MARK = b"data: first\n\n", b"data: mark\n\n"
-
-
-class _Owner:
-    """What a `RequestStream` asks of its slot table (nothing to free or abort here)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.disaggregated = False
-
-    def release(self, stream: RequestStream) -> None:
-        pass
-
-    def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
-        pass
-
-    def dropped(self, stream: RequestStream) -> None:
-        pass
 
 
 class _DrainApp:
@@ -170,8 +142,8 @@ class _DrainApp:
         await send({"type": "http.response.start", "status": 200, "headers": []})
         table, steps = _table()
         loop = asyncio.get_running_loop()
-        stream = RequestStream(_Owner(loop), "r", 0, 1)
-        pusher = Pusher(_Choice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
+        stream = RequestStream(LoggingOwner(loop), "r", 0, 1)
+        pusher = Pusher(PlainChoice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
         self.native = pusher.native
         stream.set_sink(pusher)
         refs = [weakref.ref(stream)]
@@ -370,7 +342,7 @@ def test_the_switch_turns_the_native_step_off(monkeypatch) -> None:
     async def send(message) -> None:
         pass
 
-    pusher = Pusher(_Choice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
+    pusher = Pusher(PlainChoice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
     assert not pusher.native
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.push_fixtures import LoggingOwner, PlainChoice
 
 import tsfront.serve.push as push
 from tsfront import _native, region
@@ -69,34 +70,6 @@ class _Cycle:
         self.log.append(("send", message["body"]))
 
 
-class _Owner:
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.disaggregated = False
-        self.log: list[Any] = []
-
-    def release(self, stream: RequestStream) -> None:
-        self.log.append(("release", stream.rid))
-
-    def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
-        self.log.append(("abort", stream.rid, reason))
-
-    def dropped(self, stream: RequestStream) -> None:
-        self.log.append(("dropped", stream.rid))
-
-
-class _Choice:
-    __slots__ = ("detok", "tokens")
-
-    def __init__(self, detok: TableDetokenizer) -> None:
-        self.detok = detok
-        self.tokens = 0
-
-    def plain(self, tokens: list[int]) -> str:
-        self.tokens += len(tokens)
-        return self.detok.step(tokens)
-
-
 @pytest.fixture(autouse=True)
 def _fake_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(push, "_cycle_type", lambda: _Cycle)
@@ -107,11 +80,11 @@ class _World:
 
     def __init__(self, n: int) -> None:
         self.loop = asyncio.get_running_loop()
-        self.owner = _Owner(self.loop)
+        self.owner = LoggingOwner(self.loop)
         self.logs: list[list[Any]] = [[] for _ in range(n)]
         self.streams: list[RequestStream | None] = []
         self.refs: list[weakref.ref[RequestStream] | None] = []
-        self.choices: list[_Choice] = []
+        self.choices: list[PlainChoice] = []
         self.cycles: list[_Cycle] = []
         self.pushers: list[Pusher] = []
         self.tasks: list[asyncio.Task] = []
@@ -119,7 +92,7 @@ class _World:
             stream = RequestStream(self.owner, f"r{i}", i, 1)
             detok = TableDetokenizer(TABLE)
             detok.step([0])  # past the first-token rules: the native step applies
-            choice = _Choice(detok)
+            choice = PlainChoice(detok)
             cycle = _Cycle(self.logs[i])
             pusher = Pusher(choice, HEAD, TAIL, cycle.send)
             assert pusher.native
