@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ from support.raw_engine import raw_rig
 
 from tsfront.serve.api import OpenAIService
 from tsfront.serve.asgi import ServeApp
+from tsfront.serve.store import StoreProcess
 from tsfront.testing.serve import session_pids
 from tsfront.text import TextModel
 
@@ -84,3 +86,21 @@ def test_the_store_process_dies_with_its_parent() -> None:
             os.killpg(parent.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_the_store_process_imports_the_installed_tsfront_not_one_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python -m` puts the working directory first on sys.path: a server started from a
+    # checkout of another version (or any directory with a `tsfront/` in it) would run that
+    # code in its child processes. They are started with -P, as the I/O process is.
+    decoy = tmp_path / "tsfront"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise ImportError('the decoy tsfront was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    store = StoreProcess.start(16, 1 << 16, timeout=DEADLINE)
+    try:
+        assert store.alive()
+    finally:
+        store.stop()
+    assert store.proc.returncode is not None

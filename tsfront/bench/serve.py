@@ -194,6 +194,7 @@ def _sim(handshake: str, p: ServeParams) -> _Proc:
     return _Proc(
         [
             sys.executable,
+            "-P",
             "-m",
             "tsfront",
             "sim",
@@ -236,7 +237,7 @@ def _wait_http(url: str, model: str, timeout: float) -> None:
 def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[tuple[str, int]]:
     env = None
     if stack in ("uvicorn", "pull", "python"):
-        cmd = [sys.executable, "-m", "tsfront", "serve", "--workers", str(workers)]
+        cmd = [sys.executable, "-P", "-m", "tsfront", "serve", "--workers", str(workers)]
         if stack == "pull":
             # The server without its hot path (every event through the response's task).
             env = {**os.environ, "TSFRONT_SERVE_PUSH": "0"}
@@ -244,7 +245,7 @@ def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[t
             # The hot path without its native step (every pushed event through ASGI send).
             env = {**os.environ, "TSFRONT_SERVE_NATIVE": "0"}
     else:
-        cmd = [sys.executable, "-m", "tsfront.bench.stacks", "--stack", stack]
+        cmd = [sys.executable, "-P", "-m", "tsfront.bench.stacks", "--stack", stack]
     cmd += [
         "--model",
         model,
@@ -301,6 +302,7 @@ def _load(url: str, model: str, p: ServeParams, requests: int) -> dict:
     out = subprocess.run(
         [
             sys.executable,
+            "-P",
             "-m",
             "tsfront.bench.serveload",
             "--url",

@@ -286,7 +286,7 @@ class StoreProcess:
         """Start the process (on ``address``, else a fresh one) and wait until it serves."""
         address = address or new_address()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tsfront.serve.store", address.replace("\0", "@", 1),
+            [sys.executable, "-P", "-m", "tsfront.serve.store", address.replace("\0", "@", 1),
              str(items), str(size), str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -48,7 +48,7 @@ class ServeProcess:
         err = None if stderr is None else stderr.open("wb")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tsfront", "serve", *args],
+                [sys.executable, "-P", "-m", "tsfront", "serve", *args],
                 stdout=subprocess.PIPE,
                 stderr=err,
                 env={**os.environ, "TSFRONT_LOG": "ERROR", **(env or {})},
