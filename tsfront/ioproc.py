@@ -17,9 +17,9 @@ import secrets
 import selectors
 import signal
 import subprocess
-import sys
 import time
 
+from tsfront.child import python_module
 from tsfront.config import ClientConfig
 from tsfront.errors import ConfigError, Error, StateDirInUse, StateDirMismatch
 from tsfront.sigint import hold_sigint
@@ -70,9 +70,7 @@ class IOProcess:
         hold = hold_sigint()
         try:
             proc = subprocess.Popen(
-                # -P: never put the working directory on sys.path, or a source checkout there
-                # would shadow the installed package (whose native extension is compiled).
-                [sys.executable, "-P", "-m", "tsfront.io.main"],
+                python_module("tsfront.io.main"),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 close_fds=True,

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
+from tsfront.child import python_module
 
 __all__ = ["PRESETS", "ServeParams", "run_serve"]
 
@@ -192,10 +193,7 @@ class _Proc:
 
 def _sim(handshake: str, p: ServeParams) -> _Proc:
     return _Proc(
-        [
-            sys.executable,
-            "-P",
-            "-m",
+        python_module(
             "tsfront",
             "sim",
             "--handshake",
@@ -207,7 +205,7 @@ def _sim(handshake: str, p: ServeParams) -> _Proc:
             "--processes",
             "--log-level",
             "ERROR",
-        ],
+        ),
         stdout=subprocess.DEVNULL,
     )
 
@@ -237,7 +235,7 @@ def _wait_http(url: str, model: str, timeout: float) -> None:
 def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[tuple[str, int]]:
     env = None
     if stack in ("uvicorn", "pull", "python"):
-        cmd = [sys.executable, "-P", "-m", "tsfront", "serve", "--workers", str(workers)]
+        cmd = python_module("tsfront", "serve", "--workers", str(workers))
         if stack == "pull":
             # The server without its hot path (every event through the response's task).
             env = {**os.environ, "TSFRONT_SERVE_PUSH": "0"}
@@ -245,7 +243,7 @@ def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[t
             # The hot path without its native step (every pushed event through ASGI send).
             env = {**os.environ, "TSFRONT_SERVE_NATIVE": "0"}
     else:
-        cmd = [sys.executable, "-P", "-m", "tsfront.bench.stacks", "--stack", stack]
+        cmd = python_module("tsfront.bench.stacks", "--stack", stack)
     cmd += [
         "--model",
         model,
@@ -300,10 +298,7 @@ def _smg(smg: str, model: str, p: ServeParams) -> Iterator[tuple[str, int]]:
 
 def _load(url: str, model: str, p: ServeParams, requests: int) -> dict:
     out = subprocess.run(
-        [
-            sys.executable,
-            "-P",
-            "-m",
+        python_module(
             "tsfront.bench.serveload",
             "--url",
             url,
@@ -315,7 +310,7 @@ def _load(url: str, model: str, p: ServeParams, requests: int) -> dict:
             str(requests),
             "--max-tokens",
             str(p.max_tokens),
-        ],
+        ),
         capture_output=True,
         text=True,
         check=True,

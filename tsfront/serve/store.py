@@ -36,6 +36,8 @@ from typing import Any
 
 import msgspec
 
+from tsfront.child import python_module
+
 __all__ = [
     "STORE_TIMEOUT_S",
     "LocalStore",
@@ -286,8 +288,10 @@ class StoreProcess:
         """Start the process (on ``address``, else a fresh one) and wait until it serves."""
         address = address or new_address()
         proc = subprocess.Popen(
-            [sys.executable, "-P", "-m", "tsfront.serve.store", address.replace("\0", "@", 1),
-             str(items), str(size), str(os.getpid())],
+            python_module(
+                "tsfront.serve.store",
+                address.replace("\0", "@", 1), str(items), str(size), str(os.getpid()),
+            ),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
         )  # fmt: skip

@@ -16,7 +16,6 @@ import queue
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tsfront.child import python_module
 from tsfront.sim import SimGroup
 
 __all__ = ["ServeProcess", "Served", "serve_children", "session_pids", "start_served"]
@@ -48,7 +48,7 @@ class ServeProcess:
         err = None if stderr is None else stderr.open("wb")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "tsfront", "serve", *args],
+                python_module("tsfront", "serve", *args),
                 stdout=subprocess.PIPE,
                 stderr=err,
                 env={**os.environ, "TSFRONT_LOG": "ERROR", **(env or {})},
