@@ -10,6 +10,7 @@ takes an idle-connection flood. Every wait has a deadline; nothing sleeps to syn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -88,16 +89,25 @@ def start_edge(model_dir: str, tmp: Path, *extra: str, **popen: object) -> Edge:
     return Edge(server, group, url, stderr)
 
 
+@contextlib.contextmanager
+def running_edge(model_dir: str, tmp: Path, *extra: str) -> Iterator[Edge]:
+    """`start_edge`, then a clean stop of the server (exit status 0) and of its ranks."""
+    e = start_edge(model_dir, tmp, *extra)
+    try:
+        yield e
+    finally:
+        assert e.server.stop() == 0
+        e.group.stop()
+
+
 @pytest.fixture(scope="module")
 def edge(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
-    e = start_edge(
+    with running_edge(
         model_dir,
         tmp_path_factory.mktemp("edge"),
         "--timeout-header", "1", "--timeout-body", "1", "--timeout-keep-alive", "30",
-    )  # fmt: skip
-    yield e
-    assert e.server.stop() == 0
-    e.group.stop()
+    ) as e:  # fmt: skip
+        yield e
 
 
 def closed_within(sock: socket.socket, timeout: float) -> tuple[bool, bytes]:
@@ -244,14 +254,12 @@ def test_keep_alive_connection_must_send_its_next_headers_in_time(edge: Edge) ->
 @pytest.fixture(scope="module")
 def short_keep_alive(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
     """A server whose keep-alive deadline (1 s) comes before its header deadline (4 s)."""
-    e = start_edge(
+    with running_edge(
         model_dir,
         tmp_path_factory.mktemp("keepalive"),
         "--timeout-header", "4", "--timeout-body", "4", "--timeout-keep-alive", "1",
-    )  # fmt: skip
-    yield e
-    assert e.server.stop() == 0
-    e.group.stop()
+    ) as e:  # fmt: skip
+        yield e
 
 
 def test_keep_alive_closes_an_idle_connection_and_any_byte_ends_it(
