@@ -104,6 +104,10 @@ class PusherBase:
     _choice: Any
     inflight: Any
     error: BaseException | None
+    _sock: Any
+    _fd: int
+    @property
+    def direct_sends(self) -> int: ...
 
 class Writer:
     """The I/O process's side of the slot region: binds requests, ingests output frames."""

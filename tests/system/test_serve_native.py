@@ -19,6 +19,7 @@ import asyncio
 import json
 import socket
 import time
+import types
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -135,6 +136,7 @@ class _DrainApp:
     def __init__(self) -> None:
         self.native = False
         self.chunks: list[OutputChunk] = []
+        self.pusher: Pusher | None = None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -146,6 +148,7 @@ class _DrainApp:
         pusher = Pusher(PlainChoice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
         self.native = pusher.native
         stream.set_sink(pusher)
+        self.pusher = pusher
         refs = [weakref.ref(stream)]
 
         async def feed() -> None:
@@ -328,6 +331,11 @@ async def test_the_drains_native_pass_writes_the_python_paths_bytes(monkeypatch,
             assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head
             assert body == _python_bytes(1) + b"0\r\n\r\n"
             assert [c.finish_reason for c in app.chunks] == ["stop"]
+            # Sent on the socket itself (the transport held nothing): every event but, under
+            # the server's protocol, the first (its head writer stands in front until then).
+            events = _python_bytes(1).count(HEAD)
+            assert app.pusher is not None
+            assert app.pusher.direct_sends >= events - (1 if protocol == "edge" else 0) > 0
         assert app.native and called == []
         writer.close()
     finally:
@@ -344,6 +352,230 @@ def test_the_switch_turns_the_native_step_off(monkeypatch) -> None:
 
     pusher = Pusher(PlainChoice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
     assert not pusher.native
+
+
+class _SocketCycle:
+    """What the native pass uses of uvicorn's cycle, with a real connection's transport."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.chunked_encoding = True
+        self.scope = {"method": "POST"}
+        self.flow = type("Flow", (), {"write_paused": False})()
+        self.disconnected = False
+        self.response_complete = False
+        self.transport = transport
+
+    async def send(self, message) -> None:
+        raise AssertionError("every event here is the native pass's")
+
+
+async def _connection(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Transport, socket.socket]:
+    """A server-side transport of a real loopback connection (small send buffer) and the
+    client's socket (small receive buffer, not read until the test reads it)."""
+    made: asyncio.Future[asyncio.Transport] = loop.create_future()
+
+    class _Proto(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+            made.set_result(transport)
+
+    server = await loop.create_server(_Proto, "127.0.0.1", 0)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    client.setblocking(False)
+    await loop.sock_connect(client, server.sockets[0].getsockname())
+    transport = await asyncio.wait_for(made, DEADLINE)
+    server.close()
+    return transport, client
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
+    monkeypatch, loop_kind: str
+) -> None:
+    # The drain's native pass sends each event on the connection's socket itself while the
+    # transport holds nothing; a client that does not read fills the kernel's buffers, a send
+    # takes part of an event or nothing, and the rest goes to the transport, which buffers it,
+    # so the events after it go through the transport too (it holds something) until it has
+    # written it all. Every byte arrives once and in order, and once the transport is empty
+    # the sends are direct again. Real sockets, both event loops.
+    import uvloop
+
+    monkeypatch.setattr(push, "_cycle_type", lambda: _SocketCycle)
+    called: list[list[int]] = []
+    monkeypatch.setattr(Pusher, "__call__", lambda self, tokens: bool(called.append(tokens)))
+    big_head = HEAD.replace(b"data: ", b"data: " + b" " * 3000)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        transport, client = await _connection(loop)
+        table, steps = _table()
+        stream = RequestStream(LoggingOwner(loop), "r", 0, 1)
+        cycle = _SocketCycle(transport)
+        ours, detok = TableDetokenizer(table), TableDetokenizer(table)
+        for d in (ours, detok):
+            d.step(steps[0])  # past the first-token rules: the native step applies
+        pusher = Pusher(PlainChoice(ours), big_head, TAIL, cycle.send)  # type: ignore[arg-type]
+        assert pusher.native and pusher._sock is transport and pusher._fd >= 0
+        stream.set_sink(pusher)
+        refs = [weakref.ref(stream)]
+        reading = asyncio.ensure_future(_consume(stream))
+        await asyncio.sleep(0)  # the reader parks: its sink takes the updates
+
+        expected = bytearray()
+        position = 0
+
+        def feed(rounds: int) -> None:
+            nonlocal position
+            for _ in range(rounds):
+                for tokens in steps:
+                    position += 1
+                    deliver_all([(0, list(tokens), None, None, 0, 1, position, 0, 0)], refs)
+                    text = detok.step(tokens)
+                    if text:
+                        body = big_head + _JSON.encode(text) + TAIL
+                        expected.extend(b"%x\r\n" % len(body) + body + b"\r\n")
+
+        got = bytearray()
+
+        async def read_all() -> bytes:
+            deadline = time.monotonic() + DEADLINE
+            while len(got) < len(expected):
+                assert time.monotonic() < deadline, f"{len(got)} of {len(expected)} bytes"
+                got.extend(await asyncio.wait_for(loop.sock_recv(client, 1 << 16), DEADLINE))
+            return bytes(got)
+
+        feed(20)  # ~80 events of ~3 KB: far past 8 KB + 4 KB of kernel buffers
+        direct_first = pusher.direct_sends
+        assert 0 < direct_first < position, "no direct send, or no event past a full buffer"
+        assert transport.get_write_buffer_size() > 0, "the transport never held the rest"
+        # The client reads what the kernel holds, in this loop turn: the socket has room
+        # again while the transport still holds its rest (it writes that at the loop's next
+        # turn). Events now must queue behind that rest, not go out on the socket before it.
+        while True:
+            try:
+                data = client.recv(1 << 16)
+            except BlockingIOError:
+                break
+            assert data, "the connection closed"
+            got.extend(data)
+        assert got and transport.get_write_buffer_size() > 0
+        held = pusher.direct_sends
+        feed(2)
+        assert pusher.direct_sends == held, "a direct send past what the transport held"
+        assert await read_all() == bytes(expected)
+        deadline = time.monotonic() + DEADLINE
+        while transport.get_write_buffer_size():
+            assert time.monotonic() < deadline, "the transport never emptied"
+            await asyncio.sleep(0.001)
+        start = len(expected)
+        feed(1)  # the transport is empty again: direct sends again
+        assert pusher.direct_sends > direct_first
+        assert await read_all() == bytes(expected) and len(expected) > start
+        assert pusher.error is None and called == [], "an update left the native pass"
+        reading.cancel()
+        transport.close()
+        client.close()
+
+    if loop_kind == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
+
+async def _consume(stream: RequestStream) -> None:
+    async for _ in stream:
+        pass
+
+
+def _self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_the_direct_send_is_for_plain_tcp_only(tmp_path, loop_kind: str) -> None:
+    # A TLS transport's socket carries ciphertext: never a direct send there (an app that
+    # embeds tsfront's ASGI app may run it under uvicorn with TLS). A plain TCP transport is
+    # its own target, and behind a writer standing in front of it (tsfront serve's head
+    # writer: the drain test above runs the real one) the connection's transport is.
+    import ssl
+
+    import uvloop
+
+    from tsfront.serve.push import direct_target
+
+    cert, key = _self_signed(tmp_path)
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        made: list[asyncio.Transport] = []
+
+        class _Proto(asyncio.Protocol):
+            def connection_made(self, transport) -> None:
+                made.append(transport)
+
+        for ctx, client in ((None, None), (server_ctx, client_ctx)):
+            server = await loop.create_server(_Proto, "127.0.0.1", 0, ssl=ctx)
+            port = server.sockets[0].getsockname()[1]
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    "127.0.0.1", port, ssl=client, server_hostname="localhost" if client else None
+                ),
+                DEADLINE,
+            )
+            deadline = time.monotonic() + DEADLINE
+            while not made:
+                assert time.monotonic() < deadline, "no connection"
+                await asyncio.sleep(0.001)
+            transport = made.pop()
+            target, fd = direct_target(transport)
+            if ctx is None:
+                assert target is transport and fd == transport.get_extra_info("socket").fileno()
+                held = types.SimpleNamespace(connection_transport=transport)
+                assert direct_target(held) == (transport, fd)
+            else:
+                assert (target, fd) == (None, -1), "a direct send past TLS"
+            writer.close()
+            transport.close()
+            server.close()
+        assert direct_target(object()) == (None, -1)
+
+    if loop_kind == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
 
 
 # ---------------------------------------------------------------------- tsfront serve

@@ -96,6 +96,11 @@ class _HeadWriter:
             self._cycle.transport = self._transport
             self._transport.write(head)
 
+    @property
+    def connection_transport(self) -> asyncio.Transport:
+        """The connection's own transport, which this writer stands in front of."""
+        return self._transport
+
     def close(self) -> None:
         self._flush()
         self._transport.close()

@@ -15,9 +15,12 @@ The native step (``TSFRONT_SERVE_NATIVE``, on unless ``0``): for a stream decode
 table detokenizer and a response served by uvicorn's httptools protocol, one C call
 (``tsfront._native.token_event``) does the detokenizer's step, the JSON string, the event and
 the HTTP/1.1 chunk around it, and the chunk goes to the connection's transport, as uvicorn's
-``send`` would write it. Only while uvicorn's own ``send`` would write it at once: the
-response started, chunked, not complete, the client still there and the transport not
-paused for back-pressure; otherwise the ASGI ``send`` is stepped as above. The end of the body
+``send`` would write it (the drain's native pass, ``tsfront._native.push_batch``, sends it on
+the connection's socket itself while the transport holds nothing, as the transport's own
+write would first do: `direct_target`, plain TCP only, never TLS). Only while uvicorn's own
+``send`` would write it at once: the response started, chunked, not complete, the client still
+there and the transport not paused for back-pressure; otherwise the ASGI ``send`` is stepped
+as above. The end of the body
 always goes through ``send`` (keep-alive, uvicorn's state). docs/PERFORMANCE.md, "Worker per
 token: the native path", has what it saves.
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import socket
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +44,7 @@ from tsfront import _native
 if TYPE_CHECKING:
     from tsfront.serve.choice import Choice
 
-__all__ = ["Pusher"]
+__all__ = ["Pusher", "direct_target"]
 
 _JSON = msgspec.json.Encoder()
 _token_event = _native.token_event
@@ -73,6 +77,25 @@ def _native_cycle(send: Callable[..., Any]) -> Any:
     return cycle
 
 
+def direct_target(transport: Any) -> tuple[Any, int]:
+    """The transport the drain's native pass may send an event past, and its socket's
+    descriptor: the connection's own transport (behind tsfront serve's head writer, if that
+    stands in front of it), when it is a plain TCP one; ``(None, -1)`` for anything else (TLS:
+    the socket carries ciphertext; a transport with no socket or no buffer size to ask)."""
+    inner = getattr(transport, "connection_transport", transport)
+    info = getattr(inner, "get_extra_info", None)
+    if info is None or not callable(getattr(inner, "get_write_buffer_size", None)):
+        return None, -1
+    if info("sslcontext") is not None or info("ssl_object") is not None:
+        return None, -1
+    sock = info("socket")
+    try:
+        fd = sock.fileno() if sock is not None and sock.type == socket.SOCK_STREAM else -1
+    except (OSError, ValueError):
+        fd = -1
+    return (inner, fd) if fd >= 0 else (None, -1)
+
+
 class Pusher(_native.PusherBase):
     """The sink of one streamed choice: writes its plain-token events straight to ``send``.
 
@@ -89,8 +112,8 @@ class Pusher(_native.PusherBase):
         send: the ASGI ``send`` of the response (whose start was sent already).
     """
 
-    # The rest are the native base's: _choice, _cycle, _decoder, _errors, _flow, _head,
-    # _pieces, _tail, error, inflight.
+    # The rest are the native base's: _choice, _cycle, _decoder, _errors, _fd, _flow, _head,
+    # _pieces, _sock, _tail, direct_sends, error, inflight.
     __slots__ = ("_coro", "_message", "_send", "_text")
 
     def __init__(
@@ -118,6 +141,8 @@ class Pusher(_native.PusherBase):
             self._cycle = cycle
             self._flow = cycle.flow
             self._pieces, self._decoder, self._errors = state
+            # The drain's native pass sends on this socket while the transport holds nothing.
+            self._sock, self._fd = direct_target(cycle.transport)
         self._message: dict[str, Any] = {
             "type": "http.response.body",
             "body": b"",
