@@ -1,0 +1,196 @@
+"""The drain's native pass over real loopback connections: the event sent on the socket by the
+pass itself (the default while the transport holds nothing) against the transport's write.
+
+One batch is what a worker's drain gets from one engine step: one plain token for each of
+`CONNECTIONS` parked streams, each with a real `Pusher` (the native step) on a real uvloop TCP
+transport whose other end a reader process drains; `deliver_all` takes the batch as the worker
+does (``tsfront._native.push_batch``). The two benchmarks differ only in the pushers' ``_fd``
+(``-1``: no direct send, every event through ``transport.write``), so their ratio is what the
+direct send saves (docs/PERFORMANCE.md, "Worker per token: the direct send"). uvicorn's cycle
+is a stand-in with what the pass reads of it; between rounds the loop runs briefly, so the
+transports and the reader keep up.
+Run: ``.venv/bin/python -m pytest tsfront/bench/micro/bench_push.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import selectors
+import socket
+import weakref
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
+from typing import Any, cast
+
+import pytest
+import uvloop
+
+import tsfront.serve.push as push
+from tsfront.serve.choice import Choice
+from tsfront.serve.push import Pusher
+from tsfront.stream import RequestStream, deliver_all
+from tsfront.text.detok import TableDetokenizer, TokenTable
+
+CONNECTIONS = 64
+ROUNDS = 300
+_TABLE = TokenTable([b" w%d" % i for i in range(64)], None, frozenset(), False, False, "replace")
+_HEAD = (
+    b'data: {"id":"cmpl-0123456789abcdef01234567","object":"text_completion",'
+    b'"choices":[{"index":0,"text":'
+)
+_TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
+
+
+def _drain(port: int, connections: int, ready: Connection) -> None:
+    sel = selectors.DefaultSelector()
+    for _ in range(connections):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.setblocking(False)
+        sel.register(s, selectors.EVENT_READ)
+    ready.send(True)
+    while True:
+        for key, _ in sel.select(timeout=60):
+            try:
+                # Only sockets are registered; typeshed's SelectorKey.fileobj is not generic.
+                data = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
+            except BlockingIOError:
+                continue
+            if not data:
+                return
+
+
+class _Cycle:
+    """What the pass and `Pusher` read of uvicorn's `RequestResponseCycle`."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.chunked_encoding = True
+        self.scope = {"method": "POST"}
+        self.flow = type("Flow", (), {"write_paused": False})()
+        self.disconnected = False
+        self.response_complete = False
+        self.transport = transport
+
+    async def send(self, message: dict[str, Any]) -> None:
+        raise AssertionError("every event of the benchmark is the native pass's")
+
+
+class _Owner:
+    """The slot table a stream reports to: nothing to free here."""
+
+    disaggregated = False
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+
+    def release(self, stream: RequestStream) -> None:
+        pass
+
+    def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
+        pass
+
+    def dropped(self, stream: RequestStream) -> None:
+        pass
+
+
+class _Rig:
+    def __init__(self) -> None:
+        self.loop = uvloop.new_event_loop()
+        self.transports: list[asyncio.Transport] = []
+        self.streams: list[RequestStream] = []
+        self.pushers: list[Pusher] = []
+        self.fds: list[int] = []
+        self.tasks: list[asyncio.Task] = []
+        self.refs: list[weakref.ref[RequestStream] | None] = []
+        self.position = 0
+        self.reader: Any = None
+
+    async def start(self) -> None:
+        made = self.transports
+
+        class _Proto(asyncio.Protocol):
+            def connection_made(self, transport: Any) -> None:
+                made.append(transport)
+
+        server = await self.loop.create_server(_Proto, "127.0.0.1", 0)
+        ours, theirs = multiprocessing.Pipe()
+        ctx = multiprocessing.get_context("spawn")
+        port = cast(asyncio.Server, server).sockets[0].getsockname()[1]
+        self.reader = ctx.Process(target=_drain, args=(port, CONNECTIONS, theirs), daemon=True)
+        self.reader.start()
+        if not await self.loop.run_in_executor(None, ours.poll, 60):
+            raise RuntimeError("the reader did not connect")
+        while len(made) < CONNECTIONS:
+            await asyncio.sleep(0.005)
+        server.close()
+        owner = _Owner(self.loop)
+        for i, transport in enumerate(made):
+            stream = RequestStream(owner, f"r{i}", i, 1)
+            detok = TableDetokenizer(_TABLE)
+            detok.step([0])  # past the first-token rules: the native step applies
+            pusher = Pusher(Choice(0, stream, detok, None, 1), _HEAD, _TAIL, _Cycle(transport).send)
+            assert pusher.native and pusher._fd >= 0
+            stream.set_sink(pusher)
+            self.streams.append(stream)
+            self.pushers.append(pusher)
+            self.fds.append(pusher._fd)
+            self.tasks.append(asyncio.ensure_future(self._park(stream)))
+        await asyncio.sleep(0.01)
+        self.refs[:] = [weakref.ref(s) for s in self.streams]
+
+    @staticmethod
+    async def _park(stream: RequestStream) -> None:
+        async for _ in stream:
+            raise AssertionError("a chunk left the native pass")
+
+    def direct(self, on: bool) -> None:
+        for pusher, fd in zip(self.pushers, self.fds, strict=True):
+            pusher._fd = fd if on else -1
+
+    def batch(self) -> None:
+        self.position += 1
+        p = self.position
+        deliver_all(
+            [(i, [1 + (p + i) % 63], None, None, 0, 1, p, 0, 0) for i in range(CONNECTIONS)],
+            self.refs,
+        )
+
+    def settle(self) -> None:
+        self.loop.run_until_complete(asyncio.sleep(0.001))
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for transport in self.transports:
+            transport.close()
+        self.loop.run_until_complete(asyncio.sleep(0.01))
+        self.loop.close()
+        if self.reader is not None:
+            self.reader.join(10)
+            if self.reader.is_alive():
+                self.reader.kill()
+
+
+@pytest.fixture(scope="module")
+def rig() -> Iterator[_Rig]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(push, "_cycle_type", lambda: _Cycle)
+        r = _Rig()
+        try:
+            r.loop.run_until_complete(r.start())
+            yield r
+        finally:
+            r.close()
+
+
+@pytest.mark.parametrize("send", ["direct", "transport_write"])
+def test_drain_pass_batch(benchmark, rig: _Rig, send: str) -> None:
+    rig.direct(send == "direct")
+    before = sum(p.direct_sends for p in rig.pushers)
+    benchmark.pedantic(rig.batch, setup=rig.settle, rounds=ROUNDS, iterations=1)
+    sent = sum(p.direct_sends for p in rig.pushers) - before
+    if send == "direct":
+        assert sent > 0, "no event was sent directly"
+    else:
+        assert sent == 0
+    assert all(p.error is None for p in rig.pushers)
