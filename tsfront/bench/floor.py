@@ -19,10 +19,12 @@ import socket
 import time
 from multiprocessing.connection import Connection
 
-__all__ = ["measure_floor"]
+__all__ = ["drain_connections", "measure_floor"]
 
 
-def _drain(port: int, connections: int, total: int, ready: Connection) -> None:
+def drain_connections(port: int, connections: int, total: int, ready: Connection) -> None:
+    """A reader process's body: open ``connections`` to ``port``, say so on ``ready``, then read
+    whatever arrives until ``total`` bytes came or a connection is closed."""
     sel = selectors.DefaultSelector()
     socks = []
     for _ in range(connections):
@@ -61,7 +63,7 @@ def measure_floor(
         listener.listen(connections)
         ours, theirs = ctx.Pipe()
         reader = ctx.Process(
-            target=_drain,
+            target=drain_connections,
             args=(listener.getsockname()[1], connections, events * event_bytes, theirs),
             daemon=True,
         )

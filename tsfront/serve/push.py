@@ -20,9 +20,9 @@ the connection's socket itself while the transport holds nothing, as the transpo
 write would first do: `direct_target`, plain TCP only, never TLS). Only while uvicorn's own
 ``send`` would write it at once: the response started, chunked, not complete, the client still
 there and the transport not paused for back-pressure; otherwise the ASGI ``send`` is stepped
-as above. The end of the body
-always goes through ``send`` (keep-alive, uvicorn's state). docs/PERFORMANCE.md, "Worker per
-token: the native path", has what it saves.
+as above. The end of the body always goes through ``send`` (keep-alive, uvicorn's state).
+docs/PERFORMANCE.md, "Worker per token: the native path" and "... the direct send", has what
+they save.
 
 Everything else (the first and last events, errors, a client that goes away) stays with the
 response's task (`tsfront.serve.asgi`).

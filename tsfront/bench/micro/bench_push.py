@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import selectors
-import socket
+import sys
 import weakref
 from collections.abc import Iterator
-from multiprocessing.connection import Connection
 from typing import Any, cast
 
 import pytest
 import uvloop
 
 import tsfront.serve.push as push
+from tsfront.bench.floor import drain_connections
+from tsfront.bench.measure import NullOwner
 from tsfront.serve.choice import Choice
 from tsfront.serve.push import Pusher
 from tsfront.stream import RequestStream, deliver_all
@@ -42,24 +42,6 @@ _HEAD = (
 _TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
 
 
-def _drain(port: int, connections: int, ready: Connection) -> None:
-    sel = selectors.DefaultSelector()
-    for _ in range(connections):
-        s = socket.create_connection(("127.0.0.1", port))
-        s.setblocking(False)
-        sel.register(s, selectors.EVENT_READ)
-    ready.send(True)
-    while True:
-        for key, _ in sel.select(timeout=60):
-            try:
-                # Only sockets are registered; typeshed's SelectorKey.fileobj is not generic.
-                data = key.fileobj.recv(1 << 20)  # type: ignore[union-attr]
-            except BlockingIOError:
-                continue
-            if not data:
-                return
-
-
 class _Cycle:
     """What the pass and `Pusher` read of uvicorn's `RequestResponseCycle`."""
 
@@ -73,24 +55,6 @@ class _Cycle:
 
     async def send(self, message: dict[str, Any]) -> None:
         raise AssertionError("every event of the benchmark is the native pass's")
-
-
-class _Owner:
-    """The slot table a stream reports to: nothing to free here."""
-
-    disaggregated = False
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-
-    def release(self, stream: RequestStream) -> None:
-        pass
-
-    def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
-        pass
-
-    def dropped(self, stream: RequestStream) -> None:
-        pass
 
 
 class _Rig:
@@ -116,14 +80,16 @@ class _Rig:
         ours, theirs = multiprocessing.Pipe()
         ctx = multiprocessing.get_context("spawn")
         port = cast(asyncio.Server, server).sockets[0].getsockname()[1]
-        self.reader = ctx.Process(target=_drain, args=(port, CONNECTIONS, theirs), daemon=True)
+        self.reader = ctx.Process(
+            target=drain_connections, args=(port, CONNECTIONS, sys.maxsize, theirs), daemon=True
+        )
         self.reader.start()
         if not await self.loop.run_in_executor(None, ours.poll, 60):
             raise RuntimeError("the reader did not connect")
         while len(made) < CONNECTIONS:
             await asyncio.sleep(0.005)
         server.close()
-        owner = _Owner(self.loop)
+        owner = NullOwner(self.loop)
         for i, transport in enumerate(made):
             stream = RequestStream(owner, f"r{i}", i, 1)
             detok = TableDetokenizer(_TABLE)
