@@ -161,22 +161,23 @@ static int intern_names(void) {
 
 static inline int is_none(PyObject *o) { return o == NULL || o == Py_None; }
 
-/* 1: obj.name is true; 0: false; -1: an error (set). */
-static int attr_true(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+/* The truth of a new reference, which it releases: 1 true; 0 false; -1 an error (set), also
+ * when v is NULL (the call that made it failed). */
+static int truth(PyObject *v) {
     if (!v) return -1;
     int t = PyObject_IsTrue(v);
     Py_DECREF(v);
     return t;
 }
 
-/* 1: obj.name() is true; 0: false; -1: an error (set). */
-static int call_true(PyObject *obj, PyObject *name) {
-    PyObject *v = PyObject_CallMethodNoArgs(obj, name);
-    if (!v) return -1;
-    int t = PyObject_IsTrue(v);
-    Py_DECREF(v);
-    return t;
+/* obj.name's truth. */
+static inline int attr_true(PyObject *obj, PyObject *name) {
+    return truth(PyObject_GetAttr(obj, name));
+}
+
+/* obj.name()'s truth. */
+static inline int call_true(PyObject *obj, PyObject *name) {
+    return truth(PyObject_CallMethodNoArgs(obj, name));
 }
 
 /* The chunk written to the connection's own transport: sent on its socket here while the
@@ -258,11 +259,7 @@ static int take(PyObject *update, PyObject *refs) {
     if (!p->pieces || !p->decoder || !p->head || !p->tail || !p->errors) goto left;
     waiter = PyObject_GetAttr(stream, S_WAITER);
     if (!waiter || waiter == Py_None) goto left;
-    PyObject *done = PyObject_CallMethodNoArgs(waiter, S_DONE);
-    if (!done) goto left;
-    int t = PyObject_IsTrue(done);
-    Py_DECREF(done);
-    if (t != 0) goto left;
+    if (call_true(waiter, S_DONE) != 0) goto left;
     /* Pusher.__call__'s own checks, in its order. */
     if (attr_true(p->flow, S_WRITE_PAUSED) != 0) goto left;
     if (attr_true(p->cycle, S_DISCONNECTED) != 0) goto left;

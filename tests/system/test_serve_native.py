@@ -33,6 +33,7 @@ from support.serve_fixtures import post_stream, read_chunked, start_served
 
 import tsfront.serve.push as push
 from tsfront import _native
+from tsfront.bench.standins import TransportCycle
 from tsfront.serve.push import Pusher
 from tsfront.stream import OutputChunk, RequestStream, deliver_all
 from tsfront.text.detok import TableDetokenizer, TokenTable
@@ -354,21 +355,6 @@ def test_the_switch_turns_the_native_step_off(monkeypatch) -> None:
     assert not pusher.native
 
 
-class _SocketCycle:
-    """What the native pass uses of uvicorn's cycle, with a real connection's transport."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self.chunked_encoding = True
-        self.scope = {"method": "POST"}
-        self.flow = type("Flow", (), {"write_paused": False})()
-        self.disconnected = False
-        self.response_complete = False
-        self.transport = transport
-
-    async def send(self, message) -> None:
-        raise AssertionError("every event here is the native pass's")
-
-
 async def _connection(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Transport, socket.socket]:
     """A server-side transport of a real loopback connection (small send buffer) and the
     client's socket (small receive buffer, not read until the test reads it)."""
@@ -401,7 +387,7 @@ def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
     # the sends are direct again. Real sockets, both event loops.
     import uvloop
 
-    monkeypatch.setattr(push, "_cycle_type", lambda: _SocketCycle)
+    monkeypatch.setattr(push, "_cycle_type", lambda: TransportCycle)
     called: list[list[int]] = []
     monkeypatch.setattr(Pusher, "__call__", lambda self, tokens: bool(called.append(tokens)))
     big_head = HEAD.replace(b"data: ", b"data: " + b" " * 3000)
@@ -411,7 +397,7 @@ def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
         transport, client = await _connection(loop)
         table, steps = _table()
         stream = RequestStream(LoggingOwner(loop), "r", 0, 1)
-        cycle = _SocketCycle(transport)
+        cycle = TransportCycle(transport)
         ours, detok = TableDetokenizer(table), TableDetokenizer(table)
         for d in (ours, detok):
             d.step(steps[0])  # past the first-token rules: the native step applies

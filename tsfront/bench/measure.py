@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, cast
 from tsfront import _native
 from tsfront.bench import baselines, replay
 from tsfront.bench.replay import make_rids, stamp_age_ns
+from tsfront.bench.standins import NullOwner
 from tsfront.sigint import hold_sigint, ignore_sigint
 
 if TYPE_CHECKING:
@@ -283,25 +284,6 @@ def reader_poll_ns_per_token(rows: int, steps: int = 200, tokens_per_row: int = 
     del w, r
     mem.close()
     return total / (steps * rows * tokens_per_row)
-
-
-class NullOwner:
-    """What a `RequestStream` needs of its slot table (`SlotOwner`), for the in-process
-    measures (here and the micro-benchmarks): nothing to free or abort."""
-
-    disaggregated = False
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-
-    def release(self, stream: RequestStream) -> None:
-        pass
-
-    def abort(self, stream: RequestStream, reason: str = "cancelled") -> None:
-        pass
-
-    def dropped(self, stream: RequestStream) -> None:
-        pass
 
 
 def deliver_ns_per_token(rows: int, steps: int = 2000, *, consumers: bool = True) -> dict:

@@ -7,8 +7,8 @@ transport whose other end a reader process drains; `deliver_all` takes the batch
 does (``tsfront._native.push_batch``). The two benchmarks differ only in the pushers' ``_fd``
 (``-1``: no direct send, every event through ``transport.write``), so their ratio is what the
 direct send saves (docs/PERFORMANCE.md, "Worker per token: the direct send"). uvicorn's cycle
-is a stand-in with what the pass reads of it; between rounds the loop runs briefly, so the
-transports and the reader keep up.
+is a stand-in with what the pass reads of it (`tsfront.bench.standins.TransportCycle`);
+between rounds the loop runs briefly, so the transports and the reader keep up.
 Run: ``.venv/bin/python -m pytest tsfront/bench/micro/bench_push.py``.
 """
 
@@ -26,7 +26,7 @@ import uvloop
 
 import tsfront.serve.push as push
 from tsfront.bench.floor import drain_connections
-from tsfront.bench.measure import NullOwner
+from tsfront.bench.standins import NullOwner, TransportCycle
 from tsfront.serve.choice import Choice
 from tsfront.serve.push import Pusher
 from tsfront.stream import RequestStream, deliver_all
@@ -40,21 +40,6 @@ _HEAD = (
     b'"choices":[{"index":0,"text":'
 )
 _TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
-
-
-class _Cycle:
-    """What the pass and `Pusher` read of uvicorn's `RequestResponseCycle`."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        self.chunked_encoding = True
-        self.scope = {"method": "POST"}
-        self.flow = type("Flow", (), {"write_paused": False})()
-        self.disconnected = False
-        self.response_complete = False
-        self.transport = transport
-
-    async def send(self, message: dict[str, Any]) -> None:
-        raise AssertionError("every event of the benchmark is the native pass's")
 
 
 class _Rig:
@@ -94,7 +79,9 @@ class _Rig:
             stream = RequestStream(owner, f"r{i}", i, 1)
             detok = TableDetokenizer(_TABLE)
             detok.step([0])  # past the first-token rules: the native step applies
-            pusher = Pusher(Choice(0, stream, detok, None, 1), _HEAD, _TAIL, _Cycle(transport).send)
+            pusher = Pusher(
+                Choice(0, stream, detok, None, 1), _HEAD, _TAIL, TransportCycle(transport).send
+            )
             assert pusher.native and pusher._fd >= 0
             stream.set_sink(pusher)
             self.streams.append(stream)
@@ -140,7 +127,7 @@ class _Rig:
 @pytest.fixture(scope="module")
 def rig() -> Iterator[_Rig]:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(push, "_cycle_type", lambda: _Cycle)
+        mp.setattr(push, "_cycle_type", lambda: TransportCycle)
         r = _Rig()
         try:
             r.loop.run_until_complete(r.start())
