@@ -157,7 +157,8 @@ class ClientConfig:
             (TokenSpeed's ``--data-parallel-address``/``--data-parallel-rpc-port``).
         input_address: endpoint of the input ROUTER the engines' DEALERs connect to; port 0
             binds an ephemeral port. Sent to every engine in INIT.
-        output_address: endpoint of the output PULL. Each engine gets its own PULL so a
+        output_address: endpoint of the engines' output PUSHes, read as a ZMTP PULL by the I/O
+            process itself (`tsfront.io.outputs`). Each engine gets its own so a
             failure can be attributed: port 0 gives each an ephemeral port, a fixed port P gives
             engine ``i`` (counted from 0) port ``P + i``, ``ipc://path`` gives ``ipc://path.i``.
         first_engine_index: TokenSpeed's ``--zmq-engine-index`` (identity of rank 0).
@@ -188,7 +189,8 @@ class ClientConfig:
             about ``heartbeat_interval + heartbeat_timeout`` (3 s with the defaults).
         max_message_size: largest frame accepted from an engine on the handshake and input
             sockets (HELLO/READY and registrations are a few hundred bytes); larger frames
-            cut that connection. Output sockets have no limit: a big batch is legitimate.
+            cut that connection. Output connections take messages of up to 256 MiB
+            (`tsfront.io.outputs.MAX_OUTPUT_MESSAGE`): a big batch is legitimate.
         load_ttl: seconds a load tail stays fresh for routing.
         request_deadline: default deadline of every request, in seconds from `generate`
             (``None``, the default: no deadline). A request still unfinished when it passes

@@ -68,7 +68,7 @@ METRICS_OFFSET = 64
 # (the native counters above use offsets 64..; the header is 4 KiB):
 #   handler_errors      frames or events whose handler raised something unexpected (the frame
 #                       was dropped, the loop kept serving; each is logged, rate-limited)
-#   output_disconnects  connections lost on the engines' output PULLs
+#   output_disconnects  connections lost on the engines' output ports
 #   stale_disconnects   of those, connections of an engine's earlier process (never a death)
 #   reused_rids         ADDs refused because the rid was aborted on that engine < 300 s ago
 #   orphan_aborts       rids of a predecessor I/O process, still decoding on an engine this one

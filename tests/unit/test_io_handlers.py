@@ -19,6 +19,7 @@ from support.io_core import bring_live, core_rig
 from tsfront import ClientConfig, _native, control
 from tsfront.io.core import Record
 from tsfront.io.loop import DRAIN, IOLoop, WorkerConn
+from tsfront.io.outputs import OutputPort
 from tsfront.ipc.control import Failed, ToWorker
 from tsfront.region import (
     E_IN_FLIGHT,
@@ -46,20 +47,13 @@ from tsfront.wire import (
 )
 
 
-class _Pull:
-    """An output PULL holding some frames."""
-
-    def __init__(self, frames: list[bytes]) -> None:
-        self.frames = list(frames)
-
-    def recv(self, flags: int = 0) -> bytes:
-        if not self.frames:
-            raise zmq.Again()
-        return self.frames.pop(0)
-
-    def getsockopt(self, option: int) -> int:
-        assert option == zmq.EVENTS
-        return zmq.POLLIN if self.frames else 0
+def _hold(loop: IOLoop, engine, frames: list[bytes]) -> None:
+    """The engine's output port (a real one, bound on loopback) holding ``frames``, as a read
+    leaves them for the drain."""
+    port = loop.outputs.get(engine.row)
+    if port is None:
+        port = loop.outputs[engine.row] = OutputPort("tcp://127.0.0.1:0", 1.0, 2.0)
+    port.items.extend(frames)
 
 
 def _tail_frame(running: int, waiting: int = 0, active: int = 0, total: int = 1000) -> bytes:
@@ -86,6 +80,8 @@ def _tail_frame(running: int, waiting: int = 0, active: int = 0, total: int = 10
 def loop():
     loop = IOLoop(ClientConfig(handshake_address="tcp://127.0.0.1:0"), "handlers-test")
     yield loop
+    for port in loop.outputs.values():
+        port.close()
     loop.core.writer = None  # releases the region's buffer
     loop.region.close()
     loop.ctx.term()
@@ -97,11 +93,11 @@ def loop():
 )
 def test_a_load_tail_outside_u32_is_never_stored_and_the_loop_keeps_serving(loop, tail):
     engine = loop.core.engines[0]
-    loop.pulls[engine.row] = _Pull([_tail_frame(*tail)])
+    _hold(loop, engine, [_tail_frame(*tail)])
     loop.drain_output(engine)
     loop.core.end_of_turn(time.monotonic())  # publishes the engine row: must not raise
     assert engine.tail == (0, 0, 0, 0)  # never stored, never routed on
-    loop.pulls[engine.row] = _Pull([_tail_frame(3, 1, 7, 1000)])
+    _hold(loop, engine, [_tail_frame(3, 1, 7, 1000)])
     loop.drain_output(engine)
     loop.core.end_of_turn(time.monotonic())
     assert engine.tail == (3, 1, 7, 1000)
@@ -148,7 +144,7 @@ def test_a_failing_frame_handler_drops_that_frame_counts_it_and_serves_the_next(
     loop.core.writer = _BuggyWriter()
     loop.core.records[7] = Record(b"r7", engine, 1)
     engine.in_flight = 1
-    loop.pulls[engine.row] = _Pull([b"boom", b"ok"])
+    _hold(loop, engine, [b"boom", b"ok"])
     loop.drain_output(engine)
     assert loop.core.writer.ingested == [b"boom", b"ok"]
     assert 7 not in loop.core.records and engine.in_flight == 0  # the frame after it was applied

@@ -5,6 +5,8 @@ address, receives the same pre-encoded frames from a replay pusher, and reports 
 seen ``frames`` of them. The driver reads the process's CPU from /proc around the run.
 
 * ``recv`` — the floor: a pyzmq PULL receiving and discarding;
+* ``recv_port`` — the floor of tsfront's own receive path: a `tsfront.io.outputs.OutputPort`
+  (ZMTP read on the caller's thread, no libzmq) polled, read and taken from, discarding;
 * ``decode`` — the floor plus :func:`tsfront.wire.decode_output` on each frame;
 * ``recv_lat`` — the floor, reading the first row's send stamp: the ZMQ hop's latency;
 * ``forward`` — per-batch forwarding (SGLang's multi-tokenizer shape): decode each batch,
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import select
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -27,6 +30,7 @@ from typing import cast
 import zmq
 
 from tsfront.bench.replay import STAMP_MASK
+from tsfront.io.outputs import OutputPort
 from tsfront.wire import BatchTokenIDOutSlim, decode_output, encode_output
 
 # The benchmark's engines send output batches only, never the ENGINE_DEAD sentinel: the same
@@ -44,6 +48,9 @@ def _bind_pull(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
 
 def receiver_main(conn: Connection, mode: str, options: dict) -> None:
     """Process body of the ``recv``, ``decode``, ``recv_lat``, ``forward`` and sink modes."""
+    if mode == "recv_port":
+        _port_main(conn)
+        return
     ctx = zmq.Context(1)
     if mode == "forward_sink":
         pull = ctx.socket(zmq.PULL)
@@ -95,6 +102,32 @@ def receiver_main(conn: Connection, mode: str, options: dict) -> None:
         for p in pushes:
             p.close()
         ctx.term()
+
+
+def _port_main(conn: Connection) -> None:
+    """``recv_port``: frames counted as `OutputPort` gives them, as the I/O loop reads it."""
+    port = OutputPort("tcp://127.0.0.1:0", 1.0, 2.0)
+    poller = select.poll()
+    poller.register(port.listener.fileno(), select.POLLIN)
+    conn.send(("ready", port.address))
+    try:
+        while True:
+            cmd, *args = conn.recv()
+            if cmd == "exit":
+                break
+            got = 0
+            while got < args[0]:
+                for fd, _ in poller.poll(1000):
+                    if fd == port.listener.fileno():
+                        for new in port.accept(time.monotonic()):
+                            poller.register(new, select.POLLIN)
+                    elif not port.read(fd, time.monotonic()):
+                        poller.unregister(fd)
+                while (item := port.take()) is not None:
+                    got += type(item) is bytes
+            conn.send(("done", []))
+    finally:
+        port.close()
 
 
 def _forward(

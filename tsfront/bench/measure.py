@@ -57,7 +57,14 @@ if TYPE_CHECKING:
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Rough CPU per row and per frame of each design, only to size K to a target CPU time.
-_EST_ROW_US = {"tsfront": 0.12, "recv": 0.01, "decode": 0.12, "forward": 1.2, "single": 2.5}
+_EST_ROW_US = {
+    "tsfront": 0.12,
+    "recv": 0.01,
+    "recv_port": 0.01,
+    "decode": 0.12,
+    "forward": 1.2,
+    "single": 2.5,
+}
 _EST_FRAME_US = 12.0
 
 
@@ -987,7 +994,7 @@ def _run_suite(p: Params, verbose: bool) -> dict:
                     "latency_all_tasks": summarize_latency(paced["latency_ns"]),
                     "interval_s": p.paced_interval_s,
                 }
-                for mode in ("recv", "decode"):
+                for mode in ("recv", "recv_port", "decode"):
                     r = s.baseline(mode, rnd, p.paced_steps, interval=p.paced_interval_s)
                     entry[f"{mode}_paced"] = _baseline_figures(r)
                 lat_rows = p.latency_batch
@@ -1069,6 +1076,9 @@ def _headline(p: Params, out: dict) -> dict:
         "floor_recv_us_per_step": e["recv"]["us_per_step"],
         "floor_decode_us_per_step": e["decode"]["us_per_step"],
         "floor_recv_us_per_step_paced": e.get("recv_paced", {}).get("us_per_step", float("nan")),
+        "floor_recv_port_us_per_step_paced": e.get("recv_port_paced", {}).get(
+            "us_per_step", float("nan")
+        ),
         "floor_decode_us_per_step_paced": e.get("decode_paced", {}).get(
             "us_per_step", float("nan")
         ),

@@ -3,7 +3,7 @@
 An I/O process started with a state directory (`tsfront.io.state`) that holds registrations
 of its group binds the same addresses and loads them; each such engine is *adopting*
 (HANDSHAKING in the engine table, its registration known) until its output PUSH reconnects
-(``ACCEPTED`` on that rank's PULL monitor), when it is LIVE again, with the usual heartbeat
+(``EVENT_ACCEPTED`` from that rank's output port), when it is LIVE again, with the usual heartbeat
 from then on. Its input DEALER reconnects on its own too, perhaps a little later: until a
 send to it first succeeds, an unreachable input queues the request (bounded by
 ``send_timeout``) instead of declaring the engine dead. An engine that says HELLO instead (it

@@ -4,7 +4,7 @@
 to HTTP): it holds every account (the records of the requests in flight, each `Engine` of each
 `EngineGroup`, the attached workers) and moves them on public events: `on_output` (one frame
 the native writer ingested), `on_add` / `on_abort` (a worker's submission), `on_hello` /
-`on_registration` (the handshake), `on_connection` (an output PULL's monitor), `on_attach` /
+`on_registration` (the handshake), `on_connection` (an output port's connections), `on_attach` /
 `on_detach` (a worker's control connection) and `end_of_turn`. Everything it sends goes
 through its `Ports` (a typed protocol of plain method calls: the ADD path allocates nothing
 for it); the shell, `tsfront.io.loop`, owns the sockets, the poller, the drain limits and the
@@ -88,7 +88,7 @@ log = logging.getLogger("tsfront.io")
 # that is shorter), so that a stall is seen within stall_timeout + this.
 STALL_CHECK_S = 1.0
 
-# Frames applied from a PULL whose engine connection was just lost, before declaring it dead
+# Frames applied from an output port whose engine connection was just lost, before declaring it dead
 # (the shell's drain limit is 256 a turn).
 LOST_DRAIN = 64 * 256
 
@@ -149,7 +149,7 @@ class Ports(Protocol):
         ...
 
     def drain_output(self, engine: Engine, limit: int) -> None:
-        """Apply what still waits in the engine's output PULL (up to ``limit`` frames)."""
+        """Apply what the engine's output port holds (up to ``limit`` items)."""
         ...
 
     def warn(
@@ -308,7 +308,7 @@ class IOCore:
     # ------------------------------------------------------------------ engine output
 
     def on_output_seen(self, engine: Engine, now: float) -> None:
-        """The engine's PULL had a frame this turn (once a drain: the stall rule's clock)."""
+        """The engine's output port had a frame this turn (once a drain: the stall rule's clock)."""
         engine.output_at = now
         if engine.stalled_since:
             self.unstall(engine, "it sent output")
@@ -386,7 +386,7 @@ class IOCore:
                 self.affinity.note(engine, payload, hashes)
         else:
             engine = self.router.choose(self.serving, payload, hashes)
-        # Bound to the engine it goes to: only rows from that engine's PULL reach its slot.
+        # Bound to the engine it goes to: only rows from that engine's output port reach its slot.
         index = engine.index if engine is not None else -1
         if not self.writer.bind(rid, slot, ticket, bool(with_lp), FIN_DUPLICATE, index):
             log.info(
@@ -567,7 +567,7 @@ class IOCore:
     def kill(self, engine: Engine, event: EngineEvent, reason: str) -> None:
         """The engine is down: every request it held ends with EngineDied."""
         # A death the engine's state has no move for is no news: it is down already (an
-        # ENGINE_CORE_DEAD drained from the PULL of a lost engine, say).
+        # ENGINE_CORE_DEAD drained from the output port of a lost engine, say).
         if not engine.can(event):
             return
         log.warning("engine %d is dead: %s", engine.index, reason)
@@ -728,7 +728,9 @@ class IOCore:
                 )
 
     def on_connection(self, engine: Engine, kind: int, fd: int) -> None:
-        """An event of the engine's output PULL monitor: a connection accepted or gone."""
+        """An event of the engine's output port (`tsfront.io.outputs`): a connection whose ZMTP
+        handshake is done (``EVENT_ACCEPTED``) or one that ended; ``fd`` is its number, unique in
+        the process."""
         if kind == EVENT_DISCONNECTED:
             generation = engine.connections.pop(fd, None)
             if generation is None:
@@ -739,7 +741,7 @@ class IOCore:
                 # current one its INIT): its end says nothing about the current process.
                 self.count("stale_disconnects")
                 return
-            # Only the last connection going counts: anyone may connect to a PULL, and a
+            # Only the last connection going counts: anyone may connect to an output port, and a
             # stray peer leaving must not kill the engine that is still connected.
             current = engine.generation
             if engine.live and current not in engine.connections.values():

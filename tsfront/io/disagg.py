@@ -161,8 +161,9 @@ class Disaggregated:
     # ------------------------------------------------------------------ prefill output
 
     def on_frame(self, engine: Engine, frame: bytes) -> bool:
-        """One frame of a prefill engine's PULL: its terminal rows are consumed, never shown;
-        False if the engine is dead (ENGINE_CORE_DEAD), so its PULL is drained no further.
+        """One frame of a prefill engine's output port: its terminal rows are consumed, never
+        shown; False if the engine is dead (ENGINE_CORE_DEAD), so the drain applies nothing
+        more of it.
         Raises `WireDecodeError` on a bad frame."""
         batch = decode_output(frame)
         if batch is ENGINE_DEAD:

@@ -8,7 +8,7 @@ change it, and a pair the table does not hold is a bug (`InvalidTransition`). Th
 * ABSENT --HELLO--> HANDSHAKING (INIT sent) --REGISTERED--> LIVE;
 * ABSENT --LOADED--> ADOPTING: a registration taken over from a predecessor I/O process
   (`tsfront.io.adoption`), --RECONNECTED--> LIVE when its output connection comes back;
-* LIVE --OUTPUT_LOST--> LOST: the last connection of its output PULL went (an exit, a crash, a
+* LIVE --OUTPUT_LOST--> LOST: the last connection of its output port went (an exit, a crash, a
   missed heartbeat, a network drop). LOST *may come back*: if the same process reconnects
   (RECONNECTED) it is LIVE again with its registration, since ZMQ redials both its PUSH and its
   DEALER by itself and nothing it was told is lost;
@@ -94,7 +94,7 @@ class EngineEvent(enum.Enum):
     REGISTERED = "registered"  # its registration arrived on the input socket
     LOADED = "loaded"  # a predecessor's saved registration of it was loaded
     RECONNECTED = "reconnected"  # its output connection came (back)
-    OUTPUT_LOST = "output lost"  # the last connection of its output PULL went
+    OUTPUT_LOST = "output lost"  # the last connection of its output port went
     INPUT_UNREACHABLE = "input unreachable"  # our ROUTER has no route to its DEALER
     CORE_DEAD = "core dead"  # it sent ENGINE_CORE_DEAD
     EXPIRED = "expired"  # handshake_timeout passed and it is not back
@@ -174,7 +174,7 @@ class Engine:
     # Rids (bytes) of every ABORT queued for this engine process in the last 300 s: an ADD
     # reusing one would be dropped by the engine without a word, so it is refused here.
     aborted: RecentAborts = field(default_factory=lambda: RecentAborts(ABORTED_RIDS_REMEMBERED))
-    # The connections accepted on this engine's output PULL (its own, and any peer's): fd →
+    # The connections accepted on this engine's output port (its own, and any peer's): number →
     # the engine generation they were accepted in. The generation grows with each INIT sent
     # (each engine process), so a late disconnect of a predecessor's connection is told apart.
     connections: dict[int, int] = field(default_factory=dict)

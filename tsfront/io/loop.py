@@ -1,14 +1,15 @@
 """The shell of the I/O process: one thread, one `zmq.Poller`, every socket.
 
 The state and its rules are `tsfront.io.core.IOCore`; this module owns what it does not: the
-sockets (one `GroupSockets` per engine group, each engine's output PULL and its monitor, the
-submit ROUTER, the control listener and each worker's control connection), the poller, the
+sockets (one `GroupSockets` per engine group: its ROUTERs and each engine's output address, a
+`tsfront.io.outputs.OutputPort` read on this thread, not a libzmq PULL; the submit ROUTER, the
+control listener and each worker's control connection), the poller, the
 drain limits, the native ``ingest`` call on each output frame, the error boundary and the
 rate-limited log, and `IOLoop` implements the core's `Ports` on zmq.
 
 Each turn handles, in this order: engine output (decode → slot rings, in native code), worker
 submissions (route, forward the payload frame unchanged), the handshake and registration
-sockets, the output connections' monitors, the workers' control sockets; then, once per turn,
+sockets, the output ports' new connections, the workers' control sockets; then, once per turn,
 the core's `end_of_turn` (batched ABORTs, queued sends, spilled tokens, the stall rule, the
 engine table) and a wake of the parked workers that got news. Nothing a peer or a worker sends
 can raise out of a handler: bad input is logged (rate-limited) and dropped, and each frame (or
@@ -27,7 +28,6 @@ from typing import cast
 
 import zmq
 import zmq.backend
-from zmq.utils.monitor import recv_monitor_message
 
 from tsfront import _native, control
 from tsfront.config import ClientConfig
@@ -37,6 +37,7 @@ from tsfront.io.adoption import Adoption
 from tsfront.io.core import FULL, SENT, UNREACHABLE, EngineGroup, IOCore, Worker
 from tsfront.io.disagg import Disaggregated
 from tsfront.io.engines import PREFILL, Engine
+from tsfront.io.outputs import OutputPort
 from tsfront.io.state import StateDir
 from tsfront.ipc.control import Attach, Attached, Failed, ToIO, ToWorker
 from tsfront.ipc.submit import SUBMIT_ABORT, SUBMIT_ADD, ticket_base
@@ -96,17 +97,16 @@ class WorkerConn:
 
 class GroupSockets:
     """One engine group's sockets, bound alike for each group: its handshake and input
-    ROUTERs, and each engine's output PULL with that PULL's monitor (by rank)."""
+    ROUTERs, and each engine's output port (by rank)."""
 
     def __init__(self, group: EngineGroup) -> None:
         self.group = group
         self.handshake: zmq.Socket | None = None
         self.input: zmq.Socket | None = None
-        self.pulls: list[zmq.Socket] = []
-        self.monitors: list[zmq.Socket] = []
+        self.outputs: list[OutputPort] = []
 
     def bind(self, loop: IOLoop) -> dict:
-        """Bind both ROUTERs and the group's output PULLs; the real addresses."""
+        """Bind both ROUTERs and the group's output ports; the real addresses."""
         c, spec = loop.config, self.group.spec
         self.handshake = hs = loop.socket(zmq.ROUTER)
         hs.setsockopt(zmq.MAXMSGSIZE, c.max_message_size)
@@ -120,18 +120,14 @@ class GroupSockets:
             bind_socket(sock, spec.input_address), spec.handshake_address
         )
         for e in self.group.engines:
-            pull = loop.socket(zmq.PULL)
-            pull.setsockopt(zmq.RCVHWM, 0)
-            pull.setsockopt(zmq.HEARTBEAT_IVL, int(c.heartbeat_interval * 1000))
-            pull.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(c.heartbeat_timeout * 1000))
-            pull.setsockopt(zmq.HEARTBEAT_TTL, int(c.heartbeat_timeout * 1000))
             rank = self.group.rank(e)
-            bound = bind_socket(pull, output_address_for(spec.output_address, rank))
-            e.output_address = advertised(bound, spec.handshake_address)
-            monitor = pull.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-            loop.sockets.append(monitor)
-            self.pulls.append(pull)
-            self.monitors.append(monitor)
+            port = OutputPort(
+                output_address_for(spec.output_address, rank),
+                c.heartbeat_interval,
+                c.heartbeat_timeout,
+            )
+            self.outputs.append(port)
+            e.output_address = advertised(port.address, spec.handshake_address)
         return {
             "handshake_address": handshake,
             "input_address": self.group.input_address,
@@ -176,14 +172,17 @@ class IOLoop:
         self.disagg = Disaggregated(core, core.groups[1]) if pd is not None else None
         core.prefill = self.disagg
         self.groups = [GroupSockets(g) for g in core.groups]
-        # Filled by bind(): each engine's PULL and monitor by row, each group's input and
-        # handshake ROUTER by group number, and the reverse maps the poll loop reads.
-        self.pulls: dict[int, zmq.Socket] = {}
-        self.monitor_of: dict[int, zmq.Socket] = {}
+        # Filled by bind(): each engine's output port by row, each group's input and
+        # handshake ROUTER by group number, and the reverse maps the poll loop reads: the
+        # ports' listening fds and their connections' fds, to their engine.
+        self.outputs: dict[int, OutputPort] = {}
         self.input_of: list[zmq.Socket] = []
         self.handshake_of: list[zmq.Socket] = []
-        self.pull_engine: dict[zmq.Socket, Engine] = {}
-        self.monitor_engine: dict[zmq.Socket, Engine] = {}
+        self.listener_engine: dict[int, Engine] = {}
+        self.output_engine: dict[int, Engine] = {}
+        self.outputs_due = 0.0  # the ports' next heartbeat check
+        # Engines whose port holds items a drain left (its limit): drained next turn, first.
+        self.backlog: dict[int, Engine] = {}
         self.conns: dict[int, WorkerConn] = {}  # by control fd
         self.conn_of: dict[int, WorkerConn] = {}  # by worker number, once attached
         self.addresses: dict = {}
@@ -223,12 +222,12 @@ class IOLoop:
             self.inputs[sock] = g.group
             self.input_of.append(sock)
             self.handshake_of.append(hs)
-            for e, pull, monitor in zip(g.group.engines, g.pulls, g.monitors, strict=True):
-                self.pulls[e.row] = pull
-                self.pull_engine[pull] = e
-                self.monitor_engine[monitor] = e
-                self.monitor_of[e.row] = monitor
-        for sock in [*self.pull_engine, *self.monitor_engine, *self.handshakes, *self.inputs]:
+            for e, port in zip(g.group.engines, g.outputs, strict=True):
+                self.outputs[e.row] = port
+                fd = port.listener.fileno()
+                self.listener_engine[fd] = e
+                self.poller.register(fd, zmq.POLLIN)
+        for sock in [*self.handshakes, *self.inputs]:
             self.poller.register(sock, zmq.POLLIN)
         self.poller.register(listener.fileno(), zmq.POLLIN)
         if self.intake is not None:
@@ -253,8 +252,8 @@ class IOLoop:
     def run(self) -> None:
         """Serve until `Stop` is raised (SIGTERM) or the process is told to exit."""
         poll = self.poller.poll
-        pulls = self.pull_engine
-        monitors = self.monitor_engine
+        output_engine, listener_engine = self.output_engine, self.listener_engine
+        backlog = self.backlog
         handshakes, inputs = self.handshakes, self.inputs
         listener_fd = cast(socket.socket, self._listener).fileno()  # bound in bind()
         core = self.core
@@ -270,10 +269,14 @@ class IOLoop:
             if intake is not None and timeout and not intake.park():
                 timeout = 0
             events = poll(timeout)
-            for sock, _ in events:
-                engine = pulls.get(sock)
-                if engine is not None:
+            if backlog:
+                for engine in list(backlog.values()):
+                    del backlog[engine.row]
                     self.drain_output(engine)
+            for sock, _ in events:
+                reader = output_engine.get(sock)
+                if reader is not None:
+                    self.on_output(reader, cast(int, sock))
             if intake is not None:
                 self.on_rings()
             for sock, mask in events:
@@ -283,8 +286,8 @@ class IOLoop:
                     self.on_handshake(sock, handshakes[sock])
                 elif sock in inputs:
                     self.on_input(sock, inputs[sock])
-                elif sock in monitors:
-                    self.on_monitor(monitors[sock])
+                elif sock in listener_engine:
+                    self.on_output_accept(listener_engine[sock])
                 elif sock == listener_fd:
                     self.on_accept()
                 elif sock == intake_fd:
@@ -296,60 +299,102 @@ class IOLoop:
                 elif isinstance(sock, int) and sock in self.conns:
                     self.on_control(self.conns[sock], mask)
             now = time.monotonic()
+            if now >= self.outputs_due:
+                self.tick_outputs(now)
             core.end_of_turn(now)
             writer.wake()
             timeout = core.timeout_ms(now)
+            if backlog:
+                timeout = 0
+            elif self.outputs_due - now < timeout / 1000:
+                timeout = max(0, int((self.outputs_due - now) * 1000) + 1)
 
     # ------------------------------------------------------------------ engine output
 
+    def on_output(self, engine: Engine, fd: int) -> None:
+        """Read the engine's output connection ``fd``, then apply what it brought."""
+        port = self.outputs[engine.row]
+        if not port.read(fd, time.monotonic()):
+            self._forget_output(fd)
+        self.drain_output(engine)
+
+    def on_output_accept(self, engine: Engine) -> None:
+        """New connections on the engine's output address: polled from now on."""
+        for fd in self.outputs[engine.row].accept(time.monotonic()):
+            self.output_engine[fd] = engine
+            self.poller.register(fd, zmq.POLLIN)
+        self.outputs_due = 0.0  # their first heartbeat check is due
+
+    def tick_outputs(self, now: float) -> None:
+        """The output connections' heartbeats (`OutputPort.tick`), then what they ended."""
+        due = float("inf")
+        for engine in self.listener_engine.values():
+            port = self.outputs[engine.row]
+            if not port.connections:
+                continue
+            for fd in port.tick(now):
+                self._forget_output(fd)
+            if port.items:
+                self.drain_output(engine)
+            if port.connections:
+                due = min(due, now + port.interval / 2)
+        self.outputs_due = due
+
+    def _forget_output(self, fd: int) -> None:
+        # At once, before any accept of this turn can be given the same fd.
+        del self.output_engine[fd]
+        self.poller.unregister(fd)
+
     def drain_output(self, engine: Engine, limit: int = DRAIN) -> None:
-        """Apply up to ``limit`` frames of the engine's PULL (the core's `Ports`, too)."""
-        recv = self.pulls[engine.row].recv
+        """Apply up to ``limit`` items of the engine's output port (the core's `Ports`, too):
+        frames, and its connections' events in their order; past the limit the rest waits in
+        `backlog` for the next turn, which does not block."""
+        take = self.outputs[engine.row].take
         core = self.core
-        if engine.role == PREFILL:
-            # Decoded here, never written to a slot; there is a prefill group (self.disagg).
-            disagg = cast(Disaggregated, self.disagg)
-            for _ in range(limit):
+        dead = False
+        seen = False
+        for _ in range(limit):
+            item = take()
+            if item is None:
+                return
+            if type(item) is tuple:
+                self.on_connection(engine, *item)
+                continue
+            frame = cast(bytes, item)
+            if dead:
+                continue  # after ENGINE_CORE_DEAD: nothing more of this engine is applied
+            if engine.role == PREFILL:
+                # Decoded here, never written to a slot; there is a prefill group (self.disagg).
                 try:
-                    frame = recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    return
-                try:
-                    if not disagg.on_frame(engine, frame):
-                        return
+                    dead = not cast(Disaggregated, self.disagg).on_frame(engine, frame)
                 except WireDecodeError as exc:
                     self.warn(
                         "bad-output", "engine %d: dropped an output frame: %s", engine.index, exc
                     )
                 except Exception as exc:
                     core.handler_failed(f"prefill engine {engine.index}: output frame", exc)
-            return
-        pull = self.pulls[engine.row]
-        ingest = core.writer.ingest
-        on_output = core.on_output
-        index = engine.index
-        for n in range(limit):
-            try:
-                frame = recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            if n == 0:
+                continue
+            if not seen:
                 # Any frame says the engine steps (the stall rule's clock; one reading a drain).
+                seen = True
                 core.on_output_seen(engine, time.monotonic())
             try:
-                result = ingest(frame, index)
-                on_output(engine, result, frame)
-                if result is None:
-                    return  # ENGINE_CORE_DEAD: the engine is dead
+                result = core.writer.ingest(frame, engine.index)
+                core.on_output(engine, result, frame)
+                dead = result is None  # ENGINE_CORE_DEAD: the engine is dead
             except WireDecodeError as exc:
                 self.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
             except Exception as exc:
                 core.handler_failed(f"engine {engine.index}: output frame", exc)
-            if n == 0 and not cast(int, pull.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
-                # One frame a turn is the paced case: reading the socket's events costs a third
-                # of a receive that raises zmq.Again (the exception is built in Python); when
-                # more frames wait, they are received until it raises.
-                break
+        if self.outputs[engine.row].items:
+            self.backlog[engine.row] = engine
+
+    def on_connection(self, engine: Engine, kind: int, conn: int) -> None:
+        """An output connection of the engine began (its handshake done) or ended."""
+        try:
+            self.core.on_connection(engine, kind, conn)
+        except Exception as exc:
+            self.core.handler_failed(f"engine {engine.index}: output connection event", exc)
 
     # ------------------------------------------------------------------ submissions
 
@@ -500,20 +545,6 @@ class IOLoop:
                 self.core.on_registration(group, frames)
             except Exception as exc:
                 self.core.handler_failed(f"input from {frames[0].hex()}: frame", exc)
-
-    def on_monitor(self, engine: Engine) -> None:
-        """Drain an output PULL's monitor into the core."""
-        while True:
-            try:
-                event = recv_monitor_message(self.monitor_of[engine.row], zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            except Exception:  # a malformed monitor message cannot come from a peer
-                return
-            try:
-                self.core.on_connection(engine, event["event"], event["value"])
-            except Exception as exc:
-                self.core.handler_failed(f"engine {engine.index}: output connection event", exc)
 
     # ------------------------------------------------------------------ workers
 
@@ -693,6 +724,8 @@ class IOLoop:
             self.detach(conn)
         if self._listener is not None:
             self._listener.close()
+        for port in self.outputs.values():
+            port.close()
         inputs = {g.input for g in self.groups}
         for s in self.sockets:
             s.close(linger=200 if s in inputs else 0)

@@ -1,0 +1,236 @@
+"""Each engine's output address, received on the I/O process's own thread (no libzmq).
+
+An engine's output PUSH dials the address it was given in INIT; `OutputPort` is the listening
+socket there and every connection accepted on it, each speaking ZMTP 3 through one
+`tsfront.wire.zmtp.PullSession`. It replaces a libzmq PULL: a frame then crossed libzmq's I/O
+thread (its wake-up, its read, a mailbox signal) before the loop's thread woke for it; here the
+loop's own poll wakes on the connection and reads it, one wake-up a frame instead of two
+(docs/PERFORMANCE.md, "I/O process: the engine output without libzmq").
+
+What the port gives its loop, in arrival order, is one queue of items (`take`): a frame (the
+first frame of a message, `bytes`), or a connection event ``(kind, conn)`` with ``kind``
+``zmq.EVENT_ACCEPTED`` (the ZMTP handshake of a PUSH completed) or ``zmq.EVENT_DISCONNECTED``
+(that connection ended: EOF, an error, a protocol breach, a missed heartbeat), ``conn`` a
+number unique in the process (never a reused fd). A connection's frames come before its
+DISCONNECTED. What the PULL did is kept: every connection is pinged every ``interval`` (with a
+TTL of ``timeout``) and dropped after ``interval + timeout`` without a byte from it; a
+connection that has not finished its handshake by then is dropped too; a peer that is not a
+ZMTP 3 PUSH is dropped at its first wrong byte (logged once per connection).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import socket
+import stat
+from collections import deque
+
+import zmq
+
+from tsfront.errors import ConfigError
+from tsfront.io.addresses import split_tcp
+from tsfront.wire.zmtp import PullSession
+
+__all__ = ["MAX_OUTPUT_MESSAGE", "OutputPort", "bind_listener"]
+
+log = logging.getLogger("tsfront.io")
+
+#: Largest message accepted from an engine's output (a frame of logprobs for a large batch is
+#: a few MiB); a bigger one drops the connection, as a libzmq ``MAXMSGSIZE`` would.
+MAX_OUTPUT_MESSAGE = 256 << 20
+#: Bytes read from a connection per readiness.
+_READ = 1 << 18
+#: Unsent bytes (greeting, READY, PONGs, PINGs) a connection may hold before it is dropped: a
+#: peer that reads nothing of what we send is not a working PUSH.
+_MAX_UNSENT = 1 << 16
+#: Items the loop has not taken yet past which no connection is read (the engine's PUSH and
+#: the kernel's buffers hold the rest, as they did for the PULL's pipe).
+_BACKLOG = 4096
+_ACCEPTED, _DISCONNECTED = int(zmq.EVENT_ACCEPTED), int(zmq.EVENT_DISCONNECTED)
+_WILDCARDS = {"*", "0.0.0.0"}
+_numbers = itertools.count(1)
+
+Item = bytes | tuple[int, int]
+
+
+def bind_listener(address: str) -> tuple[socket.socket, str]:
+    """A non-blocking listening socket at ``address`` (``tcp://HOST:PORT``, port 0 or ``*``
+    for any; ``ipc://PATH``, ``@NAME`` for Linux's abstract namespace) and the address bound,
+    in libzmq's ``LAST_ENDPOINT`` form. An ipc path left by an earlier process is replaced, as
+    libzmq's bind does."""
+    try:
+        if address.startswith("ipc://"):
+            path = address[len("ipc://") :]
+            if path == "*":
+                raise ConfigError(f"cannot bind {address!r}: give the ipc path of the output")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            if path.startswith("@"):
+                sock.bind("\0" + path[1:])
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    if stat.S_ISSOCK(os.lstat(path).st_mode):
+                        os.unlink(path)
+                sock.bind(path)
+            bound = address
+        else:
+            host, port = split_tcp(address)
+            name = "0.0.0.0" if host in _WILDCARDS else host.strip("[]")
+            family, kind, proto, _, where = socket.getaddrinfo(
+                name,
+                0 if port == "*" else int(port),
+                type=socket.SOCK_STREAM,
+                flags=socket.AI_PASSIVE,
+            )[0]
+            sock = socket.socket(family, kind, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(where)
+            real = sock.getsockname()
+            shown = f"[{real[0]}]" if family == socket.AF_INET6 else real[0]
+            bound = f"tcp://{shown}:{real[1]}"
+        sock.listen(64)
+        sock.setblocking(False)
+        return sock, bound
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot bind {address!r}: {exc}") from None
+
+
+class _Connection:
+    __slots__ = ("deadline", "next_ping", "number", "session", "sock")
+
+    def __init__(self, sock: socket.socket, max_message: int, now: float, idle: float) -> None:
+        self.sock = sock
+        self.session = PullSession(max_message)
+        self.number = next(_numbers)
+        self.deadline = now + idle  # dropped if nothing arrives by then
+        self.next_ping = now
+
+
+class OutputPort:
+    """One engine's output address (see the module's doc)."""
+
+    def __init__(
+        self,
+        address: str,
+        interval: float,
+        timeout: float,
+        max_message: int = MAX_OUTPUT_MESSAGE,
+    ) -> None:
+        self.listener, self.address = bind_listener(address)
+        self.interval = interval
+        self.timeout = timeout
+        self.max_message = max_message
+        self.connections: dict[int, _Connection] = {}  # by fd
+        self.items: deque[Item] = deque()
+
+    # ------------------------------------------------------------------ the loop's calls
+
+    def accept(self, now: float) -> list[int]:
+        """Accept every waiting connection; their fds, for the poll."""
+        fds: list[int] = []
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return fds
+            except OSError as exc:  # EMFILE and the like: the peer waits in the backlog
+                log.warning("output %s: accept failed: %s", self.address, exc)
+                return fds
+            sock.setblocking(False)
+            conn = _Connection(sock, self.max_message, now, self.interval + self.timeout)
+            self.connections[sock.fileno()] = conn
+            if self._flush(conn):  # our greeting
+                fds.append(sock.fileno())
+
+    def read(self, fd: int, now: float) -> bool:
+        """Read what connection ``fd`` sent; False if it ended (its fd is closed: take it out
+        of the poll before the next one is accepted)."""
+        conn = self.connections[fd]
+        if len(self.items) >= _BACKLOG:  # the loop has not applied what it has: read later
+            return True
+        try:
+            data = conn.sock.recv(_READ)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as exc:
+            self._end(fd, conn, f"read failed: {exc}")
+            return False
+        if not data:
+            self._end(fd, conn, None)
+            return False
+        session = conn.session
+        was_ready = session.ready
+        session.feed(data)
+        conn.deadline = now + self.interval + self.timeout
+        if session.ready and not was_ready:
+            self.items.append((_ACCEPTED, conn.number))
+        messages = session.messages
+        if messages:
+            self.items.extend(messages)
+            messages.clear()
+        if session.error is not None:
+            self._end(fd, conn, session.error)
+            return False
+        return self._flush(conn)
+
+    def take(self) -> Item | None:
+        """The next frame or connection event, or None."""
+        items = self.items
+        return items.popleft() if items else None
+
+    def tick(self, now: float) -> list[int]:
+        """Heartbeats: ping who is due, drop who is silent; the fds dropped."""
+        dropped = []
+        for fd, conn in list(self.connections.items()):
+            if now >= conn.deadline:
+                what = "heartbeat" if conn.session.ready else "handshake"
+                self._end(fd, conn, f"no {what} for {self.interval + self.timeout:.1f} s")
+                dropped.append(fd)
+            elif now >= conn.next_ping and conn.session.ready:
+                conn.next_ping = now + self.interval
+                conn.session.ping(self.timeout)
+                if not self._flush(conn):
+                    dropped.append(fd)
+        return dropped
+
+    def fds(self) -> list[int]:
+        """The fds of the open connections."""
+        return list(self.connections)
+
+    def close(self) -> None:
+        """Close every connection and the listener (no events: the loop is going)."""
+        for conn in self.connections.values():
+            conn.sock.close()
+        self.connections.clear()
+        self.listener.close()
+
+    # ------------------------------------------------------------------ inside
+
+    def _flush(self, conn: _Connection) -> bool:
+        out = conn.session.out
+        if not out:
+            return True
+        try:
+            sent = conn.sock.send(out, socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._end(conn.sock.fileno(), conn, f"write failed: {exc}")
+            return False
+        del out[:sent]
+        if len(out) > _MAX_UNSENT:
+            self._end(conn.sock.fileno(), conn, "it reads nothing we send")
+            return False
+        return True
+
+    def _end(self, fd: int, conn: _Connection, why: str | None) -> None:
+        del self.connections[fd]
+        if conn.session.ready:
+            self.items.append((_DISCONNECTED, conn.number))
+        if why is not None:
+            log.warning("output %s: dropped a connection: %s", self.address, why)
+        conn.sock.close()
