@@ -496,3 +496,19 @@ def test_arbitrary_bytes_from_the_start_never_raise(junk):
     s = fed([junk])
     assert s.error is not None or all(type(m) is bytes for m in s.messages)
     assert bytes(s.out).startswith(GREETING)
+
+
+@pytest.mark.parametrize("size", [200, 255, 256, 5000])
+def test_a_message_over_a_small_limit_is_refused_whole_and_in_pieces(size):
+    """A whole message read straight from what arrived (the one-copy path, taken once the
+    handshake is done and nothing is held) keeps the limit as the frame-by-frame path does,
+    short frames included."""
+    message = frame(b"x" * size)
+    for cut in (len(message), len(message) - size // 2, 1):
+        s = PullSession(100)
+        s.feed(HANDSHAKE)
+        assert s.ready
+        s.feed(message[:cut])
+        s.feed(message[cut:])
+        assert s.error == "a message larger than 100 bytes"
+        assert not s.messages

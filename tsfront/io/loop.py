@@ -336,8 +336,7 @@ class IOLoop:
                 self._forget_output(fd)
             if port.items:
                 self.drain_output(engine)
-            if port.connections:
-                due = min(due, now + port.interval / 2)
+            due = min(due, port.due)
         self.outputs_due = due
 
     def _forget_output(self, fd: int) -> None:

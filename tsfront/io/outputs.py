@@ -126,6 +126,7 @@ class OutputPort:
         self.max_message = max_message
         self.connections: dict[int, _Connection] = {}  # by fd
         self.items: deque[Item] = deque()
+        self.due = float("inf")  # when `tick` is next needed (set by it; now, after an accept)
 
     # ------------------------------------------------------------------ the loop's calls
 
@@ -183,18 +184,26 @@ class OutputPort:
         return items.popleft() if items else None
 
     def tick(self, now: float) -> list[int]:
-        """Heartbeats: ping who is due, drop who is silent; the fds dropped."""
+        """Heartbeats: ping who is due, drop who is silent; the fds dropped. `due` is then
+        when the next is needed."""
         dropped = []
+        due = float("inf")
         for fd, conn in list(self.connections.items()):
             if now >= conn.deadline:
                 what = "heartbeat" if conn.session.ready else "handshake"
                 self._end(fd, conn, f"no {what} for {self.interval + self.timeout:.1f} s")
                 dropped.append(fd)
-            elif now >= conn.next_ping and conn.session.ready:
-                conn.next_ping = now + self.interval
-                conn.session.ping(self.timeout)
-                if not self._flush(conn):
-                    dropped.append(fd)
+                continue
+            if conn.session.ready:
+                if now >= conn.next_ping:
+                    conn.next_ping = now + self.interval
+                    conn.session.ping(self.timeout)
+                    if not self._flush(conn):
+                        dropped.append(fd)
+                        continue
+                due = min(due, conn.next_ping)
+            due = min(due, conn.deadline)
+        self.due = due
         return dropped
 
     def fds(self) -> list[int]:

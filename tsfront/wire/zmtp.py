@@ -97,6 +97,13 @@ class PullSession:
         if self.error is not None:
             return
         buf = self._buf
+        if not buf and self.phase is Phase.TRAFFIC and not self._parts:
+            # The serving case: whole single-frame messages, read straight out of ``data``
+            # (one copy a message); anything else goes the general way below.
+            pos = self._whole_messages(data)
+            if pos == len(data):
+                return
+            data = data[pos:]
         buf += data
         pos = 0
         while self.error is None:
@@ -113,6 +120,27 @@ class PullSession:
             # In tenths of a second, two bytes: anything longer (or not a number) is the most.
             ttl = max(0, int(ttl_s * 10)) if ttl_s < 6553.5 else 0xFFFF
             self.out += command(b"PING", ttl.to_bytes(2, "big"))
+
+    def _whole_messages(self, data: bytes) -> int:
+        """Take the complete one-frame messages at the start of ``data``; where they end."""
+        n, pos, limit = len(data), 0, self.max_message
+        append = self.messages.append
+        while n - pos >= 2:
+            flags = data[pos]
+            if flags == 0:
+                start = pos + 2
+                size = data[pos + 1]
+            elif flags == _LONG and n - pos >= 9:
+                start = pos + 9
+                size = int.from_bytes(data[pos + 1 : start], "big")
+            else:
+                break  # a command, a frame with MORE, a bad flag, a cut header: the table's
+            end = start + size
+            if end > n or size > limit:
+                break  # not all here yet, or too large: the table's
+            append(data[start:end])
+            pos = end
+        return pos
 
     # ------------------------------------------------------------------ steps
 
