@@ -100,6 +100,8 @@ def test_a_libzmq_push_is_accepted_and_its_messages_come_in_order_before_its_end
         assert not port.connections
     finally:
         port.close()
+    if kind == "ipc":
+        assert not os.path.exists(address[len("ipc://") :])  # the socket file goes with it
 
 
 def test_connections_are_numbered_uniquely_though_the_kernel_reuses_their_fds(ctx):
@@ -261,7 +263,12 @@ def test_the_address_can_be_bound_again_at_once_by_a_successor(tmp_path, ctx):
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(path[len("ipc://") :])
     stale.close()  # the path stays, as a crashed process leaves it
-    OutputPort(path, 1.0, 2.0).close()
+    old = OutputPort(path, 1.0, 2.0)
+    successor = OutputPort(path, 1.0, 2.0)  # binds the path again while the old one is open
+    old.close()  # must not remove the successor's socket file
+    assert os.path.exists(path[len("ipc://") :])
+    successor.close()
+    assert not os.path.exists(path[len("ipc://") :])
 
 
 def test_an_address_that_cannot_be_bound_says_which_and_why():

@@ -317,3 +317,28 @@ def test_a_worker_reading_an_engine_row_while_it_is_published_never_sees_it_abse
             child.join(DEADLINE)
         assert reads > 0
         assert zeros == 0, f"{zeros} of {reads} reads saw the row's state as 0"
+
+
+def test_a_drain_takes_at_most_its_limit_in_order_and_leaves_the_rest_for_the_next_turn(loop):
+    """A port's frames and connection events are applied in their order, at most `DRAIN` a
+    drain; what is left marks the engine in `backlog` (the next turn's poll does not block)."""
+    engine = loop.core.engines[0]
+    conn = 99
+    items = [
+        (zmq.EVENT_ACCEPTED, conn),
+        *[_tail_frame(1 + i % 7) for i in range(DRAIN - 1)],
+        _tail_frame(40),
+        (zmq.EVENT_DISCONNECTED, conn),
+    ]
+    _hold(loop, engine, items)
+    loop.drain_output(engine)
+    # The event and DRAIN - 1 frames: the last frame and the end wait.
+    assert engine.tail[0] == 1 + (DRAIN - 2) % 7
+    assert conn in engine.connections
+    assert loop.backlog == {engine.row: engine}
+    assert len(loop.outputs[engine.row].items) == 2
+    del loop.backlog[engine.row]
+    loop.drain_output(engine)
+    assert engine.tail[0] == 40  # the frame before the end was applied first
+    assert conn not in engine.connections
+    assert not loop.backlog and not loop.outputs[engine.row].items

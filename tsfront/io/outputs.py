@@ -60,7 +60,7 @@ def bind_listener(address: str) -> tuple[socket.socket, str]:
     """A non-blocking listening socket at ``address`` (``tcp://HOST:PORT``, port 0 or ``*``
     for any; ``ipc://PATH``, ``@NAME`` for Linux's abstract namespace) and the address bound,
     in libzmq's ``LAST_ENDPOINT`` form. An ipc path left by an earlier process is replaced, as
-    libzmq's bind does."""
+    libzmq's bind does (and `OutputPort.close` removes its own)."""
     try:
         if address.startswith("ipc://"):
             path = address[len("ipc://") :]
@@ -121,6 +121,11 @@ class OutputPort:
         max_message: int = MAX_OUTPUT_MESSAGE,
     ) -> None:
         self.listener, self.address = bind_listener(address)
+        path = address[len("ipc://") :] if address.startswith("ipc://") else ""
+        # The socket file to remove at close, and its inode: a successor that bound the path
+        # again (after our state directory's lock went) has its own, which is left alone.
+        self._path = path if path and not path.startswith("@") else ""
+        self._inode = os.stat(self._path).st_ino if self._path else 0
         self.interval = interval
         self.timeout = timeout
         self.max_message = max_message
@@ -216,6 +221,11 @@ class OutputPort:
             conn.sock.close()
         self.connections.clear()
         self.listener.close()
+        if self._path:
+            with contextlib.suppress(OSError):
+                if os.stat(self._path).st_ino == self._inode:
+                    os.unlink(self._path)
+            self._path = ""
 
     # ------------------------------------------------------------------ inside
 
