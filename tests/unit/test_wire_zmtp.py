@@ -196,6 +196,24 @@ def test_a_stream_split_at_every_point_gives_the_same_messages():
         assert s.ready is True, i
 
 
+@FAST
+@given(st.lists(st.integers(min_value=0, max_value=len(STREAM)), max_size=40))
+def test_a_stream_read_into_one_reused_buffer_keeps_nothing_of_it(cuts):
+    """As the output port reads: every piece lands in the same buffer, handed over as a
+    memoryview and overwritten before the next; the messages must be the session's copies."""
+    points = [0, *sorted(cuts), len(STREAM)]
+    buffer = bytearray(len(STREAM))
+    view = memoryview(buffer)
+    s = PullSession(MAX_MESSAGE)
+    for a, b in pairwise(points):
+        n = b - a
+        view[:n] = STREAM[a:b]
+        s.feed(view[:n])
+        view[:] = b"\xee" * len(buffer)  # the next read overwrites it
+    assert_valid_stream_result(s)
+    assert all(type(m) is bytes for m in s.messages)
+
+
 def test_a_stream_fed_one_byte_at_a_time_gives_the_same_messages():
     assert_valid_stream_result(fed(STREAM[i : i + 1] for i in range(len(STREAM))))
 

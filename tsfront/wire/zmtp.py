@@ -92,8 +92,9 @@ class PullSession:
         self._parts: list[bytes] = []  # the frames so far of a message with MORE
         self._size = 0  # their bytes
 
-    def feed(self, data: bytes) -> None:
-        """Take bytes the peer sent; act on every complete unit of them."""
+    def feed(self, data: bytes | memoryview) -> None:
+        """Take bytes the peer sent; act on every complete unit of them. Nothing of ``data``
+        is kept by reference: the caller may reuse its buffer."""
         if self.error is not None:
             return
         buf = self._buf
@@ -121,7 +122,7 @@ class PullSession:
             ttl = max(0, int(ttl_s * 10)) if ttl_s < 6553.5 else 0xFFFF
             self.out += command(b"PING", ttl.to_bytes(2, "big"))
 
-    def _whole_messages(self, data: bytes) -> int:
+    def _whole_messages(self, data: bytes | memoryview) -> int:
         """Take the complete one-frame messages at the start of ``data``; where they end."""
         n, pos, limit = len(data), 0, self.max_message
         append = self.messages.append
@@ -138,7 +139,7 @@ class PullSession:
             end = start + size
             if end > n or size > limit:
                 break  # not all here yet, or too large: the table's
-            append(data[start:end])
+            append(bytes(data[start:end]))  # a copy out of a memoryview; a bytes slice as it is
             pos = end
         return pos
 
