@@ -30,6 +30,13 @@ class Driver:
         self.poll = select.poll()
         self.poll.register(port.listener.fileno(), select.POLLIN)
         self.items: list[object] = []
+        self.polled: set[int] = set()
+        port.on_close = self.closed  # as the loop does: out of the poll before the fd is reused
+
+    def closed(self, fd: int) -> None:
+        if fd in self.polled:
+            self.polled.discard(fd)
+            self.poll.unregister(fd)
 
     def turn(self, wait_ms: int = 20) -> None:
         port = self.port
@@ -37,10 +44,10 @@ class Driver:
             if fd == port.listener.fileno():
                 for new in port.accept(time.monotonic()):
                     self.poll.register(new, select.POLLIN)
-            elif fd in port.connections and not port.read(fd, time.monotonic()):
-                self.poll.unregister(fd)
-        for fd in port.tick(time.monotonic()):
-            self.poll.unregister(fd)
+                    self.polled.add(new)
+            elif fd in port.connections:
+                port.read(fd, time.monotonic())
+        port.tick(time.monotonic())
         while (item := port.take()) is not None:
             self.items.append(item)
 
@@ -280,3 +287,49 @@ def test_an_address_that_cannot_be_bound_says_which_and_why():
             OutputPort("ipc://*", 1.0, 2.0)
     finally:
         taken.close()
+
+
+def test_a_flood_of_silent_connections_never_keeps_the_engine_out(ctx):
+    """Past its cap a port makes room by dropping the oldest connection still in its
+    handshake: 40 peers that connect and say nothing hold at most the cap, and the engine's
+    PUSH, connecting after them, gets in and is heard."""
+    warned: list[str] = []
+    port = OutputPort(
+        "tcp://127.0.0.1:0", 5.0, 5.0, max_connections=4, warn=lambda kind, *a: warned.append(kind)
+    )
+    host, p = port.address[len("tcp://") :].rsplit(":", 1)
+    mute = []
+    try:
+        d = Driver(port)
+        for _ in range(40):
+            mute.append(socket.create_connection((host, int(p))))
+            d.turn(0)
+            assert len(port.connections) <= 4
+        push = _push(ctx, port.address)
+        push.send(b"engine")
+        d.until(lambda: d.frames() == [b"engine"])
+        assert len(port.connections) <= 4 and "output-dropped" in warned
+    finally:
+        for m in mute:
+            m.close()
+        port.close()
+
+
+def test_a_full_port_of_pushes_closes_a_newcomer_and_keeps_serving(ctx):
+    warned: list[str] = []
+    port = OutputPort(
+        "tcp://127.0.0.1:0", 5.0, 5.0, max_connections=1, warn=lambda kind, *a: warned.append(kind)
+    )
+    try:
+        d = Driver(port)
+        first = _push(ctx, port.address)
+        first.send(b"first")
+        d.until(lambda: d.frames() == [b"first"])
+        second = _push(ctx, port.address)
+        d.until(lambda: "output-full" in warned)
+        first.send(b"again")
+        d.until(lambda: d.frames() == [b"first", b"again"])
+        assert d.events() == [ACCEPTED] and len(port.connections) == 1
+        second.close(linger=0)
+    finally:
+        port.close()

@@ -125,6 +125,8 @@ class GroupSockets:
                 output_address_for(spec.output_address, rank),
                 c.heartbeat_interval,
                 c.heartbeat_timeout,
+                warn=loop.warn,
+                on_close=loop.forget_output,
             )
             self.outputs.append(port)
             e.output_address = advertised(port.address, spec.handshake_address)
@@ -313,9 +315,7 @@ class IOLoop:
 
     def on_output(self, engine: Engine, fd: int) -> None:
         """Read the engine's output connection ``fd``, then apply what it brought."""
-        port = self.outputs[engine.row]
-        if not port.read(fd, time.monotonic()):
-            self._forget_output(fd)
+        self.outputs[engine.row].read(fd, time.monotonic())  # an end calls forget_output
         self.drain_output(engine)
 
     def on_output_accept(self, engine: Engine) -> None:
@@ -332,17 +332,17 @@ class IOLoop:
             port = self.outputs[engine.row]
             if not port.connections:
                 continue
-            for fd in port.tick(now):
-                self._forget_output(fd)
+            port.tick(now)  # what it drops calls forget_output
             if port.items:
                 self.drain_output(engine)
             due = min(due, port.due)
         self.outputs_due = due
 
-    def _forget_output(self, fd: int) -> None:
-        # At once, before any accept of this turn can be given the same fd.
-        del self.output_engine[fd]
-        self.poller.unregister(fd)
+    def forget_output(self, fd: int) -> None:
+        """An output connection is closing (`OutputPort`'s ``on_close``): out of the poll at
+        once, before any accept can be given the same fd."""
+        if self.output_engine.pop(fd, None) is not None:
+            self.poller.unregister(fd)
 
     def drain_output(self, engine: Engine, limit: int = DRAIN) -> None:
         """Apply up to ``limit`` items of the engine's output port (the core's `Ports`, too):

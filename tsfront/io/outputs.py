@@ -15,7 +15,11 @@ number unique in the process (never a reused fd). A connection's frames come bef
 DISCONNECTED. What the PULL did is kept: every connection is pinged every ``interval`` (with a
 TTL of ``timeout``) and dropped after ``interval + timeout`` without a byte from it; a
 connection that has not finished its handshake by then is dropped too; a peer that is not a
-ZMTP 3 PUSH is dropped at its first wrong byte (logged once per connection).
+ZMTP 3 PUSH is dropped at its first wrong byte. A port holds at most ``max_connections``
+(64): past that, a new connection takes the place of the oldest one still in its handshake,
+or is closed at once if every one is a PUSH, so a flood of connections that say nothing can
+neither take the process's fds nor keep the engine out. What is dropped is logged through
+the ``warn`` the loop gives (rate-limited by kind).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import os
 import socket
 import stat
 from collections import deque
+from collections.abc import Callable
 
 import zmq
 
@@ -34,7 +39,7 @@ from tsfront.errors import ConfigError
 from tsfront.io.addresses import split_tcp
 from tsfront.wire.zmtp import PullSession
 
-__all__ = ["MAX_OUTPUT_MESSAGE", "OutputPort", "bind_listener"]
+__all__ = ["MAX_CONNECTIONS", "MAX_OUTPUT_MESSAGE", "OutputPort", "bind_listener"]
 
 log = logging.getLogger("tsfront.io")
 
@@ -54,6 +59,16 @@ _BACKLOG = 4096
 _ACCEPTED, _DISCONNECTED = int(zmq.EVENT_ACCEPTED), int(zmq.EVENT_DISCONNECTED)
 _WILDCARDS = {"*", "0.0.0.0"}
 _numbers = itertools.count(1)
+#: Connections a port holds at once (an engine needs one; a restart briefly two).
+MAX_CONNECTIONS = 64
+
+Warn = Callable[..., None]
+"""``warn(kind, message, *args)``: a problem of a kind, logged (the loop's is rate-limited)."""
+
+
+def _log_warning(kind: str, message: str, *args: object) -> None:
+    log.warning(message, *args)
+
 
 Item = bytes | tuple[int, int]
 
@@ -121,8 +136,17 @@ class OutputPort:
         interval: float,
         timeout: float,
         max_message: int = MAX_OUTPUT_MESSAGE,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        warn: Warn = _log_warning,
+        on_close: Callable[[int], None] | None = None,
     ) -> None:
         self.listener, self.address = bind_listener(address)
+        self.max_connections = max_connections
+        self.warn = warn
+        # Called with a connection's fd just before it is closed (whatever ends it): the
+        # loop takes the fd out of its poll then, before an accept can be given the number.
+        self.on_close = on_close
         path = address[len("ipc://") :] if address.startswith("ipc://") else ""
         # The socket file to remove at close, and its inode: a successor that bound the path
         # again (after our state directory's lock went) has its own, which is left alone.
@@ -147,8 +171,17 @@ class OutputPort:
             except (BlockingIOError, InterruptedError):
                 return fds
             except OSError as exc:  # EMFILE and the like: the peer waits in the backlog
-                log.warning("output %s: accept failed: %s", self.address, exc)
+                self.warn("output-accept", "output %s: accept failed: %s", self.address, exc)
                 return fds
+            if len(self.connections) >= self.max_connections and not self._make_room():
+                sock.close()
+                self.warn(
+                    "output-full",
+                    "output %s: %d connections, every one a PUSH: a new one was closed",
+                    self.address,
+                    len(self.connections),
+                )
+                continue
             sock.setblocking(False)
             conn = _Connection(sock, self.max_message, now, self.interval + self.timeout)
             self.connections[sock.fileno()] = conn
@@ -250,10 +283,20 @@ class OutputPort:
             return False
         return True
 
+    def _make_room(self) -> bool:
+        """End the oldest connection still in its handshake (True), if there is one."""
+        for fd, conn in self.connections.items():  # in accept order
+            if not conn.session.ready:
+                self._end(fd, conn, "the port is full: the oldest handshake made room")
+                return True
+        return False
+
     def _end(self, fd: int, conn: _Connection, why: str | None) -> None:
         del self.connections[fd]
         if conn.session.ready:
             self.items.append((_DISCONNECTED, conn.number))
         if why is not None:
-            log.warning("output %s: dropped a connection: %s", self.address, why)
+            self.warn("output-dropped", "output %s: dropped a connection: %s", self.address, why)
+        if self.on_close is not None:
+            self.on_close(fd)
         conn.sock.close()
