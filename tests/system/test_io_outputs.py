@@ -8,6 +8,7 @@ import os
 import re
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -23,7 +24,8 @@ DEADLINE = 10.0
 
 
 class Driver:
-    """The I/O loop's part, for one port: poll, accept, read, heartbeats; items collected."""
+    """The I/O loop's part, for one port, as `IOLoop` does it: poll, accept, read, and the
+    heartbeat tick only when the port's ``due`` says so; items collected."""
 
     def __init__(self, port: OutputPort) -> None:
         self.port = port
@@ -31,6 +33,7 @@ class Driver:
         self.poll.register(port.listener.fileno(), select.POLLIN)
         self.items: list[object] = []
         self.polled: set[int] = set()
+        self.due = 0.0
         port.on_close = self.closed  # as the loop does: out of the poll before the fd is reused
 
     def closed(self, fd: int) -> None:
@@ -40,14 +43,19 @@ class Driver:
 
     def turn(self, wait_ms: int = 20) -> None:
         port = self.port
-        for fd, _ in self.poll.poll(wait_ms):
+        wait = int(max(0.0, min(wait_ms / 1000, self.due - time.monotonic())) * 1000) + 1
+        for fd, _ in self.poll.poll(wait):
             if fd == port.listener.fileno():
                 for new in port.accept(time.monotonic()):
                     self.poll.register(new, select.POLLIN)
                     self.polled.add(new)
             elif fd in port.connections:
                 port.read(fd, time.monotonic())
-        port.tick(time.monotonic())
+            self.due = min(self.due, port.due)
+        now = time.monotonic()
+        if now >= self.due:
+            port.tick(now)
+            self.due = port.due
         while (item := port.take()) is not None:
             self.items.append(item)
 
@@ -68,7 +76,7 @@ class Driver:
 def ctx():
     c = zmq.Context()
     yield c
-    c.term()
+    c.destroy(linger=0)  # a failed test's socket must not hang the teardown
 
 
 def _push(ctx: zmq.Context, address: str, **options: int) -> zmq.Socket:
@@ -156,6 +164,50 @@ def test_a_live_push_answers_the_heartbeat_and_stays_while_a_silent_peer_is_drop
         d.until(lambda: d.frames()[-1:] == [b"still here"])
         silent.close()
     finally:
+        port.close()
+
+
+def _slow_ponger(sock: socket.socket, delay: float, stop: threading.Event) -> None:
+    """A PUSH that answers each PING only ``delay`` seconds after it (a loaded engine host)."""
+    sock.settimeout(0.01)
+    while not stop.is_set():
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        if not data:
+            return
+        for _ in range(data.count(b"\x04PING")):
+            if stop.wait(delay):
+                return
+            sock.sendall(command(b"PONG"))
+
+
+def test_an_idle_engine_whose_pongs_come_late_is_kept(ctx):
+    """An engine that sends nothing is kept alive by its PONGs alone, even when each comes
+    well after its PING: its first PING goes as soon as its handshake is done (not at the
+    handshake's deadline, where a late PONG would miss the connection's deadline)."""
+    interval, timeout = 0.1, 0.2
+    port = OutputPort("tcp://127.0.0.1:0", interval, timeout)
+    stop = threading.Event()
+    host, p = port.address[len("tcp://") :].rsplit(":", 1)
+    peer = socket.create_connection((host, int(p)))
+    ponger = threading.Thread(target=_slow_ponger, args=(peer, 0.08, stop), daemon=True)
+    try:
+        d = Driver(port)
+        peer.sendall(GREETING + command(b"READY", b"\x0bSocket-Type\x00\x00\x00\x04PUSH"))
+        d.until(lambda: d.events() == [ACCEPTED])
+        ponger.start()
+        end = time.monotonic() + 10 * (interval + timeout)
+        while time.monotonic() < end:
+            d.turn()
+        assert d.events() == [ACCEPTED] and len(port.connections) == 1
+    finally:
+        stop.set()
+        ponger.join(5)
+        peer.close()
         port.close()
 
 

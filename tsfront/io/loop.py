@@ -315,15 +315,19 @@ class IOLoop:
 
     def on_output(self, engine: Engine, fd: int) -> None:
         """Read the engine's output connection ``fd``, then apply what it brought."""
-        self.outputs[engine.row].read(fd, time.monotonic())  # an end calls forget_output
+        port = self.outputs[engine.row]
+        port.read(fd, time.monotonic())  # an end calls forget_output
+        if port.due < self.outputs_due:  # a handshake done: its first PING is due
+            self.outputs_due = port.due
         self.drain_output(engine)
 
     def on_output_accept(self, engine: Engine) -> None:
         """New connections on the engine's output address: polled from now on."""
-        for fd in self.outputs[engine.row].accept(time.monotonic()):
+        port = self.outputs[engine.row]
+        for fd in port.accept(time.monotonic()):
             self.output_engine[fd] = engine
             self.poller.register(fd, zmq.POLLIN)
-        self.outputs_due = 0.0  # their first heartbeat check is due
+        self.outputs_due = min(self.outputs_due, port.due)  # their handshake's deadline
 
     def tick_outputs(self, now: float) -> None:
         """The output connections' heartbeats (`OutputPort.tick`), then what they ended."""

@@ -158,7 +158,10 @@ class OutputPort:
         self.connections: dict[int, _Connection] = {}  # by fd
         self.items: deque[Item] = deque()
         self._view = memoryview(bytearray(_READ))  # what a read lands in (the session copies)
-        self.due = float("inf")  # when `tick` is next needed (set by it; now, after an accept)
+        # When `tick` is next needed: set by it, and made earlier by an accept (the handshake's
+        # deadline) and by a handshake done (the first PING is due at once). The loop reads it
+        # after each of those calls.
+        self.due = float("inf")
 
     # ------------------------------------------------------------------ the loop's calls
 
@@ -185,6 +188,7 @@ class OutputPort:
             sock.setblocking(False)
             conn = _Connection(sock, self.max_message, now, self.interval + self.timeout)
             self.connections[sock.fileno()] = conn
+            self.due = min(self.due, conn.deadline)
             if self._flush(conn):  # our greeting
                 fds.append(sock.fileno())
 
@@ -211,6 +215,7 @@ class OutputPort:
         conn.deadline = now + self.interval + self.timeout
         if session.ready and not was_ready:
             self.items.append((_ACCEPTED, conn.number))
+            self.due = now  # its first PING (next_ping is its accept time): the next tick
         messages = session.messages
         if messages:
             self.items.extend(messages)
