@@ -193,8 +193,8 @@ class OutputPort:
                 fds.append(sock.fileno())
 
     def read(self, fd: int, now: float) -> bool:
-        """Read what connection ``fd`` sent; False if it ended (its fd is closed: take it out
-        of the poll before the next one is accepted)."""
+        """Read what connection ``fd`` sent; False if that ended it (``on_close`` was called
+        with its fd before it was closed)."""
         conn = self.connections[fd]
         if len(self.items) >= _BACKLOG:  # the loop has not applied what it has: read later
             return True
@@ -230,32 +230,24 @@ class OutputPort:
         items = self.items
         return items.popleft() if items else None
 
-    def tick(self, now: float) -> list[int]:
-        """Heartbeats: ping who is due, drop who is silent; the fds dropped. `due` is then
-        when the next is needed."""
-        dropped = []
+    def tick(self, now: float) -> None:
+        """Heartbeats: ping who is due (and send what a full socket held back), drop who is
+        silent (through ``on_close``); `due` is then when the next tick is needed."""
         due = float("inf")
         for fd, conn in list(self.connections.items()):
             if now >= conn.deadline:
                 what = "heartbeat" if conn.session.ready else "handshake"
                 self._end(fd, conn, f"no {what} for {self.interval + self.timeout:.1f} s")
-                dropped.append(fd)
+                continue
+            if conn.session.ready and now >= conn.next_ping:
+                conn.next_ping = now + self.interval
+                conn.session.ping(self.timeout)
+            if not self._flush(conn):
                 continue
             if conn.session.ready:
-                if now >= conn.next_ping:
-                    conn.next_ping = now + self.interval
-                    conn.session.ping(self.timeout)
-                    if not self._flush(conn):
-                        dropped.append(fd)
-                        continue
                 due = min(due, conn.next_ping)
             due = min(due, conn.deadline)
         self.due = due
-        return dropped
-
-    def fds(self) -> list[int]:
-        """The fds of the open connections."""
-        return list(self.connections)
 
     def close(self) -> None:
         """Close every connection and the listener (no events: the loop is going)."""
