@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from tsfront.errors import ConfigError
+from tsfront.io import outputs
 from tsfront.io.outputs import OutputPort
 from tsfront.wire.zmtp import GREETING, command, frame
 
@@ -383,5 +384,35 @@ def test_a_full_port_of_pushes_closes_a_newcomer_and_keeps_serving(ctx):
         d.until(lambda: d.frames() == [b"first", b"again"])
         assert d.events() == [ACCEPTED] and len(port.connections) == 1
         second.close(linger=0)
+    finally:
+        port.close()
+
+
+def test_a_port_whose_loop_lags_stops_reading_and_leaves_the_rest_to_the_kernel(ctx):
+    """Past `_BACKLOG` items not yet taken, a readable connection is not read: what the engine
+    sends waits in the socket buffers (and then in its PUSH), not in our memory; once the loop
+    takes items, reading goes on and nothing is lost or reordered."""
+    port = OutputPort("tcp://127.0.0.1:0", 5.0, 5.0)
+    try:
+        d = Driver(port)
+        push = _push(ctx, port.address)
+        push.send(b"0")
+        d.until(lambda: d.frames() == [b"0"])
+        held = [b"held-%d" % i for i in range(outputs._BACKLOG)]
+        port.items.extend(held)  # what a lagging loop has not taken yet
+        for i in range(1, 200):
+            push.send(b"%d" % i)
+        fd = next(iter(port.connections))
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:  # readable all along, never read
+            select.select([fd], [], [], 0.05)
+            assert port.read(fd, time.monotonic())
+            assert len(port.items) == outputs._BACKLOG
+        got = []
+        while (item := port.take()) is not None:  # the loop catches up
+            got.append(item)
+        assert got == held
+        d.until(lambda: len(d.frames()) == 200)
+        assert d.frames() == [b"%d" % i for i in range(200)]
     finally:
         port.close()
