@@ -17,6 +17,7 @@ import zmq
 
 from tsfront.errors import ConfigError
 from tsfront.io import outputs
+from tsfront.io.addresses import split_tcp
 from tsfront.io.outputs import OutputPort
 from tsfront.wire.zmtp import GREETING, command, frame
 
@@ -78,6 +79,28 @@ def ctx():
     c = zmq.Context()
     yield c
     c.destroy(linger=0)  # a failed test's socket must not hang the teardown
+
+
+def _ready(kind: bytes) -> bytes:
+    """A peer's greeting and READY naming its socket type ``kind``, written from the spec."""
+    return GREETING + command(b"READY", b"\x0bSocket-Type" + len(kind).to_bytes(4, "big") + kind)
+
+
+PUSH_HANDSHAKE = _ready(b"PUSH")
+
+
+def _raw_peer(port: OutputPort) -> socket.socket:
+    """A plain TCP connection to the port (a peer that speaks, or not, as the test says)."""
+    host, p = split_tcp(port.address)
+    return socket.create_connection((host, int(p)))
+
+
+def _heard(ctx: zmq.Context, d: Driver, first: bytes) -> zmq.Socket:
+    """A libzmq PUSH connected to the driver's port, once its first message ``first`` is in."""
+    push = _push(ctx, d.port.address)
+    push.send(first)
+    d.until(lambda: d.frames()[-1:] == [first])
+    return push
 
 
 def _push(ctx: zmq.Context, address: str, **options: int) -> zmq.Socket:
@@ -143,13 +166,10 @@ def test_a_live_push_answers_the_heartbeat_and_stays_while_a_silent_peer_is_drop
     port = OutputPort("tcp://127.0.0.1:0", interval, timeout)
     try:
         d = Driver(port)
-        push = _push(ctx, port.address)
-        push.send(b"hello")
-        d.until(lambda: d.frames() == [b"hello"])
+        push = _heard(ctx, d, b"hello")
         # A raw peer that completes the handshake, then never answers a PING.
-        host, p = port.address[len("tcp://") :].rsplit(":", 1)
-        silent = socket.create_connection((host, int(p)))
-        silent.sendall(GREETING + command(b"READY", b"\x0bSocket-Type\x00\x00\x00\x04PUSH"))
+        silent = _raw_peer(port)
+        silent.sendall(PUSH_HANDSHAKE)
         d.until(lambda: d.events().count(ACCEPTED) == 2)
         started = time.monotonic()
         d.until(lambda: DISCONNECTED in d.events())
@@ -193,12 +213,11 @@ def test_an_idle_engine_whose_pongs_come_late_is_kept(ctx):
     interval, timeout = 0.1, 0.2
     port = OutputPort("tcp://127.0.0.1:0", interval, timeout)
     stop = threading.Event()
-    host, p = port.address[len("tcp://") :].rsplit(":", 1)
-    peer = socket.create_connection((host, int(p)))
+    peer = _raw_peer(port)
     ponger = threading.Thread(target=_slow_ponger, args=(peer, 0.08, stop), daemon=True)
     try:
         d = Driver(port)
-        peer.sendall(GREETING + command(b"READY", b"\x0bSocket-Type\x00\x00\x00\x04PUSH"))
+        peer.sendall(PUSH_HANDSHAKE)
         d.until(lambda: d.events() == [ACCEPTED])
         ponger.start()
         end = time.monotonic() + 10 * (interval + timeout)
@@ -218,9 +237,7 @@ def test_the_push_drops_us_when_we_stop_pinging_it(ctx):
     port = OutputPort("tcp://127.0.0.1:0", 0.1, 0.3)
     try:
         d = Driver(port)
-        push = _push(ctx, port.address)
-        push.send(b"a")
-        d.until(lambda: d.frames() == [b"a"])
+        push = _heard(ctx, d, b"a")
         d.turn()  # one PING with its TTL (0.3 s) goes out
         fd = next(iter(port.connections))
         # Stop every turn of ours for this connection: no read, no PING. The peer's TTL ends it.
@@ -230,6 +247,7 @@ def test_the_push_drops_us_when_we_stop_pinging_it(ctx):
             r, _, _ = select.select([fd], [], [], 0.05)
             if r and not os.read(fd, 1 << 16):
                 break  # EOF: the peer closed it
+        assert not push.closed  # its TTL ended the connection, not its close
     finally:
         port.close()
 
@@ -240,10 +258,10 @@ def test_the_push_drops_us_when_we_stop_pinging_it(ctx):
         ("http", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
         ("zmtp2", b"\xff" + bytes(8) + b"\x7f" + b"\x02" + bytes(53)),
         ("plain", b"\xff" + bytes(8) + b"\x7f\x03\x01PLAIN" + bytes(15) + bytes(32)),
-        ("a pull", GREETING + command(b"READY", b"\x0bSocket-Type\x00\x00\x00\x04PULL")),
+        ("a pull", _ready(b"PULL")),
         (
             "reserved bits",
-            GREETING + command(b"READY", b"\x0bSocket-Type\x00\x00\x00\x04PUSH") + b"\x80\x01x",
+            PUSH_HANDSHAKE + b"\x80\x01x",
         ),
     ],
 )
@@ -251,8 +269,7 @@ def test_a_peer_that_lies_is_dropped_and_the_port_serves_the_next(ctx, name, sen
     port = OutputPort("tcp://127.0.0.1:0", 1.0, 2.0)
     try:
         d = Driver(port)
-        host, p = port.address[len("tcp://") :].rsplit(":", 1)
-        liar = socket.create_connection((host, int(p)))
+        liar = _raw_peer(port)
         liar.sendall(sent)
         d.until(lambda: port.connections != {} or d.items != [])
         # It is dropped at its first wrong byte: the socket sees EOF.
@@ -275,10 +292,8 @@ def test_a_message_over_the_limit_drops_the_connection_without_waiting_for_its_b
     port = OutputPort("tcp://127.0.0.1:0", 1.0, 2.0, max_message=1000)
     try:
         d = Driver(port)
-        host, p = port.address[len("tcp://") :].rsplit(":", 1)
-        peer = socket.create_connection((host, int(p)))
-        ready = command(b"READY", b"\x0bSocket-Type\x00\x00\x00\x04PUSH")
-        peer.sendall(GREETING + ready + frame(b"small") + b"\x02" + (1 << 62).to_bytes(8, "big"))
+        peer = _raw_peer(port)
+        peer.sendall(PUSH_HANDSHAKE + frame(b"small") + b"\x02" + (1 << 62).to_bytes(8, "big"))
         d.until(lambda: DISCONNECTED in d.events())
         assert d.frames() == [b"small"]
         peer.close()
@@ -290,8 +305,7 @@ def test_a_peer_that_never_greets_is_dropped_at_the_handshake_deadline():
     port = OutputPort("tcp://127.0.0.1:0", 0.1, 0.1)
     try:
         d = Driver(port)
-        host, p = port.address[len("tcp://") :].rsplit(":", 1)
-        mute = socket.create_connection((host, int(p)))
+        mute = _raw_peer(port)
         d.until(lambda: bool(port.connections))
         d.until(lambda: not port.connections)
         assert d.items == []  # never a connection: no event
@@ -350,17 +364,14 @@ def test_a_flood_of_silent_connections_never_keeps_the_engine_out(ctx):
     port = OutputPort(
         "tcp://127.0.0.1:0", 5.0, 5.0, max_connections=4, warn=lambda kind, *a: warned.append(kind)
     )
-    host, p = port.address[len("tcp://") :].rsplit(":", 1)
     mute = []
     try:
         d = Driver(port)
         for _ in range(40):
-            mute.append(socket.create_connection((host, int(p))))
+            mute.append(_raw_peer(port))
             d.turn(0)
             assert len(port.connections) <= 4
-        push = _push(ctx, port.address)
-        push.send(b"engine")
-        d.until(lambda: d.frames() == [b"engine"])
+        _heard(ctx, d, b"engine")
         assert len(port.connections) <= 4 and "output-dropped" in warned
     finally:
         for m in mute:
@@ -395,9 +406,7 @@ def test_a_port_whose_loop_lags_stops_reading_and_leaves_the_rest_to_the_kernel(
     port = OutputPort("tcp://127.0.0.1:0", 5.0, 5.0)
     try:
         d = Driver(port)
-        push = _push(ctx, port.address)
-        push.send(b"0")
-        d.until(lambda: d.frames() == [b"0"])
+        push = _heard(ctx, d, b"0")
         held = [b"held-%d" % i for i in range(outputs._BACKLOG)]
         port.items.extend(held)  # what a lagging loop has not taken yet
         for i in range(1, 200):

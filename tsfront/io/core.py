@@ -727,12 +727,12 @@ class IOCore:
                     "state-dir", "engine %d: registration not removed: %s", engine.index, exc
                 )
 
-    def on_connection(self, engine: Engine, kind: int, fd: int) -> None:
+    def on_connection(self, engine: Engine, kind: int, conn: int) -> None:
         """An event of the engine's output port (`tsfront.io.outputs`): a connection whose ZMTP
-        handshake is done (``EVENT_ACCEPTED``) or one that ended; ``fd`` is its number, unique in
+        handshake is done (``EVENT_ACCEPTED``) or one that ended; ``conn`` is its number, unique in
         the process."""
         if kind == EVENT_DISCONNECTED:
-            generation = engine.connections.pop(fd, None)
+            generation = engine.connections.pop(conn, None)
             if generation is None:
                 return
             self.count("output_disconnects")
@@ -753,7 +753,7 @@ class IOCore:
             return
         if kind != EVENT_ACCEPTED:
             return
-        engine.connections[fd] = engine.generation
+        engine.connections[conn] = engine.generation
         if engine.state is EngineState.ADOPTING:
             if self.adopter is not None:
                 self.adopter.on_accepted(engine)
