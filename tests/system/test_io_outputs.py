@@ -328,7 +328,10 @@ def test_the_address_can_be_bound_again_at_once_by_a_successor(tmp_path, ctx):
     try:
         assert again.address == address
         d2 = Driver(again)
-        push.send(b"b")  # libzmq reconnects to the successor by itself
+        # libzmq reconnects to the successor by itself; sent before its handshake is in, the
+        # message could go to the old connection, which the PUSH had not yet seen end.
+        d2.until(lambda: d2.events() == [zmq.EVENT_ACCEPTED])
+        push.send(b"b")
         d2.until(lambda: d2.frames() == [b"b"])
     finally:
         again.close()

@@ -20,6 +20,7 @@ from tsfront import ClientConfig, _native, control
 from tsfront.io.core import Record
 from tsfront.io.loop import DRAIN, IOLoop, WorkerConn
 from tsfront.io.outputs import OutputPort
+from tsfront.io.poll import READ, WRITE
 from tsfront.ipc.control import Failed, ToWorker
 from tsfront.region import (
     E_IN_FLIGHT,
@@ -163,8 +164,7 @@ def _control_pair(loop: IOLoop) -> tuple[WorkerConn, socket.socket]:
     mine.setblocking(False)
     peer.setblocking(False)
     conn = WorkerConn(mine)
-    loop.poller = zmq.Poller()
-    loop.poller.register(mine.fileno(), zmq.POLLIN)
+    loop.poller.register(mine.fileno())
     loop.conns[mine.fileno()] = conn
     return conn, peer
 
@@ -175,15 +175,15 @@ def test_control_messages_larger_than_the_socket_buffer_arrive_whole_and_in_orde
     for message in sent:
         assert loop.send(conn, message)
     assert conn.out  # the socket took only part of it: the rest waits, whole
-    assert dict(loop.poller.sockets)[conn.sock.fileno()] & zmq.POLLOUT
+    assert loop.poller.masks[conn.sock.fileno()] & WRITE
     reader = control.MessageReader(peer, ToWorker)
     received: list[object] = []
     deadline = time.monotonic() + DEADLINE
     while len(received) < len(sent) and time.monotonic() < deadline:
         received += reader.feed()  # the worker reads what is there...
-        loop.on_control(conn, zmq.POLLOUT)  # ...and the loop sends more when writable
+        loop.on_control(conn, WRITE)  # ...and the loop sends more when writable
     assert received == sent
-    assert not conn.out and dict(loop.poller.sockets)[conn.sock.fileno()] == zmq.POLLIN
+    assert not conn.out and loop.poller.masks[conn.sock.fileno()] == READ
     assert conn.sock.fileno() in loop.conns
     peer.close()
     loop.detach(conn)

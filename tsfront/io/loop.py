@@ -1,4 +1,4 @@
-"""The shell of the I/O process: one thread, one `zmq.Poller`, every socket.
+"""The shell of the I/O process: one thread, one epoll (`tsfront.io.poll`), every socket.
 
 The state and its rules are `tsfront.io.core.IOCore`; this module owns what it does not: the
 sockets (one `GroupSockets` per engine group: its ROUTERs and each engine's output address, a
@@ -38,6 +38,7 @@ from tsfront.io.core import FULL, SENT, UNREACHABLE, EngineGroup, IOCore, Worker
 from tsfront.io.disagg import Disaggregated
 from tsfront.io.engines import PREFILL, Engine
 from tsfront.io.outputs import OutputPort
+from tsfront.io.poll import READ, WRITE, Poll
 from tsfront.io.state import StateDir
 from tsfront.ipc.control import Attach, Attached, Failed, ToIO, ToWorker
 from tsfront.ipc.submit import SUBMIT_ABORT, SUBMIT_ADD, ticket_base
@@ -189,6 +190,7 @@ class IOLoop:
         self.conn_of: dict[int, WorkerConn] = {}  # by worker number, once attached
         self.addresses: dict = {}
         self.sockets: list[zmq.Socket] = []
+        self.poller = Poll()
         self._listener: socket.socket | None = None
         self.running = False  # the loop has started serving (a stop may clear state_dir)
 
@@ -214,8 +216,7 @@ class IOLoop:
         listener.listen(128)
         listener.setblocking(False)
         self._listener = listener
-        self.poller = zmq.Poller()
-        self.poller.register(self.submit, zmq.POLLIN)
+        self.poller.register_zmq(self.submit)
         self.handshakes: dict[zmq.Socket, EngineGroup] = {}
         self.inputs: dict[zmq.Socket, EngineGroup] = {}
         for g in self.groups:
@@ -228,12 +229,12 @@ class IOLoop:
                 self.outputs[e.row] = port
                 fd = port.listener.fileno()
                 self.listener_engine[fd] = e
-                self.poller.register(fd, zmq.POLLIN)
+                self.poller.register(fd)
         for sock in [*self.handshakes, *self.inputs]:
-            self.poller.register(sock, zmq.POLLIN)
-        self.poller.register(listener.fileno(), zmq.POLLIN)
+            self.poller.register_zmq(sock)
+        self.poller.register(listener.fileno())
         if self.intake is not None:
-            self.poller.register(self.intake_fd, zmq.POLLIN)
+            self.poller.register(self.intake_fd)
         self.addresses = {"address": address, **bound[0], "pid": os.getpid()}
         if len(bound) > 1:
             self.addresses["prefill"] = bound[1]
@@ -276,7 +277,7 @@ class IOLoop:
                     del backlog[engine.row]
                     self.drain_output(engine)
             for sock, _ in events:
-                reader = output_engine.get(sock)
+                reader = output_engine.get(sock) if type(sock) is int else None
                 if reader is not None:
                     self.on_output(reader, cast(int, sock))
             if intake is not None:
@@ -326,7 +327,7 @@ class IOLoop:
         port = self.outputs[engine.row]
         for fd in port.accept(time.monotonic()):
             self.output_engine[fd] = engine
-            self.poller.register(fd, zmq.POLLIN)
+            self.poller.register(fd)
         self.outputs_due = min(self.outputs_due, port.due)  # their handshake's deadline
 
     def tick_outputs(self, now: float) -> None:
@@ -437,6 +438,7 @@ class IOLoop:
         recv = self.submit.recv_multipart
         core = self.core
         intake = self.intake
+        self.poller.touched(self.submit)  # its events are read again before the next wait
         for _ in range(DRAIN):
             try:
                 frames = recv(zmq.NOBLOCK, copy=False)
@@ -479,6 +481,7 @@ class IOLoop:
     def send_add(self, engine: Engine, payload: zmq.Frame | bytes) -> int:
         """`Ports.send_add` on the engine's group's input ROUTER."""
         sock = self.input_of[engine.group]
+        self.poller.due[sock] = None  # `Poll.touched`, inline: one a send on the hot path
         try:
             _send_frame(sock, engine.identity, _MORE)
         except zmq.Again:
@@ -494,6 +497,7 @@ class IOLoop:
     def send_abort(self, engine: Engine, payload: bytes) -> bool:
         """`Ports.send_abort`: False if the socket refused it (kept for the next turn)."""
         sock = self.input_of[engine.group]
+        self.poller.touched(sock)
         try:
             _send_frame(sock, engine.identity, _MORE)
         except zmq.ZMQError:
@@ -504,8 +508,10 @@ class IOLoop:
 
     def send_init(self, engine: Engine, payload: bytes) -> bool:
         """`Ports.send_init` on the engine's group's handshake ROUTER."""
+        sock = self.handshake_of[engine.group]
+        self.poller.touched(sock)
         try:
-            self.handshake_of[engine.group].send_multipart([engine.identity, payload], zmq.NOBLOCK)
+            sock.send_multipart([engine.identity, payload], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             self.warn("init", "engine %d: INIT not sent: %s", engine.index, exc)
             return False
@@ -520,6 +526,7 @@ class IOLoop:
 
     def on_handshake(self, sock: zmq.Socket, group: EngineGroup) -> None:
         """Drain a group's handshake ROUTER into the core."""
+        self.poller.touched(sock)
         for _ in range(DRAIN):
             try:
                 msgs = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -539,6 +546,7 @@ class IOLoop:
 
     def on_input(self, sock: zmq.Socket, group: EngineGroup) -> None:
         """Drain a group's input ROUTER (registrations) into the core."""
+        self.poller.touched(sock)
         for _ in range(DRAIN):
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -564,14 +572,14 @@ class IOLoop:
             sock.setblocking(False)
             conn = WorkerConn(sock)
             self.conns[sock.fileno()] = conn
-            self.poller.register(sock.fileno(), zmq.POLLIN)
+            self.poller.register(sock.fileno())
 
-    def on_control(self, conn: WorkerConn, mask: int = zmq.POLLIN) -> None:
+    def on_control(self, conn: WorkerConn, mask: int = READ) -> None:
         """A worker's control connection is readable or writable (inside the boundary)."""
         try:
-            if mask & zmq.POLLOUT:
+            if mask & WRITE:
                 self.on_control_writable(conn)
-            if mask & ~zmq.POLLOUT and conn.sock.fileno() in self.conns:
+            if mask & ~WRITE and conn.sock.fileno() in self.conns:
                 self.on_control_messages(conn)
         except Exception as exc:
             # A connection whose handling failed half-way is in no state to keep: drop it
@@ -680,7 +688,7 @@ class IOLoop:
             if sent == len(data):
                 return True
             conn.out += memoryview(data)[sent:]
-            self.poller.modify(conn.sock.fileno(), zmq.POLLIN | zmq.POLLOUT)
+            self.poller.modify(conn.sock.fileno(), READ | WRITE)
         if len(conn.out) > MAX_CONTROL_BACKLOG:
             # A worker that does not read its control socket loses it; never block on it.
             self.warn(
@@ -704,7 +712,7 @@ class IOLoop:
             return
         del conn.out[:sent]
         if not conn.out:
-            self.poller.modify(conn.sock.fileno(), zmq.POLLIN)
+            self.poller.modify(conn.sock.fileno(), READ)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -730,6 +738,7 @@ class IOLoop:
         for port in self.outputs.values():
             port.close()
         inputs = {g.input for g in self.groups}
+        self.poller.close()
         for s in self.sockets:
             s.close(linger=200 if s in inputs else 0)
         self.ctx.term()
