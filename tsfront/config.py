@@ -155,8 +155,9 @@ class ClientConfig:
     Attributes:
         handshake_address: ZMQ endpoint of the handshake ROUTER the engines dial
             (TokenSpeed's ``--data-parallel-address``/``--data-parallel-rpc-port``).
-        input_address: endpoint of the input ROUTER the engines' DEALERs connect to; port 0
-            binds an ephemeral port. Sent to every engine in INIT.
+        input_address: endpoint of the input port the engines' DEALERs connect to (a ROUTER
+            served by the I/O process itself, `tsfront.io.inputs`); port 0 binds an ephemeral
+            port. Sent to every engine in INIT.
         output_address: endpoint of the engines' output PUSHes, read as a ZMTP PULL by the I/O
             process itself (`tsfront.io.outputs`). Each engine gets its own so a
             failure can be attributed: port 0 gives each an ephemeral port, a fixed port P gives
@@ -178,8 +179,9 @@ class ClientConfig:
             ABORTs go through it without a ZMQ I/O thread on either side; a record larger
             than half of it (a prompt of more than about 100k tokens at the default 1 MiB)
             goes over ZMQ. A full ring is `Busy`, like a full queue.
-        engine_queue_depth: requests the I/O process lets ZMQ queue towards one engine
-            (the input ROUTER's send high-water mark); beyond it requests wait in the I/O
+        engine_queue_depth: messages (ADDs, ABORT batches) the I/O process queues towards
+            one engine that the kernel has not taken yet (the input port's high-water mark,
+            as a ROUTER's ``SNDHWM``); beyond it requests wait in the I/O
             process's backlog for up to ``send_timeout``, so an engine that stops reading its
             input costs bounded memory and its requests end with `SendTimeout`.
         heartbeat_interval: seconds between ZMTP heartbeats on each engine's output

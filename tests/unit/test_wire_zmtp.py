@@ -17,7 +17,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tsfront.wire.zmtp import GREETING, READY, PullSession, command, frame, greeting
+from tsfront.wire.zmtp import (
+    GREETING,
+    READY,
+    PullSession,
+    RouterSession,
+    command,
+    frame,
+    greeting,
+)
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -530,3 +538,68 @@ def test_a_message_over_a_small_limit_is_refused_whole_and_in_pieces(size):
         s.feed(message[cut:])
         assert s.error == "a message larger than 100 bytes"
         assert not s.messages
+
+
+# ------------------------------------------------------------------ the ROUTER side
+
+
+DEALER_READY = ready((b"Socket-Type", b"DEALER"), (b"Identity", b"\x01\x00"))
+ROUTER_STREAM = (
+    greeting(3, 1)
+    + DEALER_READY
+    + frame(b"registration")
+    + command(b"PING", TTL + b"c")
+    + frame(b"a", MORE)
+    + frame(b"b" * 300, MORE)
+    + frame(b"")
+)
+
+
+def test_our_router_ready_names_a_router_and_no_identity():
+    assert RouterSession(MAX_MESSAGE).our_ready == ready((b"Socket-Type", b"ROUTER"))
+
+
+@pytest.mark.parametrize("cut", range(len(ROUTER_STREAM) + 1))
+def test_a_dealer_stream_cut_anywhere_gives_its_identity_and_every_frame_of_each_message(cut):
+    s = RouterSession(MAX_MESSAGE)
+    s.feed(ROUTER_STREAM[:cut])
+    s.feed(ROUTER_STREAM[cut:])
+    assert s.error is None and s.ready and s.identity == b"\x01\x00"
+    assert list(s.messages) == [[b"registration"], [b"a", b"b" * 300, b""]]
+    assert bytes(s.out) == GREETING + ready((b"Socket-Type", b"ROUTER")) + command(b"PONG", b"c")
+
+
+def test_a_dealer_without_an_identity_is_ready_with_an_empty_one():
+    s = RouterSession(MAX_MESSAGE)
+    s.feed(greeting(3, 1) + ready((b"Socket-Type", b"DEALER")))
+    assert s.ready and s.identity == b""
+
+
+@pytest.mark.parametrize(
+    ("kind", "identity", "words"),
+    [
+        (b"PUSH", b"x", "only a DEALER"),
+        (b"ROUTER", b"x", "only a DEALER"),
+        (b"DEALER", b"i" * 256, "identity longer than 255"),
+    ],
+)
+def test_a_router_session_refuses_other_socket_types_and_long_identities(kind, identity, words):
+    s = RouterSession(MAX_MESSAGE)
+    s.feed(greeting(3, 1) + ready((b"Socket-Type", kind), (b"Identity", identity)) + frame(b"m"))
+    assert s.error is not None and words in s.error
+    assert not s.ready and not s.messages
+
+
+@pytest.mark.parametrize("size", [0, 1, 254, 255, 256, 70_000])
+def test_a_message_sent_is_two_frames_read_back_by_a_session_as_sent(size):
+    s = RouterSession(1 << 20)
+    payload = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    s.send(b"\x01", payload)
+    s.send(b"K" * 300, memoryview(payload))
+    sent = bytes(s.out[len(GREETING) :])
+    # Read back by a session of our own as a DEALER would see it (a PULL keeps first frames).
+    assert sent.startswith(frame(b"\x01", MORE))
+    back = RouterSession(1 << 20)
+    back.feed(greeting(3, 1) + DEALER_READY + sent)
+    assert back.error is None
+    assert list(back.messages) == [[b"\x01", payload], [b"K" * 300, payload]]

@@ -199,7 +199,7 @@ class Record:
 class EngineGroup:
     """One engine group at run time: its engines (identities ``first_index ..``, rows
     ``first_row ..`` of the engine table), its role, and what its engines are told to dial.
-    The shell binds one handshake and one input ROUTER per group (`number` names them)."""
+    The shell binds one handshake ROUTER and one input port per group (`number` names them)."""
 
     def __init__(self, number: int, role: str, spec: ClientConfig | GroupConfig, first_row: int):
         self.number = number

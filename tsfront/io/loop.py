@@ -1,21 +1,23 @@
 """The shell of the I/O process: one thread, one epoll (`tsfront.io.poll`), every socket.
 
 The state and its rules are `tsfront.io.core.IOCore`; this module owns what it does not: the
-sockets (one `GroupSockets` per engine group: its ROUTERs and each engine's output address, a
-`tsfront.io.outputs.OutputPort` read on this thread, not a libzmq PULL; the submit ROUTER, the
-control listener and each worker's control connection), the poller, the
-drain limits, the native ``ingest`` call on each output frame, the error boundary and the
-rate-limited log, and `IOLoop` implements the core's `Ports` on zmq.
+sockets (one `GroupSockets` per engine group: its handshake ROUTER, its input address, a
+`tsfront.io.inputs.InputPort` written and read on this thread, not a libzmq ROUTER, and each
+engine's output address, a `tsfront.io.outputs.OutputPort`, not a libzmq PULL; the submit
+ROUTER, the control listener and each worker's control connection), the poll, the drain
+limits, the native ``ingest`` call on each output frame, the error boundary and the
+rate-limited log, and `IOLoop` implements the core's `Ports` on them.
 
 Each turn handles, in this order: engine output (decode → slot rings, in native code), worker
-submissions (route, forward the payload frame unchanged), the handshake and registration
-sockets, the output ports' new connections, the workers' control sockets; then, once per turn,
-the core's `end_of_turn` (batched ABORTs, queued sends, spilled tokens, the stall rule, the
-engine table) and a wake of the parked workers that got news. Nothing a peer or a worker sends
-can raise out of a handler: bad input is logged (rate-limited) and dropped, and each frame (or
-event, or control connection) is handled inside a boundary that catches anything else, counts
-it (`handler_errors`), logs it with a traceback (rate-limited) naming the engine or worker,
-drops that frame and goes on.
+submissions (route, queue the payload for its engine's input connection), the handshake
+socket and the input connections (registrations), the ports' new connections, the workers'
+control sockets; then, once per turn, the core's `end_of_turn` (batched ABORTs, queued sends,
+spilled tokens, the stall rule, the engine table), one send per engine input connection of
+what the turn queued for it, and a wake of the parked workers that got news. Nothing a peer
+or a worker sends can raise out of a handler: bad input is logged (rate-limited) and dropped,
+and each frame (or event, or control connection) is handled inside a boundary that catches
+anything else, counts it (`handler_errors`), logs it with a traceback (rate-limited) naming
+the engine or worker, drops that frame and goes on.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ from tsfront.config import ClientConfig
 from tsfront.errors import WireDecodeError
 from tsfront.io.addresses import advertised, bind_socket, output_address_for
 from tsfront.io.adoption import Adoption
-from tsfront.io.core import FULL, SENT, UNREACHABLE, EngineGroup, IOCore, Worker
+from tsfront.io.core import EngineGroup, IOCore, Worker
 from tsfront.io.disagg import Disaggregated
 from tsfront.io.engines import PREFILL, Engine
+from tsfront.io.inputs import SENT, InputPort
 from tsfront.io.outputs import OutputPort
 from tsfront.io.poll import READ, WRITE, Poll
 from tsfront.io.state import StateDir
@@ -52,15 +55,6 @@ log = logging.getLogger("tsfront.io")
 DRAIN = 256
 # Bytes of control messages a worker may leave unread before it is detached.
 MAX_CONTROL_BACKLOG = 4 << 20
-
-# The engine-bound sends go frame by frame through pyzmq's backend `send` with plain int flags:
-# `send_multipart` and the sugar `send` cost ~20 µs more a message in Python (type checks, the
-# `zmq.Flag` enum's `|` per frame), measured a lone ADD at a time ("I/O process per turn" in
-# docs/PERFORMANCE.md). Only the identity frame can fail (full, unreachable): a ROUTER checks
-# its peer's pipe there, so the later frames of a message are always taken.
-_send_frame = zmq.backend.Socket.send
-_MORE = int(zmq.NOBLOCK) | int(zmq.SNDMORE)
-_LAST = int(zmq.NOBLOCK)
 
 
 class Stop(Exception):
@@ -97,29 +91,33 @@ class WorkerConn:
 
 
 class GroupSockets:
-    """One engine group's sockets, bound alike for each group: its handshake and input
-    ROUTERs, and each engine's output port (by rank)."""
+    """One engine group's sockets, bound alike for each group: its handshake ROUTER, its
+    input port (`tsfront.io.inputs.InputPort`, a ROUTER of our own), and each engine's output
+    port (by rank)."""
 
     def __init__(self, group: EngineGroup) -> None:
         self.group = group
         self.handshake: zmq.Socket | None = None
-        self.input: zmq.Socket | None = None
+        self.input: InputPort | None = None
         self.outputs: list[OutputPort] = []
 
     def bind(self, loop: IOLoop) -> dict:
-        """Bind both ROUTERs and the group's output ports; the real addresses."""
+        """Bind the handshake ROUTER and the group's input and output ports; the real
+        addresses."""
         c, spec = loop.config, self.group.spec
         self.handshake = hs = loop.socket(zmq.ROUTER)
         hs.setsockopt(zmq.MAXMSGSIZE, c.max_message_size)
         handshake = bind_socket(hs, spec.handshake_address)
-        self.input = sock = loop.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.MAXMSGSIZE, c.max_message_size)
-        sock.setsockopt(zmq.SNDHWM, c.engine_queue_depth)
-        sock.setsockopt(zmq.LINGER, 200)
-        self.group.input_address = advertised(
-            bind_socket(sock, spec.input_address), spec.handshake_address
+        self.input = inp = InputPort(
+            spec.input_address,
+            c.max_message_size,
+            c.engine_queue_depth,
+            c.heartbeat_interval + c.heartbeat_timeout,
+            warn=loop.warn,
+            on_close=loop.forget_input,
+            on_write=loop.poll_input,
         )
+        self.group.input_address = advertised(inp.address, spec.handshake_address)
         for e in self.group.engines:
             rank = self.group.rank(e)
             port = OutputPort(
@@ -175,12 +173,16 @@ class IOLoop:
         self.disagg = Disaggregated(core, core.groups[1]) if pd is not None else None
         core.prefill = self.disagg
         self.groups = [GroupSockets(g) for g in core.groups]
-        # Filled by bind(): each engine's output port by row, each group's input and
+        # Filled by bind(): each engine's output port by row, each group's input port and
         # handshake ROUTER by group number, and the reverse maps the poll loop reads: the
-        # ports' listening fds and their connections' fds, to their engine.
+        # ports' listening fds and their connections' fds, to their engine (output) or group
+        # (input).
         self.outputs: dict[int, OutputPort] = {}
-        self.input_of: list[zmq.Socket] = []
+        self.input_of: list[InputPort] = []
         self.handshake_of: list[zmq.Socket] = []
+        self.input_listener: dict[int, EngineGroup] = {}
+        self.input_conn: dict[int, EngineGroup] = {}
+        self.inputs_due = float("inf")  # the input ports' next handshake deadline
         self.listener_engine: dict[int, Engine] = {}
         self.output_engine: dict[int, Engine] = {}
         self.outputs_due = 0.0  # the ports' next heartbeat check
@@ -218,19 +220,19 @@ class IOLoop:
         self._listener = listener
         self.poller.register_zmq(self.submit)
         self.handshakes: dict[zmq.Socket, EngineGroup] = {}
-        self.inputs: dict[zmq.Socket, EngineGroup] = {}
         for g in self.groups:
-            hs, sock = cast(zmq.Socket, g.handshake), cast(zmq.Socket, g.input)  # bound just now
+            hs, inp = cast(zmq.Socket, g.handshake), cast(InputPort, g.input)  # bound just now
             self.handshakes[hs] = g.group
-            self.inputs[sock] = g.group
-            self.input_of.append(sock)
             self.handshake_of.append(hs)
+            self.input_of.append(inp)
+            self.input_listener[inp.listener.fileno()] = g.group
+            self.poller.register(inp.listener.fileno())
             for e, port in zip(g.group.engines, g.outputs, strict=True):
                 self.outputs[e.row] = port
                 fd = port.listener.fileno()
                 self.listener_engine[fd] = e
                 self.poller.register(fd)
-        for sock in [*self.handshakes, *self.inputs]:
+        for sock in self.handshakes:
             self.poller.register_zmq(sock)
         self.poller.register(listener.fileno())
         if self.intake is not None:
@@ -257,7 +259,9 @@ class IOLoop:
         poll = self.poller.poll
         output_engine, listener_engine = self.output_engine, self.listener_engine
         backlog = self.backlog
-        handshakes, inputs = self.handshakes, self.inputs
+        handshakes = self.handshakes
+        input_conn, input_listener = self.input_conn, self.input_listener
+        input_ports = [(g.group, cast(InputPort, g.input)) for g in self.groups]
         listener_fd = cast(socket.socket, self._listener).fileno()  # bound in bind()
         core = self.core
         writer = core.writer
@@ -287,8 +291,10 @@ class IOLoop:
                     self.on_submit()
                 elif sock in handshakes:
                     self.on_handshake(sock, handshakes[sock])
-                elif sock in inputs:
-                    self.on_input(sock, inputs[sock])
+                elif sock in input_conn:
+                    self.on_input(input_conn[sock], sock, mask)
+                elif sock in input_listener:
+                    self.on_input_accept(input_listener[sock])
                 elif sock in listener_engine:
                     self.on_output_accept(listener_engine[sock])
                 elif sock == listener_fd:
@@ -304,13 +310,22 @@ class IOLoop:
             now = time.monotonic()
             if now >= self.outputs_due:
                 self.tick_outputs(now)
+            if now >= self.inputs_due:
+                self.tick_inputs(now)
             core.end_of_turn(now)
+            for group, port in input_ports:  # what the turn queued for the engines: a send each
+                if port.dirty:
+                    port.flush()
+                if port.items:  # a waiting connection that took an identity over
+                    self.drain_input(group)
             writer.wake()
             timeout = core.timeout_ms(now)
             if backlog:
                 timeout = 0
-            elif self.outputs_due - now < timeout / 1000:
-                timeout = max(0, int((self.outputs_due - now) * 1000) + 1)
+            else:
+                due = min(self.outputs_due, self.inputs_due)
+                if due - now < timeout / 1000:
+                    timeout = max(0, int((due - now) * 1000) + 1)
 
     # ------------------------------------------------------------------ engine output
 
@@ -479,32 +494,13 @@ class IOLoop:
     # ------------------------------------------------------------------ Ports
 
     def send_add(self, engine: Engine, payload: zmq.Frame | bytes) -> int:
-        """`Ports.send_add` on the engine's group's input ROUTER."""
-        sock = self.input_of[engine.group]
-        self.poller.due[sock] = None  # `Poll.touched`, inline: one a send on the hot path
-        try:
-            _send_frame(sock, engine.identity, _MORE)
-        except zmq.Again:
-            return FULL
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                return UNREACHABLE
-            raise
-        _send_frame(sock, ADD, _MORE)
-        _send_frame(sock, payload, _LAST)
-        return SENT
+        """`Ports.send_add` through the engine's group's input port (sent at the turn's end)."""
+        data = payload if isinstance(payload, bytes) else payload.buffer
+        return self.input_of[engine.group].send(engine.identity, ADD, data)
 
     def send_abort(self, engine: Engine, payload: bytes) -> bool:
-        """`Ports.send_abort`: False if the socket refused it (kept for the next turn)."""
-        sock = self.input_of[engine.group]
-        self.poller.touched(sock)
-        try:
-            _send_frame(sock, engine.identity, _MORE)
-        except zmq.ZMQError:
-            return False  # full (next turn), or unreachable (until it comes back)
-        _send_frame(sock, ABORT, _MORE)
-        _send_frame(sock, payload, _LAST)
-        return True
+        """`Ports.send_abort`: False if the port refused it (kept for the next turn)."""
+        return self.input_of[engine.group].send(engine.identity, ABORT, payload) == SENT
 
     def send_init(self, engine: Engine, payload: bytes) -> bool:
         """`Ports.send_init` on the engine's group's handshake ROUTER."""
@@ -544,18 +540,54 @@ class IOLoop:
             except Exception as exc:
                 self.core.handler_failed(f"handshake from {frames[0].hex()}: frame", exc)
 
-    def on_input(self, sock: zmq.Socket, group: EngineGroup) -> None:
-        """Drain a group's input ROUTER (registrations) into the core."""
-        self.poller.touched(sock)
-        for _ in range(DRAIN):
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+    def on_input(self, group: EngineGroup, fd: int, mask: int) -> None:
+        """An input connection of the group is writable or readable: what it holds goes, what
+        it sent (registrations) goes to the core."""
+        port = self.input_of[group.number]
+        if mask & WRITE:
+            port.writable(fd)
+        if mask & ~WRITE and fd in port.connections:
+            port.read(fd, time.monotonic())  # an end calls forget_input
+        self.drain_input(group)
+
+    def drain_input(self, group: EngineGroup) -> None:
+        """What the group's input connections sent (registrations), to the core."""
+        take = self.input_of[group.number].take
+        while (frames := take()) is not None:
             try:
                 self.core.on_registration(group, frames)
             except Exception as exc:
                 self.core.handler_failed(f"input from {frames[0].hex()}: frame", exc)
+
+    def on_input_accept(self, group: EngineGroup) -> None:
+        """New connections on the group's input address: polled from now on."""
+        port = self.input_of[group.number]
+        for fd in port.accept(time.monotonic()):
+            self.input_conn[fd] = group
+            if fd not in self.poller.masks:  # its greeting may have asked for WRITE already
+                self.poller.register(fd)
+        self.inputs_due = min(self.inputs_due, port.due)  # their handshake's deadline
+
+    def tick_inputs(self, now: float) -> None:
+        """Drop the input connections past their handshake's deadline (`InputPort.tick`)."""
+        due = float("inf")
+        for port in self.input_of:
+            port.tick(now)
+            due = min(due, port.due)
+        self.inputs_due = due
+
+    def forget_input(self, fd: int) -> None:
+        """An input connection is closing (`InputPort`'s ``on_close``): out of the poll."""
+        if self.input_conn.pop(fd, None) is not None:
+            self.poller.unregister(fd)
+
+    def poll_input(self, fd: int, wanted: bool) -> None:
+        """`InputPort`'s ``on_write``: poll connection ``fd`` for writing too, or no more."""
+        mask = READ | WRITE if wanted else READ
+        if fd in self.poller.masks:
+            self.poller.modify(fd, mask)
+        else:
+            self.poller.register(fd, mask)
 
     # ------------------------------------------------------------------ workers
 
@@ -737,10 +769,12 @@ class IOLoop:
             self._listener.close()
         for port in self.outputs.values():
             port.close()
-        inputs = {g.input for g in self.groups}
+        for g in self.groups:
+            if g.input is not None:
+                g.input.close(linger=0.2)  # the ABORTs just queued, as the ROUTER's LINGER
         self.poller.close()
         for s in self.sockets:
-            s.close(linger=200 if s in inputs else 0)
+            s.close(linger=0)
         self.ctx.term()
         # Releases the writer's view of the region's mapping, which closes next.
         self.core.writer = None  # type: ignore[assignment]

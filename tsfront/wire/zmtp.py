@@ -1,14 +1,18 @@
-"""ZMTP 3.x, the accepting side of a PULL: bytes in, messages and replies out, no sockets.
+"""ZMTP 3.x, the accepting side of a PULL or a ROUTER: bytes in, messages and replies out, no
+sockets.
 
-An engine's output PUSH dials the I/O process; `tsfront.io.outputs` accepts the connection and
-feeds what it reads to one `PullSession`, which says what to send back (``out``), which
-messages arrived (``messages``, the first frame of each) and whether the peer broke the
-protocol (``error``). The subset is what a libzmq PUSH speaks (RFC 23 ZMTP 3.0, RFC 37 ZMTP
-3.1): the 64-byte greeting, the NULL mechanism's READY command both ways, message frames
-(short and long, MORE), and the 3.1 heartbeat commands (a PING is answered with a PONG that
-echoes its context; `ping` sends one). A peer that is not a ZMTP 3 PUSH with the NULL
-mechanism, sends a frame with reserved flag bits, a malformed command, or a message larger
-than ``max_message`` gets ``error`` set and nothing more is read from it.
+An engine's output PUSH and its input DEALER dial the I/O process; `tsfront.io.outputs` and
+`tsfront.io.inputs` accept the connections and feed what they read to one session each
+(`PullSession`, `RouterSession`), which says what to send back (``out``), which messages
+arrived (``messages``: the first frame of each for a PULL, every frame for a ROUTER) and
+whether the peer broke the protocol (``error``). The subset is what a libzmq PUSH or DEALER
+speaks (RFC 23 ZMTP 3.0, RFC 37 ZMTP 3.1): the 64-byte greeting, the NULL mechanism's READY
+command both ways (a DEALER's ``Identity`` property read), message frames (short and long,
+MORE), and the 3.1 heartbeat commands (a PING is answered with a PONG that echoes its context;
+`Session.ping` sends one). A peer that is not a ZMTP 3 peer of the expected socket type with
+the NULL mechanism, sends a frame with reserved flag bits, a malformed command, or a message
+larger than ``max_message`` gets ``error`` set and nothing more is read from it. A ROUTER
+session also writes messages (`RouterSession.send`): the frames framed into ``out``.
 
 The phases are a table (`_NEEDS`, `_STEPS`): each phase names how many bytes it must see and
 the step that consumes them and says which phase comes next.
@@ -20,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 from enum import Enum
 
-__all__ = ["GREETING", "PullSession", "command", "greeting"]
+__all__ = ["GREETING", "PullSession", "RouterSession", "Session", "command", "greeting"]
 
 _SIGNATURE = 10
 _GREETING = 64
@@ -59,6 +63,8 @@ def _property(name: bytes, value: bytes) -> bytes:
 
 READY = command(b"READY", _property(b"Socket-Type", b"PULL"))
 """The NULL mechanism's READY of a PULL."""
+ROUTER_READY = command(b"READY", _property(b"Socket-Type", b"ROUTER"))
+"""The NULL mechanism's READY of a ROUTER (a ROUTER sends no identity of its own)."""
 
 
 class Phase(Enum):
@@ -71,19 +77,26 @@ class Phase(Enum):
     CLOSED = "closed"  # the peer broke the protocol: nothing more is read
 
 
-class PullSession:
-    """One accepted connection's protocol state (see the module's doc).
+class Session:
+    """One accepted connection's protocol state (see the module's doc); the socket types are
+    its subclasses'.
 
     ``out`` holds the bytes to send (our greeting from the start); the caller sends them and
-    deletes what was sent. ``messages`` holds the first frame of every complete message, in
-    order. ``ready`` turns true once the handshake is done, ``error`` says why the peer was
-    refused. ``heartbeats`` is false for a ZMTP 3.0 peer, which has no PING."""
+    deletes what was sent. ``messages`` holds every complete message, in order (what of it:
+    `_message`). ``ready`` turns true once the handshake is done, ``error`` says why the peer
+    was refused. ``heartbeats`` is false for a ZMTP 3.0 peer, which has no PING."""
+
+    #: Our READY command, and the socket types a peer may be.
+    our_ready = READY
+    peers: frozenset[bytes] = frozenset()
+    #: Whole one-frame messages sliced straight out of what was read (`_whole_messages`).
+    fast = False
 
     def __init__(self, max_message: int) -> None:
         self.max_message = max_message
         self.phase = Phase.SIGNATURE
         self.out = bytearray(GREETING)
-        self.messages: deque[bytes] = deque()
+        self.messages: deque = deque()
         self.error: str | None = None
         self.ready = False
         self.heartbeats = True
@@ -98,7 +111,7 @@ class PullSession:
         if self.error is not None:
             return
         buf = self._buf
-        if not buf and self.phase is Phase.TRAFFIC and not self._parts:
+        if self.fast and not buf and self.phase is Phase.TRAFFIC and not self._parts:
             # The serving case: whole single-frame messages, read straight out of ``data``
             # (one copy a message); anything else goes the general way below.
             pos = self._whole_messages(data)
@@ -164,7 +177,7 @@ class PullSession:
         if mechanism != b"NULL":
             return self._fail(f"security mechanism {mechanism!r}: only NULL is spoken here")
         self.heartbeats = (major, minor) >= (3, 1)
-        self.out += READY
+        self.out += self.our_ready
         self.phase = Phase.READY
         return pos + _GREETING
 
@@ -183,8 +196,12 @@ class PullSession:
         if props is None:
             return self._fail("malformed READY properties")
         kind = props.get(b"Socket-Type")
-        if kind != b"PUSH":
-            return self._fail(f"socket type {kind!r}: only a PUSH may connect here")
+        if kind not in self.peers:
+            allowed = " or ".join(sorted(p.decode() for p in self.peers))
+            return self._fail(f"socket type {kind!r}: only a {allowed} may connect here")
+        why = self._handshake(props)
+        if why is not None:
+            return self._fail(why)
         self.peer_properties = props
         self.ready = True
         self.phase = Phase.TRAFFIC
@@ -208,8 +225,16 @@ class PullSession:
             self._size += end - start
             return end
         parts, self._parts, self._size = self._parts, [], 0
-        self.messages.append(parts[0])
+        self._message(parts)
         return end
+
+    def _handshake(self, props: dict[bytes, bytes]) -> str | None:
+        """The peer's READY, of an allowed socket type: why it is refused, or None."""
+        return None
+
+    def _message(self, parts: list[bytes]) -> None:
+        """A complete message, its frames: what of it goes to ``messages``."""
+        self.messages.append(parts)
 
     def _frame_need(self, buf: bytearray, pos: int) -> int | None:
         """Bytes needed for the whole frame at ``pos`` (None: not even its header yet)."""
@@ -235,6 +260,50 @@ class PullSession:
                 self._fail(f"a message larger than {self.max_message} bytes")
             return 0
         return pos + header + size
+
+
+class PullSession(Session):
+    """The accepting side of a PULL: a PUSH's messages, the first frame of each (`bytes`)."""
+
+    peers = frozenset({b"PUSH"})
+    fast = True
+
+    def _message(self, parts: list[bytes]) -> None:
+        self.messages.append(parts[0])
+
+
+class RouterSession(Session):
+    """The accepting side of a ROUTER: a DEALER's messages (each a list of its frames), its
+    ``identity`` (its READY's ``Identity`` property; empty if it gave none, and the port
+    names it), and `send` to write a message to it."""
+
+    our_ready = ROUTER_READY
+    peers = frozenset({b"DEALER"})
+
+    def __init__(self, max_message: int) -> None:
+        super().__init__(max_message)
+        self.identity = b""
+
+    def _handshake(self, props: dict[bytes, bytes]) -> str | None:
+        identity = props.get(b"Identity", b"")
+        if len(identity) > 255:
+            return "an identity longer than 255 bytes"
+        self.identity = identity
+        return None
+
+    def send(self, first: bytes, last: bytes | memoryview) -> None:
+        """Queue a two-frame message (a wire type and its payload) in ``out``."""
+        out = self.out
+        out += bytes((_MORE, len(first))) if len(first) < 256 else _header(len(first), _MORE)
+        out += first
+        out += _header(len(last), 0)
+        out += last
+
+
+def _header(size: int, flags: int) -> bytes:
+    if size > 255:
+        return bytes((flags | _LONG,)) + size.to_bytes(8, "big")
+    return bytes((flags, size))
 
 
 def _frame_at(buf: bytearray, pos: int) -> tuple[int, int, int]:
@@ -278,23 +347,23 @@ def _reason(data: bytes | None) -> str:
     return data[1 : 1 + data[0]].decode("ascii", "replace")
 
 
-def _needs_signature(s: PullSession, buf: bytearray, pos: int) -> int:
+def _needs_signature(s: Session, buf: bytearray, pos: int) -> int:
     return pos + _SIGNATURE
 
 
-def _needs_greeting(s: PullSession, buf: bytearray, pos: int) -> int:
+def _needs_greeting(s: Session, buf: bytearray, pos: int) -> int:
     return pos + _GREETING
 
 
-_NEEDS: dict[Phase, Callable[[PullSession, bytearray, int], int | None]] = {
+_NEEDS: dict[Phase, Callable[[Session, bytearray, int], int | None]] = {
     Phase.SIGNATURE: _needs_signature,
     Phase.GREETING: _needs_greeting,
-    Phase.READY: PullSession._frame_need,
-    Phase.TRAFFIC: PullSession._frame_need,
+    Phase.READY: Session._frame_need,
+    Phase.TRAFFIC: Session._frame_need,
 }
-_STEPS: dict[Phase, Callable[[PullSession, bytearray, int], int]] = {
-    Phase.SIGNATURE: PullSession._signature,
-    Phase.GREETING: PullSession._greeting,
-    Phase.READY: PullSession._ready,
-    Phase.TRAFFIC: PullSession._traffic,
+_STEPS: dict[Phase, Callable[[Session, bytearray, int], int]] = {
+    Phase.SIGNATURE: Session._signature,
+    Phase.GREETING: Session._greeting,
+    Phase.READY: Session._ready,
+    Phase.TRAFFIC: Session._traffic,
 }

@@ -1,0 +1,318 @@
+"""Each engine group's input address, served on the I/O process's own thread (no libzmq).
+
+The engines' input DEALERs (one per rank, each with its identity) dial the address they were
+given in INIT; `InputPort` is the listening socket there and every connection accepted on it,
+each speaking ZMTP 3 through one `tsfront.wire.zmtp.RouterSession`. It replaces a libzmq
+ROUTER with ``ROUTER_MANDATORY``: an ADD then went through libzmq's pipe to its I/O thread,
+which woke, wrote it to the kernel and armed and disarmed its poll for writing; here the loop
+writes it itself, and every message a turn queued for one engine goes in one ``send`` at the
+end of the turn (`flush`). (docs/PERFORMANCE.md, "I/O process: the engine input without
+libzmq".)
+
+What the ROUTER did is kept:
+
+* **routing by identity**: a connection is known by its DEALER's ``Identity`` once its ZMTP
+  handshake is done (one that gives none is named ``00`` + a number, as libzmq names it).
+  `send` to an identity with no connection is `UNREACHABLE` (``ROUTER_MANDATORY``'s
+  ``EHOSTUNREACH``); to one whose queue holds ``queue_depth`` messages the kernel has not
+  taken, `FULL` (``SNDHWM``'s ``EAGAIN``): nothing of the message is queued then.
+* **an identity in use**: a second connection with it waits, its messages held, and takes the
+  identity over when the first one ends (libzmq's "anonymous pipe"); a restarted engine's
+  new connection is not lost to its predecessor's that has not closed yet.
+* what arrives (the registration, one message a rank) is one queue of messages for the loop
+  (`take`), each ``[identity, *frames]``.
+* ``LINGER``: `close` gives what is still queued up to ``linger`` seconds to go.
+
+A peer that is not a ZMTP 3 DEALER is dropped at its first wrong byte; one that has not
+finished its handshake within ``handshake_timeout`` is dropped; a port holds at most
+``max_connections`` (64), and past that a new connection takes the place of the oldest one
+in its handshake, else of the oldest waiting one, else is closed. Drops are logged through the
+``warn`` the loop gives (rate-limited by kind). A connection that ended calls ``on_close`` with
+its fd before it is closed (the loop takes it out of its poll then); ``on_write(fd, wanted)``
+says when a connection has bytes the kernel would not take (the loop polls it for writing
+until they are gone).
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+
+from tsfront.io.outputs import MAX_CONNECTIONS, Warn, bind_listener
+from tsfront.wire.zmtp import RouterSession
+
+__all__ = ["FULL", "SENT", "UNREACHABLE", "InputPort"]
+
+# What `send` says (the values of `tsfront.io.core`'s, which this module does not import).
+SENT, FULL, UNREACHABLE = 0, 1, 2
+#: Bytes read from a connection per readiness (registrations are a few hundred bytes).
+_READ = 1 << 16
+#: Unread messages of one connection (a DEALER that talks past its registration) past which
+#: it is dropped: an engine sends one.
+_MAX_HELD = 1024
+_SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+_anonymous = itertools.count(1)
+
+
+class _Peer:
+    __slots__ = ("deadline", "ends", "fd", "polled", "sent", "session", "sock", "waiting")
+
+    def __init__(self, sock: socket.socket, max_message: int, deadline: float) -> None:
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.session = RouterSession(max_message)
+        self.deadline = deadline  # for its handshake
+        self.waiting = False  # its identity is another connection's: held until that ends
+        # The messages `send` queued, by where each ends in the connection's byte stream, and
+        # the bytes of it the kernel took (``sent``; what is in ``session.out`` comes after):
+        # the messages not yet taken count against the queue depth.
+        self.ends: deque[int] = deque()
+        self.sent = 0
+        self.polled = False  # for writing: it holds bytes the kernel would not take
+
+
+class InputPort:
+    """One engine group's input address (see the module's doc)."""
+
+    def __init__(
+        self,
+        address: str,
+        max_message: int,
+        queue_depth: int,
+        handshake_timeout: float,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        warn: Warn | None = None,
+        on_close: Callable[[int], None] | None = None,
+        on_write: Callable[[int, bool], None] | None = None,
+    ) -> None:
+        self.listener, self.address = bind_listener(address)
+        self.max_message = max_message
+        self.queue_depth = queue_depth
+        self.handshake_timeout = handshake_timeout
+        self.max_connections = max_connections
+        self.warn = warn or _no_warn
+        self.on_close = on_close
+        self.on_write = on_write
+        self.connections: dict[int, _Peer] = {}  # by fd, in accept order
+        self.routes: dict[bytes, _Peer] = {}  # by identity: the connections `send` reaches
+        self.items: deque[list[bytes]] = deque()
+        self.dirty: dict[_Peer, None] = {}  # queued bytes not yet offered to the kernel
+        self._view = memoryview(bytearray(_READ))
+        self.due = float("inf")  # the next handshake deadline (`tick`)
+
+    # ------------------------------------------------------------------ the loop's calls
+
+    def accept(self, now: float) -> list[int]:
+        """Accept every waiting connection; their fds, for the poll."""
+        fds: list[int] = []
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return fds
+            except OSError as exc:
+                self.warn("input-accept", "input %s: accept failed: %s", self.address, exc)
+                return fds
+            if len(self.connections) >= self.max_connections and not self._make_room():
+                sock.close()
+                self.warn(
+                    "input-full",
+                    "input %s: %d connections, every one routed: a new one was closed",
+                    self.address,
+                    len(self.connections),
+                )
+                continue
+            sock.setblocking(False)
+            if sock.family != socket.AF_UNIX:  # small messages go at once, as libzmq's do
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer = _Peer(sock, self.max_message, now + self.handshake_timeout)
+            self.connections[peer.fd] = peer
+            self.due = min(self.due, peer.deadline)
+            if self._write(peer):  # our greeting
+                fds.append(peer.fd)
+
+    def read(self, fd: int, now: float) -> bool:
+        """Read what connection ``fd`` sent; False if that ended it."""
+        peer = self.connections[fd]
+        view = self._view
+        try:
+            n = peer.sock.recv_into(view)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as exc:
+            self._end(peer, f"read failed: {exc}")
+            return False
+        if not n:
+            self._end(peer, None)
+            return False
+        session = peer.session
+        was_ready = session.ready
+        session.feed(view[:n])
+        if session.error is not None:
+            self._end(peer, session.error)
+            return False
+        if session.ready and not was_ready:
+            self._route(peer)
+        if session.messages and not peer.waiting:
+            self._deliver(peer)
+        elif len(session.messages) > _MAX_HELD:
+            self._end(peer, f"more than {_MAX_HELD} messages held while its identity is in use")
+            return False
+        return self._write(peer)
+
+    def writable(self, fd: int) -> None:
+        """Connection ``fd`` can take bytes again."""
+        peer = self.connections.get(fd)
+        if peer is not None:
+            self._write(peer)
+
+    def take(self) -> list[bytes] | None:
+        """The next message that arrived, ``[identity, *frames]``, or None."""
+        items = self.items
+        return items.popleft() if items else None
+
+    def send(self, identity: bytes, kind: bytes, payload: bytes | memoryview) -> int:
+        """Queue the message ``[kind, payload]`` to the connection of ``identity``: `SENT`,
+        `FULL` or `UNREACHABLE` (nothing queued then). It goes at the next `flush`."""
+        peer = self.routes.get(identity)
+        if peer is None:
+            return UNREACHABLE
+        ends = peer.ends
+        if ends:
+            sent = peer.sent
+            while ends and ends[0] <= sent:
+                ends.popleft()
+            if len(ends) >= self.queue_depth:
+                return FULL
+        session = peer.session
+        session.send(kind, payload)
+        ends.append(peer.sent + len(session.out))
+        self.dirty[peer] = None
+        return SENT
+
+    def flush(self) -> None:
+        """Offer every connection's queued bytes to the kernel (the end of a loop turn)."""
+        dirty = self.dirty
+        if dirty:
+            connections = self.connections
+            for peer in list(dirty):
+                if connections.get(peer.fd) is peer:
+                    self._write(peer)
+            dirty.clear()
+
+    def tick(self, now: float) -> None:
+        """Drop the connections whose handshake is past its deadline; `due` is the next."""
+        due = float("inf")
+        for peer in list(self.connections.values()):
+            if peer.session.ready:
+                continue
+            if now >= peer.deadline:
+                self._end(peer, f"no handshake in {self.handshake_timeout:.1f} s")
+            else:
+                due = min(due, peer.deadline)
+        self.due = due
+
+    def close(self, linger: float = 0.0) -> None:
+        """Give queued messages up to ``linger`` seconds to go, then close every connection
+        and the listener (no callbacks: the loop is going)."""
+        end = time.monotonic() + linger
+        for peer in self.connections.values():
+            out = peer.session.out
+            while out and peer.session.ready:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                try:
+                    peer.sock.settimeout(left)
+                    del out[: peer.sock.send(out, socket.MSG_NOSIGNAL)]
+                except OSError:
+                    break
+            peer.sock.close()
+        self.connections.clear()
+        self.routes.clear()
+        self.dirty.clear()
+        self.listener.close()
+
+    # ------------------------------------------------------------------ inside
+
+    def _route(self, peer: _Peer) -> None:
+        """Its handshake is done: reachable by its identity, or waiting for it."""
+        session = peer.session
+        if not session.identity:
+            session.identity = b"\x00" + next(_anonymous).to_bytes(4, "big")
+        if session.identity in self.routes:
+            peer.waiting = True
+            self.warn(
+                "input-identity",
+                "input %s: a second connection with identity %s waits for the first to end",
+                self.address,
+                session.identity.hex(),
+            )
+        else:
+            self.routes[session.identity] = peer
+
+    def _deliver(self, peer: _Peer) -> None:
+        identity = peer.session.identity
+        messages = peer.session.messages
+        while messages:
+            self.items.append([identity, *messages.popleft()])
+
+    def _write(self, peer: _Peer) -> bool:
+        """Send what the kernel takes of the peer's queued bytes; False if that ended it."""
+        out = peer.session.out
+        if not out:
+            return True
+        try:
+            sent = peer.sock.send(out, _SEND_FLAGS)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._end(peer, f"write failed: {exc}")
+            return False
+        if sent:
+            del out[:sent]
+            peer.sent += sent
+        if bool(out) is not peer.polled:
+            peer.polled = bool(out)
+            if self.on_write is not None:
+                self.on_write(peer.fd, peer.polled)
+        return True
+
+    def _make_room(self) -> bool:
+        """End the oldest connection in its handshake, else the oldest waiting one (True),
+        if there is one."""
+        for why, pick in (
+            ("in its handshake", lambda p: not p.session.ready),
+            ("waiting for its identity", lambda p: p.waiting),
+        ):
+            for peer in self.connections.values():  # in accept order
+                if pick(peer):
+                    self._end(peer, f"the port is full: the oldest connection {why} made room")
+                    return True
+        return False
+
+    def _end(self, peer: _Peer, why: str | None) -> None:
+        del self.connections[peer.fd]
+        self.dirty.pop(peer, None)
+        identity = peer.session.identity
+        if why is not None:
+            self.warn("input-dropped", "input %s: dropped a connection: %s", self.address, why)
+        if self.on_close is not None:
+            self.on_close(peer.fd)
+        peer.sock.close()
+        if self.routes.get(identity) is peer:
+            del self.routes[identity]
+            for other in self.connections.values():  # the oldest waiting one takes it over
+                if other.waiting and other.session.identity == identity:
+                    other.waiting = False
+                    self.routes[identity] = other
+                    self._deliver(other)
+                    break
+
+
+def _no_warn(kind: str, message: str, *args: object) -> None:
+    pass
