@@ -33,14 +33,7 @@ class Driver:
         self.poll.register(port.listener.fileno())
         self.messages: list[list[bytes]] = []
         port.on_close = self.poll.unregister
-        port.on_write = self.want_write
-
-    def want_write(self, fd: int, wanted: bool) -> None:
-        mask = READ | WRITE if wanted else READ
-        if fd in self.poll.masks:
-            self.poll.modify(fd, mask)
-        else:
-            self.poll.register(fd, mask)
+        port.on_write = lambda fd, wanted: self.poll.want(fd, READ | WRITE if wanted else READ)
 
     def turn(self, wait_ms: int = 20) -> None:
         port = self.port

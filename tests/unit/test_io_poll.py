@@ -127,7 +127,9 @@ def test_plain_descriptors_keep_their_masks_and_an_fd_closed_first_is_forgotten(
         assert poll.poll(0) == []
         b.send(b"x")
         assert poll.poll(int(DEADLINE * 1000)) == [(a.fileno(), READ)]
-        poll.modify(a.fileno(), READ | WRITE)
+        poll.want(a.fileno(), READ | WRITE)  # registered: modified
+        poll.want(b.fileno(), WRITE)  # not yet: registered
+        assert poll.masks[b.fileno()] == WRITE
         ready = dict(poll.poll(int(DEADLINE * 1000)))
         assert ready[a.fileno()] & WRITE and ready[a.fileno()] & READ
         fd = a.fileno()

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from tsfront.io.outputs import MAX_CONNECTIONS, Warn, bind_listener
+from tsfront.io.listeners import MAX_CONNECTIONS, Warn, accepted, bind_listener
 from tsfront.wire.zmtp import RouterSession
 
 __all__ = ["FULL", "SENT", "UNREACHABLE", "InputPort"]
@@ -109,14 +109,7 @@ class InputPort:
     def accept(self, now: float) -> list[int]:
         """Accept every waiting connection; their fds, for the poll."""
         fds: list[int] = []
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return fds
-            except OSError as exc:
-                self.warn("input-accept", "input %s: accept failed: %s", self.address, exc)
-                return fds
+        for sock in accepted(self.listener, self.warn, "input", self.address):
             if len(self.connections) >= self.max_connections and not self._make_room():
                 sock.close()
                 self.warn(
@@ -134,6 +127,7 @@ class InputPort:
             self.due = min(self.due, peer.deadline)
             if self._write(peer):  # our greeting
                 fds.append(peer.fd)
+        return fds
 
     def read(self, fd: int, now: float) -> bool:
         """Read what connection ``fd`` sent; False if that ended it."""

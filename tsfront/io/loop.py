@@ -583,11 +583,7 @@ class IOLoop:
 
     def poll_input(self, fd: int, wanted: bool) -> None:
         """`InputPort`'s ``on_write``: poll connection ``fd`` for writing too, or no more."""
-        mask = READ | WRITE if wanted else READ
-        if fd in self.poller.masks:
-            self.poller.modify(fd, mask)
-        else:
-            self.poller.register(fd, mask)
+        self.poller.want(fd, READ | WRITE if wanted else READ)
 
     # ------------------------------------------------------------------ workers
 

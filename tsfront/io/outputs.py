@@ -29,17 +29,15 @@ import itertools
 import logging
 import os
 import socket
-import stat
 from collections import deque
 from collections.abc import Callable
 
 import zmq
 
-from tsfront.errors import ConfigError
-from tsfront.io.addresses import split_tcp
+from tsfront.io.listeners import MAX_CONNECTIONS, Warn, accepted, bind_listener
 from tsfront.wire.zmtp import PullSession
 
-__all__ = ["MAX_CONNECTIONS", "MAX_OUTPUT_MESSAGE", "OutputPort", "bind_listener"]
+__all__ = ["MAX_OUTPUT_MESSAGE", "OutputPort"]
 
 log = logging.getLogger("tsfront.io")
 
@@ -57,13 +55,7 @@ _MAX_UNSENT = 1 << 16
 #: the kernel's buffers hold the rest, as they did for the PULL's pipe).
 _BACKLOG = 4096
 _ACCEPTED, _DISCONNECTED = int(zmq.EVENT_ACCEPTED), int(zmq.EVENT_DISCONNECTED)
-_WILDCARDS = {"*", "0.0.0.0"}
 _numbers = itertools.count(1)
-#: Connections a port holds at once (an engine needs one; a restart briefly two).
-MAX_CONNECTIONS = 64
-
-Warn = Callable[..., None]
-"""``warn(kind, message, *args)``: a problem of a kind, logged (the loop's is rate-limited)."""
 
 
 def _log_warning(kind: str, message: str, *args: object) -> None:
@@ -71,49 +63,6 @@ def _log_warning(kind: str, message: str, *args: object) -> None:
 
 
 Item = bytes | tuple[int, int]
-
-
-def bind_listener(address: str) -> tuple[socket.socket, str]:
-    """A non-blocking listening socket at ``address`` (``tcp://HOST:PORT``, port 0 or ``*``
-    for any; ``ipc://PATH``, ``@NAME`` for Linux's abstract namespace) and the address bound,
-    in libzmq's ``LAST_ENDPOINT`` form. An ipc path left by an earlier process is replaced, as
-    libzmq's bind does (and `OutputPort.close` removes its own)."""
-    try:
-        if address.startswith("ipc://"):
-            path = address[len("ipc://") :]
-            if path == "*":
-                raise ConfigError(f"cannot bind {address!r}: give the ipc path of the output")
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            if path.startswith("@"):
-                sock.bind("\0" + path[1:])
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    if stat.S_ISSOCK(os.lstat(path).st_mode):
-                        os.unlink(path)
-                sock.bind(path)
-            bound = address
-        else:
-            host, port = split_tcp(address)
-            name = "0.0.0.0" if host in _WILDCARDS else host.strip("[]")
-            family, kind, proto, _, where = socket.getaddrinfo(
-                name,
-                0 if port == "*" else int(port),
-                type=socket.SOCK_STREAM,
-                flags=socket.AI_PASSIVE,
-            )[0]
-            sock = socket.socket(family, kind, proto)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(where)
-            real = sock.getsockname()
-            shown = f"[{real[0]}]" if family == socket.AF_INET6 else real[0]
-            bound = f"tcp://{shown}:{real[1]}"
-        sock.listen(64)
-        sock.setblocking(False)
-        return sock, bound
-    except ConfigError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot bind {address!r}: {exc}") from None
 
 
 class _Connection:
@@ -168,14 +117,7 @@ class OutputPort:
     def accept(self, now: float) -> list[int]:
         """Accept every waiting connection; their fds, for the poll."""
         fds: list[int] = []
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return fds
-            except OSError as exc:  # EMFILE and the like: the peer waits in the backlog
-                self.warn("output-accept", "output %s: accept failed: %s", self.address, exc)
-                return fds
+        for sock in accepted(self.listener, self.warn, "output", self.address):
             if len(self.connections) >= self.max_connections and not self._make_room():
                 sock.close()
                 self.warn(
@@ -191,6 +133,7 @@ class OutputPort:
             self.due = min(self.due, conn.deadline)
             if self._flush(conn):  # our greeting
                 fds.append(sock.fileno())
+        return fds
 
     def read(self, fd: int, now: float) -> bool:
         """Read what connection ``fd`` sent; False if that ended it (``on_close`` was called

@@ -61,6 +61,13 @@ class Poll:
         self.epoll.modify(fd, mask)
         self.masks[fd] = mask
 
+    def want(self, fd: int, mask: int) -> None:
+        """Wait for ``mask`` on ``fd`` from now on, registered or not yet."""
+        if fd in self.masks:
+            self.modify(fd, mask)
+        else:
+            self.register(fd, mask)
+
     def unregister(self, fd: int) -> None:
         """Stop waiting on ``fd`` (before it is closed: its number may come back)."""
         if self.masks.pop(fd, None) is None:
