@@ -603,3 +603,14 @@ def test_a_message_sent_is_two_frames_read_back_by_a_session_as_sent(size):
     back.feed(greeting(3, 1) + DEALER_READY + sent)
     assert back.error is None
     assert list(back.messages) == [[b"\x01", payload], [b"K" * 300, payload]]
+
+
+@pytest.mark.parametrize("kind", [PullSession, RouterSession])
+def test_a_peer_that_pings_and_never_reads_cannot_grow_what_we_hold(kind):
+    s = kind(MAX_MESSAGE)
+    peer = b"PUSH" if kind is PullSession else b"DEALER"
+    s.feed(greeting(3, 1) + ready((b"Socket-Type", peer)))
+    assert s.ready
+    s.feed(command(b"PING", TTL + b"x" * 16) * 100_000)  # 2.2 MB of PINGs, nothing read back
+    assert s.error is None
+    assert len(s.out) < (1 << 16) + 64

@@ -29,7 +29,6 @@ import time
 from typing import cast
 
 import zmq
-import zmq.backend
 
 from tsfront import _native, control
 from tsfront.config import ClientConfig

@@ -31,6 +31,9 @@ _GREETING = 64
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
 _RESERVED = 0xFF & ~(_MORE | _LONG | _COMMAND)
 _MAX_COMMAND = 1 << 16
+# Unsent bytes past which a PING goes unanswered: whatever is still queued is traffic to the
+# peer, and a peer that pings without reading cannot grow what we hold.
+_MAX_UNSENT_PONGS = 1 << 16
 
 
 def greeting(major: int = 3, minor: int = 1, mechanism: bytes = b"NULL") -> bytes:
@@ -216,7 +219,8 @@ class Session:
             if name == b"PING":
                 if not 2 <= len(data) <= 18:
                     return self._fail("malformed PING")
-                self.out += command(b"PONG", data[2:])
+                if len(self.out) < _MAX_UNSENT_PONGS:  # a peer that pings and never reads
+                    self.out += command(b"PONG", data[2:])
             elif name == b"ERROR":
                 return self._fail(f"the peer sent ERROR: {_reason(data)}")
             return end  # PONG, and commands of later versions, change nothing here
