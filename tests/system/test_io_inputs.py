@@ -33,7 +33,12 @@ class Driver:
         self.poll.register(port.listener.fileno())
         self.messages: list[list[bytes]] = []
         port.on_close = self.poll.unregister
-        port.on_write = lambda fd, wanted: self.poll.want(fd, READ | WRITE if wanted else READ)
+        port.on_write = self.want_write
+        self.write_waits = 0  # how often a connection held bytes the kernel would not take
+
+    def want_write(self, fd: int, wanted: bool) -> None:
+        self.write_waits += wanted
+        self.poll.want(fd, READ | WRITE if wanted else READ)
 
     def turn(self, wait_ms: int = 20) -> None:
         port = self.port
@@ -294,3 +299,81 @@ def test_close_gives_queued_messages_their_linger(ctx):
         if dealer.poll(100):
             got.append(dealer.recv_multipart())
     assert got == [[b"\x02", b"abort-%d" % i] for i in range(50)]
+
+
+def _slow_reader(address: str, count: int, seed: int, done) -> None:
+    """An engine DEALER in another process that reads slower than the port writes: pauses
+    between bursts of reads, so the kernel's buffers and the port's queue fill again and
+    again. Says how many arrived in order (``done``), -1 at the first out of order."""
+    import random
+
+    rng = random.Random(seed)
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.IDENTITY, ENGINE)
+    dealer.setsockopt(zmq.RCVHWM, 16)
+    dealer.setsockopt(zmq.RCVBUF, 8192)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(address)
+    dealer.send(b"ready:" + ENGINE)
+    got = 0
+    while got < count and dealer.poll(int(DEADLINE * 1000)):
+        for _ in range(rng.randint(1, 64)):
+            try:
+                kind, body = dealer.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if kind != b"\x01" or int(body[:8]) != got:
+                done.value = -1
+                return
+            got += 1
+        if rng.random() < 0.5:
+            time.sleep(rng.random() / 1000)  # the slow reader's pace, not synchronisation
+    done.value = got
+    dealer.close()
+    ctx.term()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_two_processes_a_slow_engine_gets_every_message_in_order_through_full_queues(seed):
+    """Writers faster than the reader: the port says FULL whenever its queue holds
+    `queue_depth` messages the kernel has not taken, the sender retries the same message
+    (as the core's backlog does), and the engine's process reads 20,000 of them, in order,
+    none lost or doubled."""
+    import multiprocessing
+
+    count, depth = 20_000, 32
+    port = _port(depth=depth)
+    d = Driver(port)
+    mp = multiprocessing.get_context("spawn")
+    done = mp.Value("i", 0)
+    reader = mp.Process(target=_slow_reader, args=(port.address, count, seed, done))
+    reader.start()
+    try:
+        d.until(lambda: [ENGINE, b"ready:" + ENGINE] in d.messages, within=30)
+        for peer in port.connections.values():  # a small send buffer: the kernel fills up
+            peer.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        sent = fulls = 0
+        pad = b"." * 3000
+        end = time.monotonic() + 60
+        while sent < count:
+            assert time.monotonic() < end, f"{sent} of {count} sent"
+            status = port.send(ENGINE, b"\x01", b"%08d" % sent + pad)
+            if status == SENT:
+                sent += 1
+            else:
+                assert status == FULL
+                fulls += 1
+                d.turn(1)  # the turn's end writes; the writable event takes the rest
+        while reader.is_alive() and time.monotonic() < end:
+            d.turn(5)
+        reader.join(DEADLINE)
+        assert done.value == count
+        # At the limit: the queue filled, and the kernel took only part of what was written
+        # (the rest waited for the connection to be writable).
+        assert fulls > 0 and d.write_waits > 0
+    finally:
+        if reader.is_alive():
+            reader.kill()
+            reader.join()
+        port.close()
