@@ -41,13 +41,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from tsfront.io.listeners import MAX_CONNECTIONS, Warn, accepted, bind_listener
+from tsfront.io.core import FULL, SENT, UNREACHABLE
+from tsfront.io.listeners import MAX_CONNECTIONS, Warn, accepted, bind_listener, log_warning
 from tsfront.wire.zmtp import RouterSession
 
-__all__ = ["FULL", "SENT", "UNREACHABLE", "InputPort"]
-
-# What `send` says (the values of `tsfront.io.core`'s, which this module does not import).
-SENT, FULL, UNREACHABLE = 0, 1, 2
+__all__ = ["InputPort"]
 #: Bytes read from a connection per readiness (registrations are a few hundred bytes).
 _READ = 1 << 16
 #: Unread messages of one connection (a DEALER that talks past its registration) past which
@@ -85,7 +83,7 @@ class InputPort:
         handshake_timeout: float,
         *,
         max_connections: int = MAX_CONNECTIONS,
-        warn: Warn | None = None,
+        warn: Warn = log_warning,
         on_close: Callable[[int], None] | None = None,
         on_write: Callable[[int, bool], None] | None = None,
     ) -> None:
@@ -94,7 +92,7 @@ class InputPort:
         self.queue_depth = queue_depth
         self.handshake_timeout = handshake_timeout
         self.max_connections = max_connections
-        self.warn = warn or _no_warn
+        self.warn = warn
         self.on_close = on_close
         self.on_write = on_write
         self.connections: dict[int, _Peer] = {}  # by fd, in accept order
@@ -129,7 +127,7 @@ class InputPort:
                 fds.append(peer.fd)
         return fds
 
-    def read(self, fd: int, now: float) -> bool:
+    def read(self, fd: int) -> bool:
         """Read what connection ``fd`` sent; False if that ended it."""
         peer = self.connections[fd]
         view = self._view
@@ -192,10 +190,8 @@ class InputPort:
         """Offer every connection's queued bytes to the kernel (the end of a loop turn)."""
         dirty = self.dirty
         if dirty:
-            connections = self.connections
-            for peer in list(dirty):
-                if connections.get(peer.fd) is peer:
-                    self._write(peer)
+            for peer in list(dirty):  # a connection that ended left it (`_end`)
+                self._write(peer)
             dirty.clear()
 
     def tick(self, now: float) -> None:
@@ -306,7 +302,3 @@ class InputPort:
                     self.routes[identity] = other
                     self._deliver(other)
                     break
-
-
-def _no_warn(kind: str, message: str, *args: object) -> None:
-    pass

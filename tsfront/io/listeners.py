@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import stat
@@ -12,7 +13,9 @@ from collections.abc import Callable, Iterator
 from tsfront.errors import ConfigError
 from tsfront.io.addresses import split_tcp
 
-__all__ = ["MAX_CONNECTIONS", "Warn", "accepted", "bind_listener"]
+__all__ = ["MAX_CONNECTIONS", "Warn", "accepted", "bind_listener", "log_warning"]
+
+log = logging.getLogger("tsfront.io")
 
 #: Connections a port holds at once (an engine needs one; a restart briefly two).
 MAX_CONNECTIONS = 64
@@ -20,6 +23,11 @@ _WILDCARDS = {"*", "0.0.0.0"}
 
 Warn = Callable[..., None]
 """``warn(kind, message, *args)``: a problem of a kind, logged (the loop's is rate-limited)."""
+
+
+def log_warning(kind: str, message: str, *args: object) -> None:
+    """A port's `Warn` when its owner gives none: the log, not rate-limited."""
+    log.warning(message, *args)
 
 
 def bind_listener(address: str) -> tuple[socket.socket, str]:

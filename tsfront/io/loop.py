@@ -35,10 +35,10 @@ from tsfront.config import ClientConfig
 from tsfront.errors import WireDecodeError
 from tsfront.io.addresses import advertised, bind_socket, output_address_for
 from tsfront.io.adoption import Adoption
-from tsfront.io.core import EngineGroup, IOCore, Worker
+from tsfront.io.core import SENT, EngineGroup, IOCore, Worker
 from tsfront.io.disagg import Disaggregated
 from tsfront.io.engines import PREFILL, Engine
-from tsfront.io.inputs import SENT, InputPort
+from tsfront.io.inputs import InputPort
 from tsfront.io.outputs import OutputPort
 from tsfront.io.poll import READ, WRITE, Poll
 from tsfront.io.state import StateDir
@@ -546,7 +546,7 @@ class IOLoop:
         if mask & WRITE:
             port.writable(fd)
         if mask & ~WRITE and fd in port.connections:
-            port.read(fd, time.monotonic())  # an end calls forget_input
+            port.read(fd)  # an end calls forget_input
         self.drain_input(group)
 
     def drain_input(self, group: EngineGroup) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 import zmq
 
-from tsfront.io.listeners import MAX_CONNECTIONS, Warn, accepted, bind_listener
+from tsfront.io.listeners import MAX_CONNECTIONS, Warn, accepted, bind_listener, log_warning
 from tsfront.wire.zmtp import PullSession
 
 __all__ = ["MAX_OUTPUT_MESSAGE", "OutputPort"]
@@ -56,10 +56,6 @@ _MAX_UNSENT = 1 << 16
 _BACKLOG = 4096
 _ACCEPTED, _DISCONNECTED = int(zmq.EVENT_ACCEPTED), int(zmq.EVENT_DISCONNECTED)
 _numbers = itertools.count(1)
-
-
-def _log_warning(kind: str, message: str, *args: object) -> None:
-    log.warning(message, *args)
 
 
 Item = bytes | tuple[int, int]
@@ -87,7 +83,7 @@ class OutputPort:
         max_message: int = MAX_OUTPUT_MESSAGE,
         *,
         max_connections: int = MAX_CONNECTIONS,
-        warn: Warn = _log_warning,
+        warn: Warn = log_warning,
         on_close: Callable[[int], None] | None = None,
     ) -> None:
         self.listener, self.address = bind_listener(address)
