@@ -312,14 +312,19 @@ class IOLoop:
             if now >= self.inputs_due:
                 self.tick_inputs(now)
             core.end_of_turn(now)
+            news = False
             for group, port in input_ports:  # what the turn queued for the engines: a send each
                 if port.dirty:
                     port.flush()
-                if port.items:  # a waiting connection that took an identity over
+                if port.items:
+                    # A waiting connection took an identity over (the flush's write ended the
+                    # first): its registration, applied now, is published by the next turn's
+                    # end, which does not wait.
                     self.drain_input(group)
+                    news = True
             writer.wake()
             timeout = core.timeout_ms(now)
-            if backlog:
+            if backlog or news:
                 timeout = 0
             else:
                 due = min(self.outputs_due, self.inputs_due)
