@@ -107,6 +107,14 @@ def _port(address: str = "tcp://127.0.0.1:0", depth: int = 64, **kw) -> InputPor
     return InputPort(address, 1 << 20, depth, kw.pop("handshake", 2.0), **kw)
 
 
+@pytest.fixture
+def d():
+    """A port at the defaults (TCP, a queue of 64), driven as the loop does; closed after."""
+    port = _port()
+    yield Driver(port)
+    port.close()
+
+
 @pytest.mark.parametrize("address", ["tcp://127.0.0.1:0", "ipc://@tsfront-test-input-{pid}"])
 def test_a_dealer_registers_and_gets_what_is_sent_to_its_identity_in_order(ctx, address):
     import os
@@ -126,18 +134,14 @@ def test_a_dealer_registers_and_gets_what_is_sent_to_its_identity_in_order(ctx, 
         port.close()
 
 
-def test_an_identity_with_no_connection_is_unreachable_and_so_is_one_that_left(ctx):
-    port = _port()
-    d = Driver(port)
-    try:
-        assert port.send(ENGINE, b"\x01", b"x") == UNREACHABLE
-        dealer = _registered(ctx, d)
-        assert port.send(b"\x09\x00", b"\x01", b"x") == UNREACHABLE
-        dealer.close()
-        d.until(lambda: not port.routes)
-        assert port.send(ENGINE, b"\x01", b"x") == UNREACHABLE
-    finally:
-        port.close()
+def test_an_identity_with_no_connection_is_unreachable_and_so_is_one_that_left(ctx, d):
+    port = d.port
+    assert port.send(ENGINE, b"\x01", b"x") == UNREACHABLE
+    dealer = _registered(ctx, d)
+    assert port.send(b"\x09\x00", b"\x01", b"x") == UNREACHABLE
+    dealer.close()
+    d.until(lambda: not port.routes)
+    assert port.send(ENGINE, b"\x01", b"x") == UNREACHABLE
 
 
 def test_a_dealer_that_stops_reading_fills_its_queue_then_gets_every_message_in_order(ctx):
@@ -169,44 +173,35 @@ def test_a_dealer_that_stops_reading_fills_its_queue_then_gets_every_message_in_
         port.close()
 
 
-def test_a_second_connection_with_an_identity_in_use_waits_and_takes_it_over(ctx):
-    port = _port()
-    d = Driver(port)
-    try:
-        first = _registered(ctx, d)
-        second = _dealer(ctx, port.address)
-        second.send(b"ready-again")
-        d.until(
-            lambda: (
-                len(port.connections) == 2
-                and all(p.session.ready for p in port.connections.values())
-            )
+def test_a_second_connection_with_an_identity_in_use_waits_and_takes_it_over(ctx, d):
+    port = d.port
+    first = _registered(ctx, d)
+    second = _dealer(ctx, port.address)
+    second.send(b"ready-again")
+    d.until(
+        lambda: (
+            len(port.connections) == 2 and all(p.session.ready for p in port.connections.values())
         )
-        d.turn(50)
-        assert [ENGINE, b"ready-again"] not in d.messages  # held while the first is there
-        assert port.send(ENGINE, b"\x01", b"to-first") == SENT
-        assert _received(d, first, 1) == [[b"\x01", b"to-first"]]
-        first.close()
-        d.until(lambda: [ENGINE, b"ready-again"] in d.messages)  # the held one, delivered
-        assert port.send(ENGINE, b"\x01", b"to-second") == SENT
-        assert _received(d, second, 1) == [[b"\x01", b"to-second"]]
-    finally:
-        port.close()
+    )
+    d.turn(50)
+    assert [ENGINE, b"ready-again"] not in d.messages  # held while the first is there
+    assert port.send(ENGINE, b"\x01", b"to-first") == SENT
+    assert _received(d, first, 1) == [[b"\x01", b"to-first"]]
+    first.close()
+    d.until(lambda: [ENGINE, b"ready-again"] in d.messages)  # the held one, delivered
+    assert port.send(ENGINE, b"\x01", b"to-second") == SENT
+    assert _received(d, second, 1) == [[b"\x01", b"to-second"]]
 
 
-def test_a_dealer_without_an_identity_is_named_and_reachable(ctx):
-    port = _port()
-    d = Driver(port)
-    try:
-        dealer = _dealer(ctx, port.address, identity=None)
-        dealer.send(b"hello")
-        d.until(lambda: len(d.messages) == 1)
-        name, body = d.messages[0]
-        assert body == b"hello" and name[:1] == b"\x00" and len(name) == 5
-        assert port.send(name, b"\x01", b"back") == SENT
-        assert _received(d, dealer, 1) == [[b"\x01", b"back"]]
-    finally:
-        port.close()
+def test_a_dealer_without_an_identity_is_named_and_reachable(ctx, d):
+    port = d.port
+    dealer = _dealer(ctx, port.address, identity=None)
+    dealer.send(b"hello")
+    d.until(lambda: len(d.messages) == 1)
+    name, body = d.messages[0]
+    assert body == b"hello" and name[:1] == b"\x00" and len(name) == 5
+    assert port.send(name, b"\x01", b"back") == SENT
+    assert _received(d, dealer, 1) == [[b"\x01", b"back"]]
 
 
 def _raw(port: InputPort) -> socket.socket:
