@@ -107,17 +107,8 @@ class InputPort:
     def accept(self, now: float) -> list[int]:
         """Accept every waiting connection; their fds, for the poll."""
         fds: list[int] = []
-        for sock in accepted(self.listener, self.warn, "input", self.address):
-            if len(self.connections) >= self.max_connections and not self._make_room():
-                sock.close()
-                self.warn(
-                    "input-full",
-                    "input %s: %d connections, every one routed: a new one was closed",
-                    self.address,
-                    len(self.connections),
-                )
-                continue
-            sock.setblocking(False)
+        room, address = self._room, self.address
+        for sock in accepted(self.listener, self.warn, "input", address, room, "routed"):
             if sock.family != socket.AF_UNIX:  # small messages go at once, as libzmq's do
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             peer = _Peer(sock, self.max_message, now + self.handshake_timeout)
@@ -271,6 +262,10 @@ class InputPort:
             if self.on_write is not None:
                 self.on_write(peer.fd, peer.polled)
         return True
+
+    def _room(self) -> bool:
+        """Whether a new connection may be held (an older one made room)."""
+        return len(self.connections) < self.max_connections or self._make_room()
 
     def _make_room(self) -> bool:
         """End the oldest connection in its handshake, else the oldest waiting one (True),

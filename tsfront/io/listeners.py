@@ -74,11 +74,17 @@ def bind_listener(address: str) -> tuple[socket.socket, str]:
 
 
 def accepted(
-    listener: socket.socket, warn: Warn, what: str, address: str
+    listener: socket.socket,
+    warn: Warn,
+    what: str,
+    address: str,
+    room: Callable[[], bool],
+    held: str,
 ) -> Iterator[socket.socket]:
-    """Every connection waiting on the non-blocking ``listener``, until none is left or the
-    accept fails (EMFILE and the like, logged as ``{what}-accept``: the peer waits in the
-    backlog)."""
+    """Every connection waiting on the non-blocking ``listener``, non-blocking, until none is
+    left or the accept fails (EMFILE and the like, logged as ``{what}-accept``: the peer waits
+    in the backlog). One that finds no ``room()`` (the port made none) is closed at once and
+    logged as ``{what}-full``, its port's connections all ``held``."""
     while True:
         try:
             sock, _ = listener.accept()
@@ -87,4 +93,15 @@ def accepted(
         except OSError as exc:
             warn(f"{what}-accept", "%s %s: accept failed: %s", what, address, exc)
             return
+        if not room():
+            sock.close()
+            warn(
+                f"{what}-full",
+                "%s %s: every connection %s: a new one was closed",
+                what,
+                address,
+                held,
+            )
+            continue
+        sock.setblocking(False)
         yield sock

@@ -113,17 +113,8 @@ class OutputPort:
     def accept(self, now: float) -> list[int]:
         """Accept every waiting connection; their fds, for the poll."""
         fds: list[int] = []
-        for sock in accepted(self.listener, self.warn, "output", self.address):
-            if len(self.connections) >= self.max_connections and not self._make_room():
-                sock.close()
-                self.warn(
-                    "output-full",
-                    "output %s: %d connections, every one a PUSH: a new one was closed",
-                    self.address,
-                    len(self.connections),
-                )
-                continue
-            sock.setblocking(False)
+        room, address = self._room, self.address
+        for sock in accepted(self.listener, self.warn, "output", address, room, "a PUSH"):
             conn = _Connection(sock, self.max_message, now, self.interval + self.timeout)
             self.connections[sock.fileno()] = conn
             self.due = min(self.due, conn.deadline)
@@ -218,6 +209,10 @@ class OutputPort:
             self._end(conn.sock.fileno(), conn, "it reads nothing we send")
             return False
         return True
+
+    def _room(self) -> bool:
+        """Whether a new connection may be held (the oldest in its handshake made room)."""
+        return len(self.connections) < self.max_connections or self._make_room()
 
     def _make_room(self) -> bool:
         """End the oldest connection still in its handshake (True), if there is one."""
