@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import select
 import subprocess
 import sys
 
@@ -34,6 +35,7 @@ def test_bench_serve_reports_every_figure() -> None:
         assert math.isfinite(target[key]) and target[key] > 0, key
     roles = target["extra"]["us_per_token_by_process"]
     assert {"I/O process", "worker", "master"} <= set(roles)
+    assert target["extra"]["cpu_by_ticks"] == []  # every process counted exactly
     assert report["skipped"] == ["SMG: --no-smg"]
     floor = report["floor"]
     assert len(floor["runs"]) == 2  # before and after the targets
@@ -89,3 +91,47 @@ def test_bench_serve_without_its_extra_refuses_with_the_install_line(tmp_path) -
     assert "tsfront bench serve needs aiohttp" in out.stderr
     assert "pip install 'tsfront[bench]'" in out.stderr
     assert out.stdout == ""
+
+
+# A process in a session of its own that burns CPU in a thread which then ends, then in its
+# main thread, then waits to be killed: what `session_cpu` must count in full.
+_BURNER = """
+import os, sys, threading, time
+def burn(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+sys.stdin.readline()
+t = threading.Thread(target=burn, args=(0.3,)); t.start(); t.join()
+burn(0.2)
+print("burnt", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_session_cpu_counts_exactly_and_keeps_the_time_of_threads_that_ended() -> None:
+    from tsfront.bench.serve import session_cpu, used_cpu
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        before = session_cpu(proc.pid)[proc.pid]
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert select.select([proc.stdout], [], [], 60)[0], "the burner said nothing in 60 s"
+        assert proc.stdout.readline() == "burnt\n"
+        after = session_cpu(proc.pid)[proc.pid]
+        used, exact = used_cpu(before, after)
+        # 0.5 s burnt, 0.3 s of it in a thread that is gone: only the ticks hold that part.
+        assert not exact and 0.45 <= used <= 0.8, (used, before, after)
+        assert after.exact - before.exact < 0.4  # what the live threads' clocks saw
+        # With nothing ended in between, the exact clock is used (ns, not 10 ms steps).
+        again = session_cpu(proc.pid)[proc.pid]
+        used, exact = used_cpu(after, again)
+        assert exact and 0 <= used < 0.05
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

@@ -4,8 +4,11 @@ For each target — ``tsfront serve`` at each worker count, the other HTTP stack
 was chosen against (``--stacks``), and the SMG gateway when installed — the run starts the
 target in a session of its own, simulated ranks (``tsfront sim``, their own process: not
 counted) that dial it, and a streamed load in another process (`tsfront.bench.serveload`:
-not counted). It reads the CPU time (utime + stime, ``/proc/PID/stat``) of every process in
-the target's session before and after the measured load, and reports:
+not counted). It reads the CPU time of every process in the target's session before and after
+the measured load (each thread's time on a CPU in ns, ``/proc/PID/task/*/schedstat``; a
+process whose ``/proc/PID/stat`` total, in 10 ms clock ticks, grew by more than that, is
+counted by the ticks instead: a thread of it ended in the window, and only the ticks kept its
+time), and reports:
 
 * ``cpu_us_per_token`` — that CPU over the streamed tokens (one token per chunk: the
   engines' stream interval is 1), summed over the whole process tree (master, I/O process,
@@ -34,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, NamedTuple, cast
 
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 from tsfront.child import python_module
@@ -105,8 +108,38 @@ class Figures:
 # ---------------------------------------------------------------------- processes
 
 
-def session_cpu(session: int) -> dict[int, tuple[float, str]]:
-    """CPU seconds (user + system) of every live process in ``session``, with its role."""
+class ProcessCPU(NamedTuple):
+    """A process's CPU seconds at one moment, by the two clocks, and its role."""
+
+    ticks: float  # utime + stime of /proc/PID/stat: every thread, ended ones too; 10 ms steps
+    exact: float  # its live threads' time on a CPU (schedstat), in ns
+    role: str
+
+
+def used_cpu(before: ProcessCPU | None, after: ProcessCPU) -> tuple[float, bool]:
+    """The CPU seconds a process used between two readings (None: it started in between), and
+    whether the exact clock gave them: the ticks do when they grew by more than the exact
+    clock (two ticks' slack and 5 %), which a thread that ended in the window causes."""
+    ticks = after.ticks - (before.ticks if before else 0.0)
+    exact = after.exact - (before.exact if before else 0.0)
+    if ticks - exact > max(2 / _TICK, 0.05 * ticks):
+        return ticks, False
+    return exact, True
+
+
+def _threads_cpu(pid: str) -> float:
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass  # the thread ended between the listing and the read
+    return total / 1e9
+
+
+def session_cpu(session: int) -> dict[int, ProcessCPU]:
+    """The CPU of every live process in ``session``, with its role."""
     found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -114,14 +147,16 @@ def session_cpu(session: int) -> dict[int, tuple[float, str]]:
         try:
             with open(f"/proc/{entry}/stat") as f:
                 stat = f.read()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if int(fields[3]) != session:
+                continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            exact = _threads_cpu(entry)
         except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[3]) != session:
-            continue
-        found[int(entry)] = ((int(fields[11]) + int(fields[12])) / _TICK, _role(cmdline))
+            continue  # it ended while being read
+        ticks = (int(fields[11]) + int(fields[12])) / _TICK
+        found[int(entry)] = ProcessCPU(ticks, exact, _role(cmdline))
     return found
 
 
@@ -333,9 +368,12 @@ def _measure(target: str, url: str, session: int, model: str, p: ServeParams) ->
     after = session_cpu(session)
     tokens = load["tokens"]
     by_role: dict[str, float] = {}
-    for pid, (cpu_s, role) in after.items():
-        used = cpu_s - before.get(pid, (0.0, role))[0]
-        by_role[role] = by_role.get(role, 0.0) + used
+    by_ticks: list[str] = []
+    for pid, now in after.items():
+        used, exact = used_cpu(before.get(pid), now)
+        by_role[now.role] = by_role.get(now.role, 0.0) + used
+        if not exact:
+            by_ticks.append(now.role)
     cpu = sum(by_role.values())
     processes = len(after)
     return Figures(
@@ -356,6 +394,8 @@ def _measure(target: str, url: str, session: int, model: str, p: ServeParams) ->
             ),
             "events": load["events"],
             "tokens_per_event": tokens / max(1, load["events"]),
+            # Processes counted by clock ticks, not exactly (a thread of theirs ended).
+            "cpu_by_ticks": sorted(by_ticks),
             "us_per_token_by_process": {
                 role: used / tokens * 1e6 if tokens else float("nan")
                 for role, used in sorted(by_role.items())
