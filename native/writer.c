@@ -17,7 +17,6 @@
 #include "frame.h"
 #include "region.h"
 #include "ridmap.h"
-#include "zmtp.h"
 
 #define SPILL_MAX_TOKENS (1u << 30)
 
@@ -446,15 +445,34 @@ static hint_t *hints_for(Writer *self, int32_t engine_index, uint32_t nrows) {
     return h;
 }
 
-/* Apply one output frame of `len` bytes at `data` (see `ingest`); the result, None for
- * ENGINE_CORE_DEAD, or NULL with an error set (WireDecodeError for a malformed frame). */
-static PyObject *ingest_frame(Writer *self, const uint8_t *data, Py_ssize_t len,
-                              long long default_index) {
-    if (len == 16 && memcmp(data, "ENGINE_CORE_DEAD", 16) == 0) Py_RETURN_NONE;
-    cur_t c = {data, data + len, NULL};
+static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "ingest(frame, engine_index=0)");
+        return NULL;
+    }
+    PyObject *arg = args[0];
+    long long default_index = 0;
+    if (nargs == 2) {
+        default_index = PyLong_AsLongLong(args[1]);
+        if (default_index == -1 && PyErr_Occurred()) return NULL;
+        if (default_index < 0 || default_index > FRAME_MAX_ENGINE_INDEX) {
+            PyErr_Format(PyExc_ValueError, "engine_index %lld out of range [0, 65535]",
+                         default_index);
+            return NULL;
+        }
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    const uint8_t *data = view.buf;
+    if (view.len == 16 && memcmp(data, "ENGINE_CORE_DEAD", 16) == 0) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    cur_t c = {data, data + view.len, NULL};
     uint32_t nrows = 0;
     frame_tail_t tail;
     if (frame_parse(&self->frame, &c, &nrows, &tail, default_index) < 0) {
+        PyBuffer_Release(&view);
         PyErr_Format(WireDecodeError, "invalid BatchTokenIDOutSlim frame (%zd bytes): %s",
                      (Py_ssize_t)(c.end - data), c.err ? c.err : "malformed");
         return NULL;
@@ -464,6 +482,7 @@ static PyObject *ingest_frame(Writer *self, const uint8_t *data, Py_ssize_t len,
     uint32_t cap = r->l.ring_capacity;
     PyObject *finished = PyList_New(0);
     if (!finished) {
+        PyBuffer_Release(&view);
         return NULL;
     }
     uint32_t unknown = 0;
@@ -518,7 +537,8 @@ static PyObject *ingest_frame(Writer *self, const uint8_t *data, Py_ssize_t len,
                 written++;
             } else {
                 if (spill_push(self, slot, (int32_t)tv, (float)dv, (int32_t)iv) < 0) {
-                                Py_DECREF(finished);
+                    PyBuffer_Release(&view);
+                    Py_DECREF(finished);
                     return PyErr_NoMemory();
                 }
                 self->spilled_tokens++;
@@ -556,7 +576,8 @@ static PyObject *ingest_frame(Writer *self, const uint8_t *data, Py_ssize_t len,
             if (!s || PyList_Append(finished, s) < 0) {
                 Py_XDECREF(s);
                 Py_DECREF(finished);
-                        return NULL;
+                PyBuffer_Release(&view);
+                return NULL;
             }
             Py_DECREF(s);
         }
@@ -566,111 +587,10 @@ static PyObject *ingest_frame(Writer *self, const uint8_t *data, Py_ssize_t len,
     self->frames++;
     self->rows_total += nrows;
     self->unknown_rows += unknown;
+    PyBuffer_Release(&view);
     return Py_BuildValue("(LLLLLIIN)", (long long)tail.engine_index, (long long)tail.running,
                          (long long)tail.waiting, (long long)tail.kv_active,
                          (long long)tail.kv_total, nrows, unknown, finished);
-}
-
-static int engine_index_arg(PyObject *arg, long long *out) {
-    long long v = PyLong_AsLongLong(arg);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    if (v < 0 || v > FRAME_MAX_ENGINE_INDEX) {
-        PyErr_Format(PyExc_ValueError, "engine_index %lld out of range [0, 65535]", v);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "ingest(frame, engine_index=0)");
-        return NULL;
-    }
-    long long default_index = 0;
-    if (nargs == 2 && engine_index_arg(args[1], &default_index) < 0) return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *result = ingest_frame(self, view.buf, view.len, default_index);
-    PyBuffer_Release(&view);
-    return result;
-}
-
-/* ingest_zmtp(engine_index, max_message, max_messages, buffer, length) -> (taken, outcomes):
- * see the method table. */
-static PyObject *writer_ingest_zmtp(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "ingest_zmtp(engine_index, max_message, max_messages, buffer, length)");
-        return NULL;
-    }
-    long long default_index = 0;
-    if (engine_index_arg(args[0], &default_index) < 0) return NULL;
-    unsigned long long limit = PyLong_AsUnsignedLongLong(args[1]);
-    if (limit == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t max_messages = PyLong_AsSsize_t(args[2]);
-    if (max_messages == -1 && PyErr_Occurred()) return NULL;
-    Py_ssize_t length = PyLong_AsSsize_t(args[4]);
-    if (length == -1 && PyErr_Occurred()) return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[3], &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (length < 0 || length > view.len) {
-        PyBuffer_Release(&view);
-        PyErr_Format(PyExc_ValueError, "length %zd outside the buffer's %zd bytes", length,
-                     view.len);
-        return NULL;
-    }
-    PyObject *outcomes = PyList_New(0);
-    if (!outcomes) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    const uint8_t *data = view.buf;
-    size_t pos = 0, n = (size_t)length, body;
-    uint64_t size;
-    while (PyList_GET_SIZE(outcomes) < max_messages &&
-           zmtp_whole_message(data + pos, n - pos, limit, &body, &size)) {
-        size_t start = pos + body, end = start + (size_t)size;
-        PyObject *result = ingest_frame(self, data + start, (Py_ssize_t)size, default_index);
-        PyObject *frame = Py_None;
-        if (!result) {
-            if (!PyErr_ExceptionMatches(PyExc_Exception)) goto fail; /* KeyboardInterrupt... */
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyErr_NormalizeException(&type, &value, &tb);
-            if (tb && value) PyException_SetTraceback(value, tb);
-            Py_XDECREF(type);
-            Py_XDECREF(tb);
-            result = value ? value : Py_NewRef(Py_None);
-        } else if (PyTuple_Check(result) && PyTuple_GET_SIZE(result) == 8 &&
-                   PyObject_IsTrue(PyTuple_GET_ITEM(result, 6)) == 1) {
-            /* Rows not bound here: what an adopter reads of the frame (IOCore.on_output). */
-            frame = PyBytes_FromStringAndSize((const char *)data + start, (Py_ssize_t)size);
-            if (!frame) {
-                Py_DECREF(result);
-                goto fail;
-            }
-        } else {
-            Py_INCREF(frame);
-        }
-        int dead = result == Py_None;
-        PyObject *outcome = PyTuple_Pack(2, result, frame);
-        Py_DECREF(result);
-        Py_DECREF(frame);
-        if (!outcome || PyList_Append(outcomes, outcome) < 0) {
-            Py_XDECREF(outcome);
-            goto fail;
-        }
-        Py_DECREF(outcome);
-        pos = end;
-        if (dead) break;
-    }
-    PyBuffer_Release(&view);
-    return Py_BuildValue("(nN)", (Py_ssize_t)pos, outcomes);
-fail:
-    Py_DECREF(outcomes);
-    PyBuffer_Release(&view);
-    return NULL;
 }
 
 static PyObject *writer_set_worker_fd(Writer *self, PyObject *args) {
@@ -805,15 +725,6 @@ static PyMethodDef writer_methods[] = {
      "ENGINE_CORE_DEAD. engine_index is the engine whose socket it came from: a row whose rid "
      "was bound to another engine counts as unknown; also the index reported when the frame "
      "does not say (the 9-element form)."},
-    {"ingest_zmtp", (PyCFunction)(void (*)(void))writer_ingest_zmtp, METH_FASTCALL,
-     "ingest_zmtp(engine_index, max_message, max_messages, buffer, length) -> (taken, "
-     "outcomes)\n\nApply the whole one-frame ZMTP messages at the start of buffer[:length] "
-     "(what was read of an engine output connection between messages), each as "
-     "ingest(frame, engine_index) would, at most max_messages of them; stop at anything else (a "
-     "command, MORE, a cut frame, one over max_message bytes) and after ENGINE_CORE_DEAD. "
-     "taken: the bytes applied; outcomes: (result, frame) a message in order, result being "
-     "ingest's (None: ENGINE_CORE_DEAD) or the Exception it raised, frame the message's bytes "
-     "when it had unknown rows, else None."},
     {"flush_spills", (PyCFunction)writer_flush_spills, METH_NOARGS,
      "flush_spills() -> int: move spilled tokens into rings with room; slots still spilling."},
     {"set_worker_fd", (PyCFunction)writer_set_worker_fd, METH_VARARGS,

@@ -26,8 +26,7 @@ import logging
 import os
 import socket
 import time
-from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import zmq
 
@@ -40,7 +39,7 @@ from tsfront.io.core import SENT, EngineGroup, IOCore, Worker
 from tsfront.io.disagg import Disaggregated
 from tsfront.io.engines import PREFILL, Engine
 from tsfront.io.inputs import InputPort
-from tsfront.io.outputs import Applied, OutputPort
+from tsfront.io.outputs import OutputPort
 from tsfront.io.poll import READ, WRITE, Poll
 from tsfront.io.state import StateDir
 from tsfront.ipc.control import Attach, Attached, Failed, ToIO, ToWorker
@@ -48,9 +47,6 @@ from tsfront.ipc.submit import SUBMIT_ABORT, SUBMIT_ADD, ticket_base
 from tsfront.metrics.recorder import IOStats
 from tsfront.region import Geometry, Region
 from tsfront.wire import ABORT, ADD
-
-if TYPE_CHECKING:
-    from tsfront._native import IngestResult
 
 log = logging.getLogger("tsfront.io")
 
@@ -123,16 +119,12 @@ class GroupSockets:
         self.group.input_address = advertised(inp.address, spec.handshake_address)
         for e in self.group.engines:
             rank = self.group.rank(e)
-            # A serving engine's frames are applied as the port reads them (`Writer.ingest_zmtp`);
-            # a prefill engine's go to the disaggregated router (`drain_output`).
-            ingest = None if e.role == PREFILL else partial(loop.core.writer.ingest_zmtp, e.index)
             port = OutputPort(
                 output_address_for(spec.output_address, rank),
                 c.heartbeat_interval,
                 c.heartbeat_timeout,
                 warn=loop.warn,
                 on_close=loop.forget_output,
-                ingest=ingest,
             )
             self.outputs.append(port)
             e.output_address = advertised(port.address, spec.handshake_address)
@@ -378,9 +370,8 @@ class IOLoop:
 
     def drain_output(self, engine: Engine, limit: int = DRAIN) -> None:
         """Apply up to ``limit`` items of the engine's output port (the core's `Ports`, too):
-        frames (or what the port applied of them as it read, `Applied`), and its connections'
-        events in their order; past the limit the rest waits in `backlog` for the next turn,
-        which does not block."""
+        frames, and its connections' events in their order; past the limit the rest waits in
+        `backlog` for the next turn, which does not block."""
         take = self.outputs[engine.row].take
         core = self.core
         dead = False
@@ -389,16 +380,16 @@ class IOLoop:
             item = take()
             if item is None:
                 return
-            kind = type(item)
-            if kind is tuple:
-                self.on_connection(engine, *cast(tuple[int, int], item))
+            if type(item) is tuple:
+                self.on_connection(engine, *item)
                 continue
+            frame = cast(bytes, item)
             if dead:
                 continue  # after ENGINE_CORE_DEAD: nothing more of this engine is applied
-            if kind is not Applied and engine.role == PREFILL:
+            if engine.role == PREFILL:
                 # Decoded here, never written to a slot; there is a prefill group (self.disagg).
                 try:
-                    dead = not cast(Disaggregated, self.disagg).on_frame(engine, cast(bytes, item))
+                    dead = not cast(Disaggregated, self.disagg).on_frame(engine, frame)
                 except WireDecodeError as exc:
                     self.warn(
                         "bad-output", "engine %d: dropped an output frame: %s", engine.index, exc
@@ -410,39 +401,16 @@ class IOLoop:
                 # Any frame says the engine steps (the stall rule's clock; one reading a drain).
                 seen = True
                 core.on_output_seen(engine, time.monotonic())
-            if kind is Applied:
-                for result, frame in cast(Applied, item).outcomes:
-                    if not self.on_frame_applied(engine, result, frame):
-                        dead = True
-                        break  # the last one: the port applies nothing after it
-                continue
-            frame = cast(bytes, item)
             try:
-                outcome: IngestResult | Exception | None = core.writer.ingest(frame, engine.index)
+                result = core.writer.ingest(frame, engine.index)
+                core.on_output(engine, result, frame)
+                dead = result is None  # ENGINE_CORE_DEAD: the engine is dead
+            except WireDecodeError as exc:
+                self.warn("bad-output", "engine %d: dropped an output frame: %s", engine.index, exc)
             except Exception as exc:
-                outcome = exc
-            dead = not self.on_frame_applied(engine, outcome, frame)
+                core.handler_failed(f"engine {engine.index}: output frame", exc)
         if self.outputs[engine.row].items:
             self.backlog[engine.row] = engine
-
-    def on_frame_applied(
-        self, engine: Engine, result: IngestResult | Exception | None, frame: bytes | None
-    ) -> bool:
-        """A serving engine's frame, as `Writer.ingest` applied it (None: ENGINE_CORE_DEAD) or
-        the exception it raised, to the core; False once the engine is dead."""
-        if isinstance(result, Exception):
-            if isinstance(result, WireDecodeError):
-                self.warn(
-                    "bad-output", "engine %d: dropped an output frame: %s", engine.index, result
-                )
-            else:
-                self.core.handler_failed(f"engine {engine.index}: output frame", result)
-            return True
-        try:
-            self.core.on_output(engine, result, frame or b"")
-        except Exception as exc:
-            self.core.handler_failed(f"engine {engine.index}: output frame", exc)
-        return result is not None
 
     def on_connection(self, engine: Engine, kind: int, conn: int) -> None:
         """An output connection of the engine began (its handshake done) or ended."""

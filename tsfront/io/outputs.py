@@ -8,10 +8,7 @@ loop's own poll wakes on the connection and reads it, one wake-up a frame instea
 (docs/PERFORMANCE.md, "I/O process: the engine output without libzmq").
 
 What the port gives its loop, in arrival order, is one queue of items (`take`): a frame (the
-first frame of a message, `bytes`), frames it has already applied (`Applied`: a port given
-``ingest`` hands every whole one-frame message it reads between messages to it, natively, so
-the serving case costs no Python per frame but the outcome's; everything else, and a read
-while items wait, goes through the session), or a connection event ``(kind, conn)`` with ``kind``
+first frame of a message, `bytes`), or a connection event ``(kind, conn)`` with ``kind``
 ``zmq.EVENT_ACCEPTED`` (the ZMTP handshake of a PUSH completed) or ``zmq.EVENT_DISCONNECTED``
 (that connection ended: EOF, an error, a protocol breach, a missed heartbeat), ``conn`` a
 number unique in the process (never a reused fd). A connection's frames come before its
@@ -34,14 +31,13 @@ import os
 import socket
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 import zmq
 
 from tsfront.io.listeners import MAX_CONNECTIONS, Warn, accepted, bind_listener, log_warning
 from tsfront.wire.zmtp import PullSession
 
-__all__ = ["MAX_OUTPUT_MESSAGE", "Applied", "Ingest", "OutputPort"]
+__all__ = ["MAX_OUTPUT_MESSAGE", "OutputPort"]
 
 log = logging.getLogger("tsfront.io")
 
@@ -58,32 +54,11 @@ _MAX_UNSENT = 1 << 16
 #: Items the loop has not taken yet past which no connection is read (the engine's PUSH and
 #: the kernel's buffers hold the rest, as they did for the PULL's pipe).
 _BACKLOG = 4096
-#: Messages one read may apply natively (`ingest`); the rest of what was read goes through the
-#: session and the items, as any other read's: a peer's flood of small messages is applied a
-#: bounded amount at a time, like the loop's drain.
-_APPLY = 256
 _ACCEPTED, _DISCONNECTED = int(zmq.EVENT_ACCEPTED), int(zmq.EVENT_DISCONNECTED)
 _numbers = itertools.count(1)
 
 
-#: ``ingest(max_message, max_messages, buffer, length) -> (taken, outcomes)``: applies the whole
-#: one-frame messages at the start of ``buffer[:length]`` (`tsfront._native.Writer.ingest_zmtp`
-#: with the engine's index bound); each outcome ``(result, frame)`` is the result of
-#: `Writer.ingest` (None: ENGINE_CORE_DEAD) or the exception it raised, and the frame's bytes
-#: when it had rows not bound here (else None).
-Ingest = Callable[[int, int, memoryview, int], tuple[int, list[tuple[Any, bytes | None]]]]
-
-
-class Applied:
-    """Messages the port applied as it read them (`Ingest`), their outcomes in order."""
-
-    __slots__ = ("outcomes",)
-
-    def __init__(self, outcomes: list[tuple[Any, bytes | None]]) -> None:
-        self.outcomes = outcomes
-
-
-Item = bytes | tuple[int, int] | Applied
+Item = bytes | tuple[int, int]
 
 
 class _Connection:
@@ -110,10 +85,8 @@ class OutputPort:
         max_connections: int = MAX_CONNECTIONS,
         warn: Warn = log_warning,
         on_close: Callable[[int], None] | None = None,
-        ingest: Ingest | None = None,
     ) -> None:
         self.listener, self.address = bind_listener(address)
-        self.ingest = ingest
         self.max_connections = max_connections
         self.warn = warn
         # Called with a connection's fd just before it is closed (whatever ends it): the
@@ -168,17 +141,7 @@ class OutputPort:
             return False
         session = conn.session
         was_ready = session.ready
-        ingest = self.ingest
-        if ingest is not None and session.between_messages and not self.items:
-            # The serving case: whole messages applied straight out of the read (in order:
-            # nothing of this port waits to be applied before them), the rest fed on.
-            taken, outcomes = ingest(self.max_message, _APPLY, view, n)
-            if outcomes:
-                self.items.append(Applied(outcomes))
-            if taken < n:
-                session.feed(view[taken:n])
-        else:
-            session.feed(view[:n])
+        session.feed(view[:n])
         conn.deadline = now + self.interval + self.timeout
         if session.ready and not was_ready:
             self.items.append((_ACCEPTED, conn.number))

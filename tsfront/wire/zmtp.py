@@ -114,7 +114,7 @@ class Session:
         if self.error is not None:
             return
         buf = self._buf
-        if self.fast and self.between_messages:
+        if self.fast and not buf and self.phase is Phase.TRAFFIC and not self._parts:
             # The serving case: whole single-frame messages, read straight out of ``data``
             # (one copy a message); anything else goes the general way below.
             pos = self._whole_messages(data)
@@ -130,13 +130,6 @@ class Session:
             pos = _STEPS[self.phase](self, buf, pos)
         if pos:
             del buf[:pos]
-
-    @property
-    def between_messages(self) -> bool:
-        """In the traffic phase with nothing held: what arrives next starts a frame (so a
-        reader of whole messages, `_whole_messages` or the native one the output port uses,
-        may take it before `feed` sees the rest)."""
-        return self.phase is Phase.TRAFFIC and not self._buf and not self._parts
 
     def ping(self, ttl_s: float) -> None:
         """Queue a PING asking the peer to drop us after ``ttl_s`` seconds without traffic."""
