@@ -120,6 +120,10 @@ if tuple(range(len(_ROW_ORDER))) != _ROW_ORDER:  # pragma: no cover - a layout e
 _ROW_WORDS = struct.Struct(f"@{len(_ROW_ORDER)}I") if sys.byteorder == "little" else None
 
 
+#: Each I/O counter's word in the region's ``io_metrics``.
+_COUNT_WORD = {name: i for i, name in enumerate(IO_METRICS)}
+
+
 def u32(value: int) -> int:
     """``value`` clamped into an engine-table word (the table is u32; numpy raises outside)."""
     return value if 0 <= value <= U32_MAX else (0 if value < 0 else U32_MAX)
@@ -275,7 +279,8 @@ class IOCore:
         self.pending_hello: set[int] = set()
         self.dirty: set[int] = set()
         self.counts = dict.fromkeys(IO_METRICS, 0)
-        self.counts_dirty = False
+        # The counters changed this turn: only those are written at its end.
+        self.counts_changed: set[str] = set()
         self.addresses: dict[str, object] = {}
         # `adopting` while engines taken over from a predecessor may still come back.
         self.adopting = False
@@ -292,7 +297,7 @@ class IOCore:
     def count(self, name: str) -> None:
         """Count one event of the I/O metrics (published at the end of the turn)."""
         self.counts[name] += 1
-        self.counts_dirty = True
+        self.counts_changed.add(name)
 
     def handler_failed(self, where: str, exc: Exception) -> None:
         """The error boundary's account of one frame / event / connection whose handling
@@ -869,21 +874,21 @@ class IOCore:
 
     def publish_engine(self, e: Engine) -> None:
         """Write the engine's row of the engine table."""
-        # Every word is clamped into u32: the stores raise on an out-of-range value, and
-        # nothing here may raise in the loop (the tail is range-checked on arrival; this is
-        # the last line of defence). A stall is published as a state of its own; here it is a
-        # condition of a LIVE engine.
+        # Every word must fit a u32: the store raises on one outside, and then every word is
+        # clamped, for nothing here may raise in the loop (the tail is range-checked on
+        # arrival; this is the last line of defence). A stall is published as a state of its
+        # own; here it is a condition of a LIVE engine.
         running, waiting, active, total = e.tail
         load_ms = int(e.tail_at * 1000) & 0xFFFFFFFFFFFFFFFF if e.tail_at else 0
         requests = e.requests_total & 0xFFFFFFFFFFFFFFFF
         words = (
-            u32(e.published_state),
-            u32(e.index),
-            u32(e.in_flight),
-            u32(running),
-            u32(waiting),
-            u32(active),
-            u32(total),
+            e.published_state,
+            e.index,
+            e.in_flight,
+            running,
+            waiting,
+            active,
+            total,
             load_ms & 0xFFFFFFFF,
             load_ms >> 32,
             requests & 0xFFFFFFFF,
@@ -891,9 +896,15 @@ class IOCore:
         )
         if _ROW_WORDS is not None:
             at = self.engines_off + e.row * ENGINE_WORDS * 4
-            self.region.map[at : at + _ROW_WORDS.size] = _ROW_WORDS.pack(*words)
+            # Packed, then copied in: pack_into zeroes its target first, and a worker reading
+            # the shared row then would see it ENGINE_ABSENT.
+            try:
+                row = _ROW_WORDS.pack(*words)
+            except struct.error:  # a word outside u32: every word clamped (the slow path)
+                row = _ROW_WORDS.pack(*map(u32, words))
+            self.region.map[at : at + _ROW_WORDS.size] = row
         else:  # pragma: no cover - big-endian hosts
-            self.region.engines[e.row][: len(words)] = words
+            self.region.engines[e.row][: len(words)] = [u32(w) for w in words]
 
     def publish_dirty(self) -> None:
         """Write the rows of the engines that changed."""
@@ -933,10 +944,14 @@ class IOCore:
         ):
             self.counts["affinity_fallbacks"] = affinity.fallbacks
             self.counts["affinity_rehashed"] = affinity.hashed_here
-            self.counts_dirty = True
-        if self.counts_dirty:
-            self.counts_dirty = False
-            self.region.io_metrics[:] = list(self.counts.values())
+            self.counts_changed.update(("affinity_fallbacks", "affinity_rehashed"))
+        if self.counts_changed:
+            # The changed words only (a submission's turn changes one): writing the whole
+            # array from a list cost numpy's conversion of every counter, every such turn.
+            metrics, counts = self.region.io_metrics, self.counts
+            for name in self.counts_changed:
+                metrics[_COUNT_WORD[name]] = counts[name]
+            self.counts_changed.clear()
 
     def timeout_ms(self, now: float) -> int:
         """How long the shell's poll may wait for the next event."""

@@ -84,7 +84,7 @@ class EngineState(enum.Enum):
     @property
     def published(self) -> int:
         """The engine table's state word for this state (a stall is published on top)."""
-        return _PUBLISHED[self]
+        return _PUBLISHED_BY_NAME[self._name_]  # by name: an Enum's hash is a Python call
 
 
 class EngineEvent(enum.Enum):
@@ -134,6 +134,7 @@ _PUBLISHED = {
     EngineState.LOST: ENGINE_DEAD,
     EngineState.DEAD: ENGINE_DEAD,
 }
+_PUBLISHED_BY_NAME = {state.name: word for state, word in _PUBLISHED.items()}
 
 
 class InvalidTransition(Exception):
