@@ -38,6 +38,7 @@ KEYS = [
     "frame_to_task_p99_us",
     "submit_io_us_per_request",
     "submit_paced_io_us_per_request",
+    "floor_submit_paced_us_per_request",
     "shm_bytes_per_stream",
     "heap_bytes_per_stream",
 ]

@@ -14,6 +14,11 @@ seen ``frames`` of them. The driver reads the process's CPU from /proc around th
   ``forward_sink`` is such a worker (receives and decodes its shares);
 * ``single`` — one asyncio process doing the I/O and consuming every stream with one task
   per stream (decode, route by rid, deliver a chunk, wake the awaiting task).
+
+And the floor of a request submitted alone (`submit_floor_main`, `wake_sink_main`): a Python
+process asleep in epoll, woken by another process's write, that reads the wake-up and sends
+one ADD-sized message over TCP loopback to a process asleep in ``recv``: what any I/O process
+in Python pays for a lone request before it does anything of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import collections
 import os
 import select
+import socket
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -267,3 +273,70 @@ async def _single(conn: Connection, rids: list[str]) -> None:
     finally:
         pull.close()
         ctx.term()
+
+
+#: The floor's message: about an ADD of the heap session's requests.
+SUBMIT_FLOOR_BYTES = 256
+
+
+def wake_sink_main(conn: Connection) -> None:
+    """The floor's engine: accepts one TCP connection, reads until it has ``n`` messages'
+    bytes (asleep in ``recv`` between them), says so."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    conn.send(("ready", listener.getsockname()[1]))
+    try:
+        while True:
+            cmd, *args = conn.recv()
+            if cmd == "exit":
+                break
+            peer, _ = listener.accept()
+            want, got = args[0] * SUBMIT_FLOOR_BYTES, 0
+            with peer:
+                while got < want:
+                    data = peer.recv(1 << 16)
+                    if not data:
+                        break
+                    got += len(data)
+            conn.send(("got", got))
+    finally:
+        listener.close()
+
+
+def submit_floor_main(conn: Connection, sink_port: int) -> None:
+    """The floor of a lone request: asleep in epoll on a UNIX socket another process writes a
+    byte to per request; each byte read, one message sent to the sink."""
+    name = f"\0tsfront-bench-floor-{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(name)
+    listener.listen(1)
+    conn.send(("ready", name))
+    try:
+        while True:
+            cmd, *args = conn.recv()
+            if cmd == "exit":
+                break
+            n = args[0]
+            waker, _ = listener.accept()
+            engine = socket.create_connection(("127.0.0.1", sink_port))
+            engine.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            poll = select.epoll()
+            poll.register(waker.fileno(), select.EPOLLIN)
+            message = b"x" * SUBMIT_FLOOR_BYTES
+            served = 0
+            conn.send(("serving",))  # set up: the driver's measurement starts now
+            try:
+                while served < n:
+                    poll.poll(5.0)
+                    data = waker.recv(4096)
+                    if not data:
+                        break
+                    for _ in data:
+                        engine.send(message)
+                    served += len(data)
+            finally:
+                poll.close()
+                waker.close()
+                engine.close()
+            conn.send(("served", served))
+    finally:
+        listener.close()

@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import secrets
 import signal
+import socket
 import statistics
 import sys
 import threading
@@ -720,6 +721,45 @@ class Session:
                 c.close()
 
 
+# ----------------------------------------------------------------------------- submit floor
+
+
+def submit_floor(mp: SpawnContext, n: int, interval: float) -> float:
+    """The floor of ``n`` requests submitted one at a time, ``interval`` apart: CPU µs per
+    request of a process that is only woken by another process's write and sends one message
+    to a third asleep in ``recv`` (`baselines.submit_floor_main`), as the I/O process is woken
+    by a worker's submission and sends its ADD to an engine."""
+    sink = _Child(mp, baselines.wake_sink_main)
+    floor: _Child | None = None
+    waker = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        port = sink.recv()[1]
+        floor = _Child(mp, baselines.submit_floor_main, port)
+        name = floor.recv()[1]
+        sink.send("run", n)
+        floor.send("run", n)
+        waker.connect(name)
+        assert floor.recv()[0] == "serving"
+        before = Snapshot.take([floor.pid])
+        due = time.monotonic()
+        for _ in range(n):
+            waker.send(b"x")
+            due += interval
+            pause = due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)  # the pace of the submissions, as the worker's
+        served = floor.recv(120)
+        after = Snapshot.take([floor.pid])
+        got = sink.recv(120)
+        assert served == ("served", n) and got == ("got", n * baselines.SUBMIT_FLOOR_BYTES)
+        return before.cpu_s(after, floor.pid) * 1e6 / n
+    finally:
+        waker.close()
+        for child in (floor, sink):
+            if child is not None:
+                child.close()
+
+
 # ----------------------------------------------------------------------------- heap session
 
 
@@ -758,6 +798,7 @@ def heap_session(streams: int, paced_submits: int, use_uvloop: bool) -> dict:
         arrived = e.recv(300)[1]
         paced_after = Snapshot.take([s.io_pid])
         lat = [arrived[r] - submitted[r] for r in rids2 if r in arrived]
+        floor = submit_floor(s.mp, paced_submits, 0.001)
         return {
             "streams": streams,
             "submit_io_us_per_request": before.cpu_s(after, s.io_pid) * 1e6 / streams,
@@ -766,6 +807,8 @@ def heap_session(streams: int, paced_submits: int, use_uvloop: bool) -> dict:
             "submit_paced_io_us_per_request": paced_before.cpu_s(paced_after, s.io_pid)
             * 1e6
             / paced_submits,
+            # The least a Python process pays for the same: woken, one send (`submit_floor`).
+            "floor_submit_paced_us_per_request": floor,
             "heap_bytes_per_stream": heap,
             "idle_io_percent_10k_streams": idle["io_percent"],
             "idle_worker_percent_10k_streams": idle["worker_percent"],
@@ -1118,6 +1161,7 @@ def _headline(p: Params, out: dict) -> dict:
         "frame_to_task_p999_us_parked": parked.get("p999_us", float("nan")) - hop50,
         "submit_io_us_per_request": out["heap"]["submit_io_us_per_request"],
         "submit_paced_io_us_per_request": out["heap"]["submit_paced_io_us_per_request"],
+        "floor_submit_paced_us_per_request": out["heap"]["floor_submit_paced_us_per_request"],
         "submit_to_engine_p50_us": out["heap"]["submit_to_engine_p50_us"],
         "submit_to_engine_p99_us": out["heap"]["submit_to_engine_p99_us"],
         "shm_bytes_per_stream": out["shm"]["region_bytes_per_stream"],
