@@ -84,7 +84,8 @@ class EngineState(enum.Enum):
     @property
     def published(self) -> int:
         """The engine table's state word for this state (a stall is published on top)."""
-        return _PUBLISHED_BY_NAME[self._name_]  # by name: an Enum's hash is a Python call
+        # By the member's identity (each is a singleton): an Enum's hash is a Python call.
+        return _PUBLISHED_BY_ID[id(self)]
 
 
 class EngineEvent(enum.Enum):
@@ -134,7 +135,7 @@ _PUBLISHED = {
     EngineState.LOST: ENGINE_DEAD,
     EngineState.DEAD: ENGINE_DEAD,
 }
-_PUBLISHED_BY_NAME = {state.name: word for state, word in _PUBLISHED.items()}
+_PUBLISHED_BY_ID = {id(state): word for state, word in _PUBLISHED.items()}
 
 
 class InvalidTransition(Exception):
