@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import glob
 import mmap
 import multiprocessing
 import os
@@ -44,6 +43,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from tsfront import _native
 from tsfront.bench import baselines, replay
+from tsfront.bench.cpu import cpu_ns, cpu_stat_ns
 from tsfront.bench.replay import make_rids, stamp_age_ns
 from tsfront.bench.standins import NullOwner
 from tsfront.sigint import hold_sigint, ignore_sigint
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from tsfront.stream import RequestStream
     from tsfront.wire import TokenizedGenerateReqInput
 
-_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 # Rough CPU per row and per frame of each design, only to size K to a target CPU time.
 _EST_ROW_US = {
@@ -84,25 +83,6 @@ def _on_sigint(signum: int, frame: object) -> None:
 
 
 # ----------------------------------------------------------------------------- CPU & stats
-
-
-def cpu_ns(pid: int) -> int:
-    """utime + stime of a whole process in ns (sum of its threads' ``sum_exec_runtime``)."""
-    total = 0
-    for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            with open(path) as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass
-    return total
-
-
-def cpu_stat_ns(pid: int) -> int:
-    """utime + stime from ``/proc/<pid>/stat`` (clock-tick resolution), in ns."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // _CLK_TCK
 
 
 def percentile(values: list[float], q: float) -> float:

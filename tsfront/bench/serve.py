@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple, cast
 
+from tsfront.bench.cpu import cpu_ns
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 from tsfront.child import python_module
 
@@ -112,7 +113,7 @@ class ProcessCPU(NamedTuple):
     """A process's CPU seconds at one moment, by the two clocks, and its role."""
 
     ticks: float  # utime + stime of /proc/PID/stat: every thread, ended ones too; 10 ms steps
-    exact: float  # its live threads' time on a CPU (schedstat), in ns
+    exact: float  # its live threads' time on a CPU (schedstat: ns resolution)
     role: str
 
 
@@ -125,17 +126,6 @@ def used_cpu(before: ProcessCPU | None, after: ProcessCPU) -> tuple[float, bool]
     if ticks - exact > max(2 / _TICK, 0.05 * ticks):
         return ticks, False
     return exact, True
-
-
-def _threads_cpu(pid: str) -> float:
-    total = 0
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
-            pass  # the thread ended between the listing and the read
-    return total / 1e9
 
 
 def session_cpu(session: int) -> dict[int, ProcessCPU]:
@@ -152,7 +142,7 @@ def session_cpu(session: int) -> dict[int, ProcessCPU]:
                 continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            exact = _threads_cpu(entry)
+            exact = cpu_ns(entry) / 1e9
         except OSError:
             continue  # it ended while being read
         ticks = (int(fields[11]) + int(fields[12])) / _TICK
