@@ -279,13 +279,16 @@ class IOLoop:
                 for engine in list(backlog.values()):
                     del backlog[engine.row]
                     self.drain_output(engine)
-            for sock, _ in events:
+            rest = []  # what is not an output connection: handled after the rings
+            for sock, mask in events:
                 reader = output_engine.get(sock) if type(sock) is int else None
                 if reader is not None:
                     self.on_output(reader, cast(int, sock))
+                else:
+                    rest.append((sock, mask))
             if intake is not None:
                 self.on_rings()
-            for sock, mask in events:
+            for sock, mask in rest:
                 if sock is self.submit:
                     self.on_submit()
                 elif sock in handshakes:
