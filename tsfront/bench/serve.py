@@ -39,13 +39,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, NamedTuple, cast
 
-from tsfront.bench.cpu import cpu_ns
+from tsfront.bench.cpu import TICK_NS, cpu_ns
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
 from tsfront.child import python_module
 
 __all__ = ["PRESETS", "ServeParams", "run_serve"]
 
-_TICK = os.sysconf("SC_CLK_TCK")
+_TICK_S = TICK_NS / 1e9
 _READY_S = 120.0
 
 
@@ -123,7 +123,7 @@ def used_cpu(before: ProcessCPU | None, after: ProcessCPU) -> tuple[float, bool]
     clock (two ticks' slack and 5 %), which a thread that ended in the window causes."""
     ticks = after.ticks - (before.ticks if before else 0.0)
     exact = after.exact - (before.exact if before else 0.0)
-    if ticks - exact > max(2 / _TICK, 0.05 * ticks):
+    if ticks - exact > max(2 * _TICK_S, 0.05 * ticks):
         return ticks, False
     return exact, True
 
@@ -145,7 +145,7 @@ def session_cpu(session: int) -> dict[int, ProcessCPU]:
             exact = cpu_ns(entry) / 1e9
         except OSError:
             continue  # it ended while being read
-        ticks = (int(fields[11]) + int(fields[12])) / _TICK
+        ticks = (int(fields[11]) + int(fields[12])) * _TICK_S
         found[int(entry)] = ProcessCPU(ticks, exact, _role(cmdline))
     return found
 
