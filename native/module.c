@@ -84,7 +84,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tsfront._native",
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&ReaderType) < 0 ||
         PyType_Ready(&SubmitterType) < 0 || PyType_Ready(&IntakeType) < 0 ||
-        PyType_Ready(&PusherBaseType) < 0)
+        PyType_Ready(&PusherBaseType) < 0 || PyType_Ready(&ConnectionBaseType) < 0)
         return NULL;
     PyObject *errors = PyImport_ImportModule("tsfront.errors");
     if (!errors) return NULL;
@@ -103,6 +103,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddObject(m, "Intake", (PyObject *)&IntakeType);
     Py_INCREF(&PusherBaseType);
     PyModule_AddObject(m, "PusherBase", (PyObject *)&PusherBaseType);
+    Py_INCREF(&ConnectionBaseType);
+    PyModule_AddObject(m, "ConnectionBase", (PyObject *)&ConnectionBaseType);
     PyModule_AddIntConstant(m, "SUB_OK", SUB_OK);
     PyModule_AddIntConstant(m, "SUB_FULL", SUB_FULL);
     PyModule_AddIntConstant(m, "SUB_TOO_BIG", SUB_TOO_BIG);

@@ -31,6 +31,23 @@
  * error and handles it as it always does, so the bytes keep their order and a broken
  * connection is still the transport's to report. The transport object is held by the pusher
  * and is open while not closing, so the descriptor is its own, not a reused number.
+ *
+ * A connection known clean (tsfront serve's own protocol): when the pusher's ``_sock`` is a
+ * `ConnectionBase` (tsfront/serve/transport.py's `ConnectionTransport`, the transport that
+ * tsfront serve's protocol hands to uvicorn) whose ``_clean`` is set, the checks of the
+ * cycle, its flow control and the transport (``write_paused``, ``disconnected``,
+ * ``response_complete``, the cycle's transport, ``get_write_buffer_size``, ``is_closing``)
+ * are skipped: they held when the flag was set and nothing that could change them has
+ * happened since. The invariant: ``_clean`` is set only here, right after a direct send that
+ * took the whole event with every one of those checks passed; it is cleared by every write,
+ * close, abort or end-of-write through that transport (the only way anything but this pass
+ * writes to the connection: uvicorn and the response's task alike), by the protocol's
+ * ``pause_writing`` and ``connection_lost`` (the transport closes the socket only after
+ * ``connection_lost`` returns, uvloop's and asyncio's alike, so the descriptor is still the
+ * connection's while the flag is set), and here by a send that did not take the whole event.
+ * So while it is set the transport holds nothing, is not paused, and the response is
+ * streaming: a send is what the checks and the transport's own write would do. The stream's
+ * checks (its ``_push``, its waiter) are made for every update, clean or not.
  * Anything that fails or raises before the tokens are consumed (an attribute missing, the
  * native step refusing its arguments) leaves the update to `deliver`, which makes the same
  * calls and so meets the same failure where the Python path handles it (the sink logged and
@@ -135,6 +152,35 @@ PyTypeObject PusherBaseType = {
     .tp_members = pb_members,
 };
 
+typedef struct {
+    PyObject_HEAD int clean; /* see the invariant in this file's doc */
+    Py_ssize_t clean_sends;  /* events sent with the checks skipped */
+} ConnectionBase;
+
+static PyMemberDef cb_members[] = {
+    {"_clean", T_BOOL, offsetof(ConnectionBase, clean), 0, NULL},
+    {"clean_sends", T_PYSSIZET, offsetof(ConnectionBase, clean_sends), READONLY,
+     "Events the drain's native pass sent on this connection with its checks skipped."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+PyTypeObject ConnectionBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tsfront._native.ConnectionBase",
+    .tp_basicsize = sizeof(ConnectionBase),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The write state push_batch reads of a connection's transport "
+              "(tsfront.serve.transport.ConnectionTransport).",
+    .tp_new = PyType_GenericNew,
+    .tp_members = cb_members,
+};
+
+/* The pusher's connection when it keeps the clean flag, else NULL (borrowed). */
+static inline ConnectionBase *connection_of(PusherBase *p) {
+    PyObject *sock = p->sock;
+    if (!sock || p->fd < 0 || !PyObject_TypeCheck(sock, &ConnectionBaseType)) return NULL;
+    return (ConnectionBase *)sock;
+}
+
 static PyObject *S_BUFFERED, *S_IS_CLOSING;
 static PyObject *S_PUSH, *S_WAITER, *S_DONE, *S_ENGINE_INDEX, *S_TOKENS, *S_WRITE_PAUSED,
     *S_DISCONNECTED, *S_RESPONSE_COMPLETE, *S_TRANSPORT, *S_WRITE;
@@ -181,9 +227,11 @@ static inline int call_true(PyObject *obj, PyObject *name) {
 }
 
 /* The chunk written to the connection's own transport: sent on its socket here while the
- * transport holds nothing and is open, the rest (all of it otherwise) through its write.
+ * transport holds nothing and is open, the rest (all of it otherwise) through its write; a
+ * whole send marks the connection ``conn`` (if any) clean: every check has passed.
  * What the transport's write returns, or NULL with an error set. */
-static PyObject *write_direct(PusherBase *p, PyObject *transport, PyObject *chunk) {
+static PyObject *write_direct(PusherBase *p, ConnectionBase *conn, PyObject *transport,
+                              PyObject *chunk) {
     PyObject *r = PyObject_CallMethodNoArgs(transport, S_BUFFERED);
     if (!r) return NULL;
     Py_ssize_t buffered = PyLong_AsSsize_t(r);
@@ -197,7 +245,10 @@ static PyObject *write_direct(PusherBase *p, PyObject *transport, PyObject *chun
             Py_ssize_t len = PyBytes_GET_SIZE(chunk);
             ssize_t n = send(p->fd, data, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
             if (n > 0) p->direct++;
-            if (n == len) Py_RETURN_NONE;
+            if (n == len) {
+                if (conn) conn->clean = 1;
+                Py_RETURN_NONE;
+            }
             if (n > 0) {
                 PyObject *rest = PyBytes_FromStringAndSize(data + n, len - n);
                 if (!rest) return NULL;
@@ -209,6 +260,30 @@ static PyObject *write_direct(PusherBase *p, PyObject *transport, PyObject *chun
         }
     }
     return PyObject_CallMethodOneArg(transport, S_WRITE, chunk);
+}
+
+/* The chunk sent on a clean connection's socket (see this file's doc): what the socket does
+ * not take goes through the transport's write, and the connection is clean no more. What
+ * that write returns, or NULL with an error set. */
+static PyObject *write_clean(PusherBase *p, ConnectionBase *conn, PyObject *chunk) {
+    const char *data = PyBytes_AS_STRING(chunk);
+    Py_ssize_t len = PyBytes_GET_SIZE(chunk);
+    ssize_t n = send(p->fd, data, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) p->direct++;
+    if (n == len) {
+        conn->clean_sends++;
+        Py_RETURN_NONE;
+    }
+    conn->clean = 0;
+    if (n > 0) {
+        PyObject *rest = PyBytes_FromStringAndSize(data + n, len - n);
+        if (!rest) return NULL;
+        PyObject *res = PyObject_CallMethodOneArg(p->sock, S_WRITE, rest);
+        Py_DECREF(rest);
+        return res;
+    }
+    /* Nothing sent (EAGAIN, or an error the transport's write meets again). */
+    return PyObject_CallMethodOneArg(p->sock, S_WRITE, chunk);
 }
 
 /* The stream of a slot, a new reference (NULL: none, no error set). */
@@ -260,10 +335,14 @@ static int take(PyObject *update, PyObject *refs) {
     waiter = PyObject_GetAttr(stream, S_WAITER);
     if (!waiter || waiter == Py_None) goto left;
     if (call_true(waiter, S_DONE) != 0) goto left;
-    /* Pusher.__call__'s own checks, in its order. */
-    if (attr_true(p->flow, S_WRITE_PAUSED) != 0) goto left;
-    if (attr_true(p->cycle, S_DISCONNECTED) != 0) goto left;
-    if (attr_true(p->cycle, S_RESPONSE_COMPLETE) != 0) goto left;
+    /* Pusher.__call__'s own checks, in its order; held since the connection was found clean. */
+    ConnectionBase *conn = connection_of(p);
+    int clean = conn && conn->clean;
+    if (!clean) {
+        if (attr_true(p->flow, S_WRITE_PAUSED) != 0) goto left;
+        if (attr_true(p->cycle, S_DISCONNECTED) != 0) goto left;
+        if (attr_true(p->cycle, S_RESPONSE_COMPLETE) != 0) goto left;
+    }
     if (PyObject_SetAttr(stream, S_ENGINE_INDEX, PyTuple_GET_ITEM(update, 8)) < 0) goto left;
     /* The choice's new count before the step: the step changes the stream's decoder, so
      * nothing that can fail comes between it and the write but the store of this count. */
@@ -289,14 +368,18 @@ static int take(PyObject *update, PyObject *refs) {
         goto out;
     }
     if (chunk != Py_None) {
-        PyObject *transport = PyObject_GetAttr(p->cycle, S_TRANSPORT);
         PyObject *res = NULL;
-        if (transport && !is_none(p->sock) && transport == p->sock && p->fd >= 0 &&
-            PyBytes_CheckExact(chunk))
-            res = write_direct(p, transport, chunk);
-        else if (transport)
-            res = PyObject_CallMethodOneArg(transport, S_WRITE, chunk);
-        Py_XDECREF(transport);
+        if (clean && PyBytes_CheckExact(chunk)) {
+            res = write_clean(p, conn, chunk);
+        } else {
+            PyObject *transport = PyObject_GetAttr(p->cycle, S_TRANSPORT);
+            if (transport && !is_none(p->sock) && transport == p->sock && p->fd >= 0 &&
+                PyBytes_CheckExact(chunk))
+                res = write_direct(p, conn, transport, chunk);
+            else if (transport)
+                res = PyObject_CallMethodOneArg(transport, S_WRITE, chunk);
+            Py_XDECREF(transport);
+        }
         if (res) {
             Py_DECREF(res);
         } else if (PyErr_ExceptionMatches(PyExc_Exception)) {

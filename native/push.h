@@ -9,6 +9,7 @@
 #include <Python.h>
 
 extern PyTypeObject PusherBaseType;
+extern PyTypeObject ConnectionBaseType;
 
 /* push_batch(updates, refs) -> list: see push.c. */
 PyObject *py_push_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs);

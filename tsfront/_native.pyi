@@ -109,6 +109,14 @@ class PusherBase:
     @property
     def direct_sends(self) -> int: ...
 
+class ConnectionBase:
+    """The write state `push_batch` reads of a connection's transport
+    (`tsfront.serve.transport.ConnectionTransport`)."""
+
+    _clean: bool
+    @property
+    def clean_sends(self) -> int: ...
+
 class Writer:
     """The I/O process's side of the slot region: binds requests, ingests output frames."""
 

@@ -18,16 +18,20 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import struct
 import time
 import types
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import msgspec
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.push_fixtures import LoggingOwner, PlainChoice
 from support.serve_fixtures import post_stream, read_chunked, start_served
 
@@ -35,6 +39,7 @@ import tsfront.serve.push as push
 from tsfront import _native
 from tsfront.bench.standins import TransportCycle
 from tsfront.serve.push import Pusher
+from tsfront.serve.transport import ConnectionTransport
 from tsfront.stream import OutputChunk, RequestStream, deliver_all
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
@@ -323,6 +328,7 @@ async def test_the_drains_native_pass_writes_the_python_paths_bytes(monkeypatch,
         http = protocol_class(limits)
     app = _DrainApp()
     server, task, port, _calls = await _serve(app, monkeypatch, http)
+    clean_before = 0
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(2):  # and the connection stays usable
@@ -337,6 +343,17 @@ async def test_the_drains_native_pass_writes_the_python_paths_bytes(monkeypatch,
             events = _python_bytes(1).count(HEAD)
             assert app.pusher is not None
             assert app.pusher.direct_sends >= events - (1 if protocol == "edge" else 0) > 0
+            # Under the server's protocol the connection keeps its clean flag: every event
+            # after the first direct one skips the checks (the head's write, the first event
+            # through the head writer and the first direct one make them).
+            conn = app.pusher._sock
+            if protocol == "edge":
+                assert isinstance(conn, ConnectionTransport)
+                sent, clean_before = conn.clean_sends - clean_before, conn.clean_sends
+                assert sent >= events - 2 > 0
+                assert conn._clean is False  # the end of the body went through it
+            else:
+                assert not isinstance(conn, _native.ConnectionBase)
         assert app.native and called == []
         writer.close()
     finally:
@@ -375,16 +392,19 @@ async def _connection(loop: asyncio.AbstractEventLoop) -> tuple[asyncio.Transpor
     return transport, client
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["transport", "connection"])
 @pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
 def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
-    monkeypatch, loop_kind: str
+    monkeypatch, loop_kind: str, wrapped: bool
 ) -> None:
     # The drain's native pass sends each event on the connection's socket itself while the
     # transport holds nothing; a client that does not read fills the kernel's buffers, a send
     # takes part of an event or nothing, and the rest goes to the transport, which buffers it,
     # so the events after it go through the transport too (it holds something) until it has
     # written it all. Every byte arrives once and in order, and once the transport is empty
-    # the sends are direct again. Real sockets, both event loops.
+    # the sends are direct again. Real sockets, both event loops; and the same behind tsfront
+    # serve's `ConnectionTransport` (``connection``), whose clean flag lets the pass skip its
+    # checks: set only while the transport holds nothing, cleared by the partial send.
     import uvloop
 
     monkeypatch.setattr(push, "_cycle_type", lambda: TransportCycle)
@@ -397,12 +417,13 @@ def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
         transport, client = await _connection(loop)
         table, steps = _table()
         stream = RequestStream(LoggingOwner(loop), "r", 0, 1)
-        cycle = TransportCycle(transport)
+        conn = ConnectionTransport(transport)
+        cycle = TransportCycle(conn if wrapped else transport)
         ours, detok = TableDetokenizer(table), TableDetokenizer(table)
         for d in (ours, detok):
             d.step(steps[0])  # past the first-token rules: the native step applies
         pusher = Pusher(PlainChoice(ours), big_head, TAIL, cycle.send)  # type: ignore[arg-type]
-        assert pusher.native and pusher._sock is transport and pusher._fd >= 0
+        assert pusher.native and pusher._sock is cycle.transport and pusher._fd >= 0
         stream.set_sink(pusher)
         refs = [weakref.ref(stream)]
         reading = asyncio.ensure_future(_consume(stream))
@@ -417,6 +438,9 @@ def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
                 for tokens in steps:
                     position += 1
                     deliver_all([(0, list(tokens), None, None, 0, 1, position, 0, 0)], refs)
+                    if conn._clean:  # the flag's invariant
+                        assert transport.get_write_buffer_size() == 0
+                        assert not transport.is_closing()
                     text = detok.step(tokens)
                     if text:
                         body = big_head + _JSON.encode(text) + TAIL
@@ -449,6 +473,7 @@ def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
         held = pusher.direct_sends
         feed(2)
         assert pusher.direct_sends == held, "a direct send past what the transport held"
+        assert not conn._clean
         assert await read_all() == bytes(expected)
         deadline = time.monotonic() + DEADLINE
         while transport.get_write_buffer_size():
@@ -459,6 +484,10 @@ def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
         assert pusher.direct_sends > direct_first
         assert await read_all() == bytes(expected) and len(expected) > start
         assert pusher.error is None and called == [], "an update left the native pass"
+        if wrapped:
+            assert conn.clean_sends > 0, "no event took the clean connection's way"
+        else:
+            assert conn.clean_sends == 0 and not conn._clean
         reading.cancel()
         transport.close()
         client.close()
@@ -467,6 +496,207 @@ def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
         uvloop.run(main())
     else:
         asyncio.run(main())
+
+
+class _ParkedApp:
+    """``/stream``: a response parked on its stream with a `Pusher` as the sink, fed by the
+    test through `deliver_all`; ``/plain``: a fixed body, and the descriptor of its
+    connection's socket."""
+
+    PLAIN = b"plain response"
+
+    def __init__(self) -> None:
+        self.parked = asyncio.Event()
+        self.refs: list[Any] = []
+        self.pusher: Pusher | None = None
+        self.cycle: Any = None
+        self.plain_fd = -1
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/plain":
+            self.plain_fd = push.direct_target(send.__self__.transport)[1]
+            headers = [(b"content-length", str(len(self.PLAIN)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": self.PLAIN})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        table, _ = _table()
+        stream = RequestStream(LoggingOwner(asyncio.get_running_loop()), "r", 0, 1)
+        pusher = Pusher(PlainChoice(TableDetokenizer(table)), HEAD, TAIL, send)  # type: ignore[arg-type]
+        stream.set_sink(pusher)
+        self.pusher, self.cycle, self.refs = pusher, send.__self__, [weakref.ref(stream)]
+        await send({"type": "http.response.body", "body": FIRST, "more_body": True})
+        self.parked.set()
+        async for _ in stream:
+            pass
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@pytest.mark.parametrize("leaving", ["close", "reset"])
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
+def test_a_lost_connections_descriptor_gets_no_event_when_another_connection_reuses_it(
+    monkeypatch, loop_kind: str, leaving: str
+) -> None:
+    # Under tsfront serve's protocol a streaming response's connection is clean (events sent
+    # with no checks) until something clears it. The client goes away; the event loop closes
+    # the socket right after the protocol's connection_lost, and the next connection accepted
+    # gets the same descriptor. Events of the old response that arrive then must not reach the
+    # new connection: connection_lost cleared the flag, so the pass checks again, and finds
+    # the client gone. The client closes (uvicorn then closes the transport too), or resets
+    # the connection (the event loop ends it with the error: only connection_lost is told).
+    import uvloop
+
+    from tsfront.serve.protocol import EdgeLimits, protocol_class
+
+    async def main() -> None:
+        limits = EdgeLimits(
+            timeout_header=DEADLINE,
+            timeout_body=DEADLINE,
+            max_header_bytes=1 << 16,
+            max_connections=8,
+        )
+        app = _ParkedApp()
+        server, task, port, _calls = await _serve(app, monkeypatch, protocol_class(limits))
+        _, steps = _table()
+        position = 0
+
+        def feed(n: int) -> None:
+            nonlocal position
+            for tokens in steps[1 : n + 1]:
+                position += 1
+                deliver_all([(0, list(tokens), None, None, 0, 1, position, 0, 0)], app.refs)
+
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+            await asyncio.wait_for(app.parked.wait(), DEADLINE)
+            await asyncio.wait_for(reader.readuntil(FIRST + b"\r\n"), DEADLINE)
+            feed(6)
+            pusher = app.pusher
+            assert pusher is not None
+            conn = pusher._sock
+            assert isinstance(conn, ConnectionTransport)
+            assert conn._clean and conn.clean_sends > 0, "the connection never got clean"
+            await asyncio.wait_for(reader.readuntil(TAIL + b"\r\n"), DEADLINE)
+            old_fd, direct = pusher._fd, pusher.direct_sends
+            if leaving == "reset":  # an RST: the server's read fails
+                linger = struct.pack("ii", 1, 0)
+                writer.get_extra_info("socket").setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, linger
+                )
+                writer.transport.abort()
+            else:
+                writer.close()
+            deadline = time.monotonic() + DEADLINE
+            while not app.cycle.disconnected:
+                assert time.monotonic() < deadline, "the server never saw the client leave"
+                await asyncio.sleep(0.001)
+            assert not conn._clean, "connection_lost left the connection clean"
+            reader2, writer2 = await asyncio.open_connection("127.0.0.1", port)
+            writer2.write(b"GET /plain HTTP/1.1\r\nhost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader2.readuntil(b"\r\n\r\n"), DEADLINE)
+            body = await asyncio.wait_for(reader2.readexactly(len(app.PLAIN)), DEADLINE)
+            assert head.startswith(b"HTTP/1.1 200") and body == app.PLAIN
+            assert app.plain_fd == old_fd, "the new connection did not reuse the descriptor"
+            feed(6)  # the old response's events, while the new connection holds its descriptor
+            assert pusher.direct_sends == direct, "an event was sent on the reused descriptor"
+            writer2.write(b"GET /plain HTTP/1.1\r\nhost: x\r\n\r\n")
+            head = await asyncio.wait_for(reader2.readuntil(b"\r\n\r\n"), DEADLINE)
+            assert head.startswith(b"HTTP/1.1 200"), head  # nothing stray before it
+            body = await asyncio.wait_for(reader2.readexactly(len(app.PLAIN)), DEADLINE)
+            assert body == app.PLAIN
+            writer2.close()
+        finally:
+            # The old response's end: its task finishes, and the server can stop.
+            deliver_all([(0, [], None, None, _native.FIN_STOP, 1, position, 0, 0)], app.refs)
+            server.should_exit = True
+            await asyncio.wait_for(task, DEADLINE)
+
+    if loop_kind == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
+
+_ACTIONS = st.lists(
+    st.sampled_from(["token"] * 4 + ["write"] * 2 + ["read", "turn", "unclean"]),
+    min_size=1,
+    max_size=120,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(actions=_ACTIONS, size=st.sampled_from([10, 3000, 9000]))
+def test_a_clean_connection_keeps_every_byte_in_order_whatever_comes_between(
+    actions: list[str], size: int
+) -> None:
+    # The clean flag's hammer: on a real loopback connection with small buffers, the drain's
+    # events (``token``), the response task's writes through the connection (``write``), the
+    # client reading what has arrived (``read``), loop turns in which the transport writes
+    # what it holds (``turn``) and the protocol's clearing (``unclean``) in any order. After
+    # every step the flag's invariant holds (set: the transport holds nothing, is open), and
+    # the client gets exactly every event and write, once, in the order they were made.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(push, "_cycle_type", lambda: TransportCycle)
+        mp.setattr(Pusher, "__call__", lambda self, tokens: False)  # all must be the pass's
+        head = HEAD.replace(b"data: ", b"data: " + b" " * size)
+        asyncio.run(_hammer(actions, head))
+
+
+async def _hammer(actions: list[str], head: bytes) -> None:
+    loop = asyncio.get_running_loop()
+    transport, client = await _connection(loop)
+    conn = ConnectionTransport(transport)
+    table, steps = _table()
+    stream = RequestStream(LoggingOwner(loop), "r", 0, 1)
+    ours, detok = TableDetokenizer(table), TableDetokenizer(table)
+    for d in (ours, detok):
+        d.step(steps[0])  # past the first-token rules: the native step applies
+    pusher = Pusher(PlainChoice(ours), head, TAIL, TransportCycle(conn).send)  # type: ignore[arg-type]
+    stream.set_sink(pusher)
+    refs = [weakref.ref(stream)]
+    reading = asyncio.ensure_future(_consume(stream))
+    await asyncio.sleep(0)
+    expected, got = bytearray(), bytearray()
+    position = 0
+    for action in actions:
+        if action == "token":
+            tokens = steps[1 + position % (len(steps) - 1)]
+            position += 1
+            deliver_all([(0, list(tokens), None, None, 0, 1, position, 0, 0)], refs)
+            text = detok.step(tokens)
+            if text:
+                expected.extend(_chunk(head + _JSON.encode(text) + TAIL))
+        elif action == "write":
+            marker = b"<write %d>" % len(expected) + b"." * (len(head) // 2)
+            conn.write(marker)
+            expected.extend(marker)
+        elif action == "read":
+            while True:
+                try:
+                    data = client.recv(1 << 16)
+                except BlockingIOError:
+                    break
+                assert data, "the connection closed"
+                got.extend(data)
+        elif action == "turn":
+            await asyncio.sleep(0)
+        else:
+            conn.unclean()
+        if conn._clean:
+            assert transport.get_write_buffer_size() == 0 and not transport.is_closing()
+    deadline = time.monotonic() + DEADLINE
+    while len(got) < len(expected):
+        assert time.monotonic() < deadline, f"{len(got)} of {len(expected)} bytes"
+        got.extend(await asyncio.wait_for(loop.sock_recv(client, 1 << 16), DEADLINE))
+    assert bytes(got) == bytes(expected)
+    assert pusher.error is None
+    reading.cancel()
+    transport.close()
+    client.close()
+    await asyncio.sleep(0)
 
 
 async def _consume(stream: RequestStream) -> None:

@@ -25,6 +25,10 @@ complete, so idle connections still hold their fds):
   request runs with others queued behind it, so that the client's EOF is seen; at most
   `MAX_PIPELINED` queued requests per connection, past that the connection is closed.
 
+* **The connection's write state**: uvicorn gets the connection's transport wrapped in a
+  `tsfront.serve.transport.ConnectionTransport`, whose clean flag every write, close and abort
+  clears, as do ``pause_writing`` and ``connection_lost`` here; the drain's native pass sends
+  a token's event with fewer checks while it is set (see that module).
 * **One write for a response's head and its first bytes**: a request's cycle writes through a
   `_HeadWriter`, which holds the status line and headers until the next write of the same
   loop turn (the first body bytes, sent right after the start by every route) and sends both
@@ -39,9 +43,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from tsfront.serve.transport import ConnectionTransport
 
 __all__ = ["CAP_LOG_S", "MAX_PIPELINED", "EdgeLimits", "EdgeProtocol", "protocol_class"]
 
@@ -215,13 +221,21 @@ class EdgeProtocol(HttpToolsProtocol):
             limits.note_cap("evicted")
             oldest.transport.abort()
             oldest._forget()  # aborted transports report their loss later, in a callback
-        super().connection_made(transport)
+        # Every write of uvicorn's and of the app's on this connection goes through it: the
+        # drain's native pass reads its clean flag (tsfront.serve.transport).
+        super().connection_made(cast(asyncio.Transport, ConnectionTransport(transport)))
         limits.open.add(self)
         self._wait_headers()
+
+    def pause_writing(self) -> None:
+        cast(ConnectionTransport, self.transport).unclean()
+        super().pause_writing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is None:  # refused at the cap: never made
             return
+        # First: the event loop closes the socket once this returns.
+        cast(ConnectionTransport, self.transport).unclean()
         self._forget()
         # uvicorn tells only the newest request; every one still running must hear of it.
         for cycle in self._cycles:

@@ -80,8 +80,9 @@ def _native_cycle(send: Callable[..., Any]) -> Any:
 def direct_target(transport: Any) -> tuple[Any, int]:
     """The transport the drain's native pass may send an event past, and its socket's
     descriptor: the connection's own transport (behind tsfront serve's head writer, if that
-    stands in front of it), when it is a plain TCP one; ``(None, -1)`` for anything else (TLS:
-    the socket carries ciphertext; a transport with no socket or no buffer size to ask)."""
+    stands in front of it; under tsfront serve, the `ConnectionTransport` whose clean flag the
+    pass keeps), when it is a plain TCP one; ``(None, -1)`` for anything else (TLS: the socket
+    carries ciphertext; a transport with no socket or no buffer size to ask)."""
     inner = getattr(transport, "connection_transport", transport)
     info = getattr(inner, "get_extra_info", None)
     if info is None or not callable(getattr(inner, "get_write_buffer_size", None)):

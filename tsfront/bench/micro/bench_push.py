@@ -6,9 +6,13 @@ One batch is what a worker's drain gets from one engine step: one plain token fo
 transport whose other end a reader process drains; `deliver_all` takes the batch as the worker
 does (``tsfront._native.push_batch``). The two benchmarks differ only in the pushers' ``_fd``
 (``-1``: no direct send, every event through ``transport.write``), so their ratio is what the
-direct send saves (docs/PERFORMANCE.md, "Worker per token: the direct send"). uvicorn's cycle
-is a stand-in with what the pass reads of it (`tsfront.bench.standins.TransportCycle`);
-between rounds the loop runs briefly, so the transports and the reader keep up.
+direct send saves (docs/PERFORMANCE.md, "Worker per token: the direct send"). A third,
+``clean``, has each transport behind tsfront serve's `ConnectionTransport`, as under
+``tsfront serve``, so the pass skips its checks while the connection stays clean (the first
+round's events make them and set it; docs/PERFORMANCE.md, "Owning the connection's write
+state"). uvicorn's cycle is a stand-in with what the pass reads of it
+(`tsfront.bench.standins.TransportCycle`); between rounds the loop runs briefly, so the
+transports and the reader keep up.
 Run: ``.venv/bin/python -m pytest tsfront/bench/micro/bench_push.py``.
 """
 
@@ -29,6 +33,7 @@ from tsfront.bench.floor import drain_connections
 from tsfront.bench.standins import NullOwner, TransportCycle
 from tsfront.serve.choice import Choice
 from tsfront.serve.push import Pusher
+from tsfront.serve.transport import ConnectionTransport
 from tsfront.stream import RequestStream, deliver_all
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
@@ -43,11 +48,13 @@ _TAIL = b',"logprobs":null,"finish_reason":null}]}\n\n'
 
 
 class _Rig:
-    def __init__(self) -> None:
+    def __init__(self, wrapped: bool) -> None:
+        self.wrapped = wrapped
         self.loop = uvloop.new_event_loop()
         self.transports: list[asyncio.Transport] = []
         self.streams: list[RequestStream] = []
         self.pushers: list[Pusher] = []
+        self.conns: list[ConnectionTransport] = []  # behind which the pushers write (wrapped)
         self.fds: list[int] = []
         self.tasks: list[asyncio.Task] = []
         self.refs: list[weakref.ref[RequestStream] | None] = []
@@ -79,8 +86,12 @@ class _Rig:
             stream = RequestStream(owner, f"r{i}", i, 1)
             detok = TableDetokenizer(_TABLE)
             detok.step([0])  # past the first-token rules: the native step applies
+            conn: Any = transport
+            if self.wrapped:
+                conn = ConnectionTransport(transport)
+                self.conns.append(conn)
             pusher = Pusher(
-                Choice(0, stream, detok, None, 1), _HEAD, _TAIL, TransportCycle(transport).send
+                Choice(0, stream, detok, None, 1), _HEAD, _TAIL, TransportCycle(conn).send
             )
             assert pusher.native and pusher._fd >= 0
             stream.set_sink(pusher)
@@ -124,11 +135,11 @@ class _Rig:
                 self.reader.kill()
 
 
-@pytest.fixture(scope="module")
-def rig() -> Iterator[_Rig]:
+@pytest.fixture(scope="module", params=[False, True], ids=["transport", "connection"])
+def rig(request: pytest.FixtureRequest) -> Iterator[_Rig]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(push, "_cycle_type", lambda: TransportCycle)
-        r = _Rig()
+        r = _Rig(request.param)
         try:
             r.loop.run_until_complete(r.start())
             yield r
@@ -138,6 +149,8 @@ def rig() -> Iterator[_Rig]:
 
 @pytest.mark.parametrize("send", ["direct", "transport_write"])
 def test_drain_pass_batch(benchmark, rig: _Rig, send: str) -> None:
+    if rig.wrapped and send != "direct":
+        pytest.skip("behind the connection's transport: the direct send only (``clean``)")
     rig.direct(send == "direct")
     before = sum(p.direct_sends for p in rig.pushers)
     benchmark.pedantic(rig.batch, setup=rig.settle, rounds=ROUNDS, iterations=1)
@@ -146,4 +159,6 @@ def test_drain_pass_batch(benchmark, rig: _Rig, send: str) -> None:
         assert sent > 0, "no event was sent directly"
     else:
         assert sent == 0
+    if rig.wrapped:
+        assert sum(c.clean_sends for c in rig.conns) > 0, "no clean connection"
     assert all(p.error is None for p in rig.pushers)
