@@ -226,6 +226,19 @@ static inline int call_true(PyObject *obj, PyObject *name) {
     return truth(PyObject_CallMethodNoArgs(obj, name));
 }
 
+/* What a send of ``chunk`` did not take (``n`` bytes of it sent, or none: n <= 0) through the
+ * transport's write, which buffers it or meets the send's error again. What that write
+ * returns, or NULL with an error set. */
+static PyObject *write_rest(PyObject *transport, PyObject *chunk, ssize_t n) {
+    if (n <= 0) return PyObject_CallMethodOneArg(transport, S_WRITE, chunk);
+    PyObject *rest = PyBytes_FromStringAndSize(PyBytes_AS_STRING(chunk) + n,
+                                               PyBytes_GET_SIZE(chunk) - n);
+    if (!rest) return NULL;
+    PyObject *res = PyObject_CallMethodOneArg(transport, S_WRITE, rest);
+    Py_DECREF(rest);
+    return res;
+}
+
 /* The chunk written to the connection's own transport: sent on its socket here while the
  * transport holds nothing and is open, the rest (all of it otherwise) through its write; a
  * whole send marks the connection ``conn`` (if any) clean: every check has passed.
@@ -249,14 +262,7 @@ static PyObject *write_direct(PusherBase *p, ConnectionBase *conn, PyObject *tra
                 if (conn) conn->clean = 1;
                 Py_RETURN_NONE;
             }
-            if (n > 0) {
-                PyObject *rest = PyBytes_FromStringAndSize(data + n, len - n);
-                if (!rest) return NULL;
-                PyObject *res = PyObject_CallMethodOneArg(transport, S_WRITE, rest);
-                Py_DECREF(rest);
-                return res;
-            }
-            /* Nothing sent (EAGAIN, or an error the transport's write meets again). */
+            return write_rest(transport, chunk, n);
         }
     }
     return PyObject_CallMethodOneArg(transport, S_WRITE, chunk);
@@ -275,15 +281,7 @@ static PyObject *write_clean(PusherBase *p, ConnectionBase *conn, PyObject *chun
         Py_RETURN_NONE;
     }
     conn->clean = 0;
-    if (n > 0) {
-        PyObject *rest = PyBytes_FromStringAndSize(data + n, len - n);
-        if (!rest) return NULL;
-        PyObject *res = PyObject_CallMethodOneArg(p->sock, S_WRITE, rest);
-        Py_DECREF(rest);
-        return res;
-    }
-    /* Nothing sent (EAGAIN, or an error the transport's write meets again). */
-    return PyObject_CallMethodOneArg(p->sock, S_WRITE, chunk);
+    return write_rest(p->sock, chunk, n);
 }
 
 /* The stream of a slot, a new reference (NULL: none, no error set). */

@@ -462,13 +462,7 @@ def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
         # The client reads what the kernel holds, in this loop turn: the socket has room
         # again while the transport still holds its rest (it writes that at the loop's next
         # turn). Events now must queue behind that rest, not go out on the socket before it.
-        while True:
-            try:
-                data = client.recv(1 << 16)
-            except BlockingIOError:
-                break
-            assert data, "the connection closed"
-            got.extend(data)
+        _read_available(client, got)
         assert got and transport.get_write_buffer_size() > 0
         held = pusher.direct_sends
         feed(2)
@@ -674,13 +668,7 @@ async def _hammer(actions: list[str], head: bytes) -> None:
             conn.write(marker)
             expected.extend(marker)
         elif action == "read":
-            while True:
-                try:
-                    data = client.recv(1 << 16)
-                except BlockingIOError:
-                    break
-                assert data, "the connection closed"
-                got.extend(data)
+            _read_available(client, got)
         elif action == "turn":
             await asyncio.sleep(0)
         else:
@@ -697,6 +685,17 @@ async def _hammer(actions: list[str], head: bytes) -> None:
     transport.close()
     client.close()
     await asyncio.sleep(0)
+
+
+def _read_available(client: socket.socket, got: bytearray) -> None:
+    """Append to ``got`` what the (non-blocking) client socket has received so far."""
+    while True:
+        try:
+            data = client.recv(1 << 16)
+        except BlockingIOError:
+            return
+        assert data, "the connection closed"
+        got.extend(data)
 
 
 async def _consume(stream: RequestStream) -> None:

@@ -7,12 +7,14 @@ transport whose other end a reader process drains; `deliver_all` takes the batch
 does (``tsfront._native.push_batch``). The two benchmarks differ only in the pushers' ``_fd``
 (``-1``: no direct send, every event through ``transport.write``), so their ratio is what the
 direct send saves (docs/PERFORMANCE.md, "Worker per token: the direct send"). A third,
-``clean``, has each transport behind tsfront serve's `ConnectionTransport`, as under
+``connection``, has each transport behind tsfront serve's `ConnectionTransport`, as under
 ``tsfront serve``, so the pass skips its checks while the connection stays clean (the first
 round's events make them and set it; docs/PERFORMANCE.md, "Owning the connection's write
-state"). uvicorn's cycle is a stand-in with what the pass reads of it
-(`tsfront.bench.standins.TransportCycle`); between rounds the loop runs briefly, so the
-transports and the reader keep up.
+state"). Each runs ``warm`` and ``cold`` (64 MB written before every round, so that what the
+pass reads has left the caches, as between two tokens of a connection in a server): what the
+clean flag saves is the checks' cache misses, which only the cold rounds show. uvicorn's
+cycle is a stand-in with what the pass reads of it (`tsfront.bench.standins.TransportCycle`);
+between rounds the loop runs briefly, so the transports and the reader keep up.
 Run: ``.venv/bin/python -m pytest tsfront/bench/micro/bench_push.py``.
 """
 
@@ -25,6 +27,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, cast
 
+import numpy as np
 import pytest
 import uvloop
 
@@ -39,6 +42,8 @@ from tsfront.text.detok import TableDetokenizer, TokenTable
 
 CONNECTIONS = 64
 ROUNDS = 300
+COLD_ROUNDS = 100
+EVICT_BYTES = 64 << 20
 _TABLE = TokenTable([b" w%d" % i for i in range(64)], None, frozenset(), False, False, "replace")
 _HEAD = (
     b'data: {"id":"cmpl-0123456789abcdef01234567","object":"text_completion",'
@@ -147,13 +152,33 @@ def rig(request: pytest.FixtureRequest) -> Iterator[_Rig]:
             r.close()
 
 
+_EVICT: list[np.ndarray] = []
+
+
+def _evict() -> None:
+    # Every cache line of 64 MB written: what the pass reads is cold again, as in a server
+    # whose connections each get a token every 20 ms.
+    if not _EVICT:
+        _EVICT.append(np.zeros(EVICT_BYTES, dtype=np.uint8))
+    _EVICT[0][::64] += 1
+
+
+@pytest.mark.parametrize("cache", ["warm", "cold"])
 @pytest.mark.parametrize("send", ["direct", "transport_write"])
-def test_drain_pass_batch(benchmark, rig: _Rig, send: str) -> None:
+def test_drain_pass_batch(benchmark, rig: _Rig, send: str, cache: str) -> None:
     if rig.wrapped and send != "direct":
         pytest.skip("behind the connection's transport: the direct send only (``clean``)")
     rig.direct(send == "direct")
     before = sum(p.direct_sends for p in rig.pushers)
-    benchmark.pedantic(rig.batch, setup=rig.settle, rounds=ROUNDS, iterations=1)
+    if cache == "cold":
+
+        def setup() -> None:
+            rig.settle()
+            _evict()
+
+        benchmark.pedantic(rig.batch, setup=setup, rounds=COLD_ROUNDS, iterations=1)
+    else:
+        benchmark.pedantic(rig.batch, setup=rig.settle, rounds=ROUNDS, iterations=1)
     sent = sum(p.direct_sends for p in rig.pushers) - before
     if send == "direct":
         assert sent > 0, "no event was sent directly"
