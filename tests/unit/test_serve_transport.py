@@ -98,3 +98,9 @@ def test_a_write_that_raises_still_clears_the_flag() -> None:
     with pytest.raises(ConnectionResetError):
         conn.write(b"x")
     assert conn._clean is False
+
+
+def test_an_instance_without_its_transport_raises_instead_of_recursing() -> None:
+    conn = ConnectionTransport.__new__(ConnectionTransport)  # as copy/pickle would make it
+    with pytest.raises(AttributeError):
+        conn.write_buffer_limits  # noqa: B018  # an unknown name, forwarded to nothing

@@ -98,4 +98,6 @@ class ConnectionTransport(_native.ConnectionBase):
         return self._inner.get_protocol()
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_inner":  # not set (a copy made without __init__): no recursion
+            raise AttributeError(name)
         return getattr(self._inner, name)
