@@ -621,22 +621,29 @@ _ACTIONS = st.lists(
 )
 
 
+@pytest.mark.parametrize("loop_kind", ["asyncio", "uvloop"])
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(actions=_ACTIONS, size=st.sampled_from([10, 3000, 9000]))
 def test_a_clean_connection_keeps_every_byte_in_order_whatever_comes_between(
-    actions: list[str], size: int
+    loop_kind: str, actions: list[str], size: int
 ) -> None:
     # The clean flag's hammer: on a real loopback connection with small buffers, the drain's
     # events (``token``), the response task's writes through the connection (``write``), the
     # client reading what has arrived (``read``), loop turns in which the transport writes
     # what it holds (``turn``) and the protocol's clearing (``unclean``) in any order. After
     # every step the flag's invariant holds (set: the transport holds nothing, is open), and
-    # the client gets exactly every event and write, once, in the order they were made.
+    # the client gets exactly every event and write, once, in the order they were made. Both
+    # event loops (uvloop is tsfront serve's).
+    import uvloop
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(push, "_cycle_type", lambda: TransportCycle)
         mp.setattr(Pusher, "__call__", lambda self, tokens: False)  # all must be the pass's
         head = HEAD.replace(b"data: ", b"data: " + b" " * size)
-        asyncio.run(_hammer(actions, head))
+        if loop_kind == "uvloop":
+            uvloop.run(_hammer(actions, head))
+        else:
+            asyncio.run(_hammer(actions, head))
 
 
 async def _hammer(actions: list[str], head: bytes) -> None:
