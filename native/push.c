@@ -40,11 +40,13 @@
  * are skipped: they held when the flag was set and nothing that could change them has
  * happened since. The invariant: ``_clean`` is set only here, right after a direct send that
  * took the whole event with every one of those checks passed; it is cleared by every write,
- * close, abort or end-of-write through that transport (the only way anything but this pass
- * writes to the connection: uvicorn and the response's task alike), by the protocol's
- * ``pause_writing`` and ``connection_lost`` (the transport closes the socket only after
- * ``connection_lost`` returns, uvloop's and asyncio's alike, so the descriptor is still the
- * connection's while the flag is set), and here by a send that did not take the whole event.
+ * close, abort, end-of-write or change of protocol through that transport (the only way
+ * anything but this pass writes to the connection: uvicorn and the response's task alike), by
+ * the protocol's ``pause_writing`` (belt and braces: a pause needs something held, which only
+ * a write that cleared the flag can leave) and ``connection_lost`` (the transport closes the
+ * socket only after ``connection_lost`` returns, uvloop's and asyncio's alike, so the
+ * descriptor is still the connection's while the flag is set), and here by a send that did
+ * not take the whole event.
  * So while it is set the transport holds nothing, is not paused, and the response is
  * streaming: a send is what the checks and the transport's own write would do. The stream's
  * checks (its ``_push``, its waiter) are made for every update, clean or not.

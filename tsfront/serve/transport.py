@@ -67,7 +67,8 @@ class ConnectionTransport(_native.ConnectionBase):
         self._clean = False
         self._inner.abort()
 
-    # The rest, as the transport's (the ones uvicorn calls per request spelled out).
+    # The rest, as the transport's: the ones uvicorn and the native pass call per request
+    # spelled out (a method, not a lookup through __getattr__), anything else below.
 
     def is_closing(self) -> bool:
         return self._inner.is_closing()
@@ -84,18 +85,9 @@ class ConnectionTransport(_native.ConnectionBase):
     def resume_reading(self) -> None:
         self._inner.resume_reading()
 
-    def is_reading(self) -> bool:
-        return self._inner.is_reading()
-
-    def can_write_eof(self) -> bool:
-        return self._inner.can_write_eof()
-
     def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
         self._clean = False  # another protocol (an upgrade) writes as it likes
         self._inner.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._inner.get_protocol()
 
     def __getattr__(self, name: str) -> Any:
         if name == "_inner":  # not set (a copy made without __init__): no recursion
