@@ -11,9 +11,6 @@ SIGTERM must stop the group with nothing left. About 10 s for both.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +19,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from support.serve_fixtures import serve_children
+from support.core_fixtures import free_port
+from support.embed_fixtures import DEADLINE, read_line, stop, wait_healthy
+from support.embed_fixtures import spawn as spawn_in
 
 from tsfront.sim import SimGroup
 
 ROOT = Path(__file__).resolve().parents[2]
 APP_DIR = ROOT / "examples" / "fastapi"
-DEADLINE = 60.0
 FIRST = 100
 
 
@@ -43,72 +41,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
-    import selectors
-
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not sel.select(deadline - time.monotonic()):
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
-    raise TimeoutError(f"no line starting {prefix!r} (exit {proc.poll()})")
-
-
-def wait_healthy(url: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"{url}/health never answered 200")
-
-
 def spawn(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        cmd,
-        cwd=APP_DIR,
-        env={**os.environ, "TSFRONT_LOG": "ERROR", **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-
-
-def stop(proc: subprocess.Popen) -> int | None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        code = proc.wait(20)
-    except subprocess.TimeoutExpired:
-        code = None
-    # What outlives the master must leave by itself soon after (a child still exiting is not
-    # left behind); anything still there after the deadline is.
-    deadline = time.monotonic() + 10
-    while (left := serve_children(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(5)
-    assert left == set(), f"processes left after SIGTERM: {left}"
-    return code
+    return spawn_in(cmd, env, APP_DIR)
 
 
 def exercise(url: str, workers: int) -> None:

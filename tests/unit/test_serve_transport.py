@@ -1,9 +1,12 @@
 """`tsfront.serve.transport.ConnectionTransport`: every call is the wrapped transport's, and
 exactly the ones that may change what the drain's native pass checks (a write, an end, a
-close, an abort, another protocol) clear the connection's clean flag."""
+close, an abort, another protocol) clear the connection's clean flag; the socket's descriptor
+is found once per connection and forgotten when it is lost."""
 
 from __future__ import annotations
 
+import socket
+import types
 from typing import Any
 
 import pytest
@@ -104,3 +107,49 @@ def test_an_instance_without_its_transport_raises_instead_of_recursing() -> None
     conn = ConnectionTransport.__new__(ConnectionTransport)  # as copy/pickle would make it
     with pytest.raises(AttributeError):
         conn.write_buffer_limits  # noqa: B018  # an unknown name, forwarded to nothing
+
+
+class _Plain(_Inner):
+    """A plain transport over ``sock``: no TLS, nothing buffered."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        self.calls.append(("get_extra_info", (name,)))
+        return self.sock if name == "socket" else default
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def test_the_descriptor_is_found_once_per_connection_and_forgotten_when_lost() -> None:
+    from tsfront.serve.push import direct_target
+
+    with socket.socket() as sock:
+        inner = _Plain(sock)
+        conn = ConnectionTransport(inner)  # type: ignore[arg-type]
+        assert conn.direct() == (conn, sock.fileno())
+        asked = len(inner.calls)
+        # Again, and through a writer standing in front of it (tsfront serve's head writer):
+        # the same answer, the transport not asked again.
+        assert conn.direct() == (conn, sock.fileno())
+        assert direct_target(types.SimpleNamespace(connection_transport=conn)) == (
+            conn,
+            sock.fileno(),
+        )
+        assert direct_target(conn) == (conn, sock.fileno())
+        assert len(inner.calls) == asked
+        conn._clean = True
+        conn.lost()  # the protocol's connection_lost: the descriptor may be another's soon
+        assert conn.direct() == (None, -1) and conn._clean is False
+
+
+def test_a_connection_without_a_stream_socket_has_no_descriptor() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        inner = _Plain(sock)
+        conn = ConnectionTransport(inner)  # type: ignore[arg-type]
+        assert conn.direct() == (None, -1)
+        asked = len(inner.calls)
+        assert conn.direct() == (None, -1) and len(inner.calls) == asked

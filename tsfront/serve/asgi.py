@@ -8,10 +8,11 @@ only if one is set; rendered in a thread). While the worker drains (`draining`),
 and new completions answer 503 with ``Connection: close``. With ``counters`` (and a
 gate, whose exchange sees each status), every response is counted by route and status in the
 server's shared words, once it is over (nothing per token). A streamed reply is sent as it is
-produced, one ``http.response.body`` message per event. While a request runs, a watcher
-(`_DisconnectWatch`, no task of its own) waits on ``receive()`` for ``http.disconnect``; a
-client that goes away cancels the handler, and cancelling a stream's read aborts its engine
-request.
+produced, one ``http.response.body`` message per event. While a request runs, a client that
+goes away cancels the handler, and cancelling a stream's read aborts its engine request. Under
+``tsfront serve``'s protocol the protocol says so itself (`_LostWatch`: a callable in the
+request's cycle, `tsfront.serve.transport.LOST_HOOK`); under any other server a watcher
+(`_DisconnectWatch`, no task of its own) waits on ``receive()`` for ``http.disconnect``.
 
 Made with a service (`tsfront serve`'s workers), or with ``attach=`` and ``model=``: then the
 ASGI lifespan attaches to the I/O process at startup and detaches at shutdown, which is how a
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 from tsfront.serve.api import CUT_MESSAGE, ApiError, Final, OpenAIService, Reply, SSEReply
 from tsfront.serve.metrics import CONTENT_TYPE
 from tsfront.serve.responses import Responses, response_id_of
+from tsfront.serve.transport import LOST_HOOK
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -265,7 +267,7 @@ class ServeApp:
             task = cast("asyncio.Task[Any]", asyncio.current_task(self._loop))
         state = [False, False, False]  # [handler finished, client disconnected, cut]
         self._running[task] = state
-        watcher = _DisconnectWatch(receive, task, state)
+        watcher = _watch(receive, task, state)
         reply = None
         pusher = None
         started = False
@@ -380,6 +382,41 @@ async def _read_body(receive: Any) -> bytes | None:
             parts.append(chunk)
         if not message.get("more_body", False):
             return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+def _watch(receive: Any, task: asyncio.Task[Any], state: list[bool]) -> Any:
+    """What tells the handler ``task`` that its client left (see `_DisconnectWatch`): the
+    server's own word where ``receive``'s cycle takes a `LOST_HOOK`, else the watch."""
+    cycle = getattr(receive, "__self__", None)
+    if cycle is not None and getattr(cycle, LOST_HOOK, False) is None:
+        return _LostWatch(cycle, task, state)
+    return _DisconnectWatch(receive, task, state)
+
+
+class _LostWatch:
+    """`_DisconnectWatch`'s job where the server calls the request cycle's `LOST_HOOK` when
+    the connection is lost (`tsfront.serve.protocol`): that call cancels the handler ``task``
+    as the watch would, and `cancel` takes the hook back."""
+
+    __slots__ = ("_cycle", "_state", "_task")
+
+    def __init__(self, cycle: Any, task: asyncio.Task[Any], state: list[bool]) -> None:
+        self._cycle = cycle
+        self._task = task
+        self._state = state
+        if cycle.disconnected:  # lost before the hook was there: as the watch's first step
+            self()
+        else:
+            setattr(cycle, LOST_HOOK, self)
+
+    def __call__(self) -> None:
+        if not self._state[0]:
+            self._state[1] = True
+            self._task.cancel()
+
+    def cancel(self) -> None:
+        """Stop watching (the request is over)."""
+        setattr(self._cycle, LOST_HOOK, None)
 
 
 class _DisconnectWatch:

@@ -24,6 +24,11 @@ complete, so idle connections still hold their fds):
   so a request with another pipelined behind it ran to its end), and reading goes on while a
   request runs with others queued behind it, so that the client's EOF is seen; at most
   `MAX_PIPELINED` queued requests per connection, past that the connection is closed.
+  Each request's cycle has a ``tsfront_on_lost`` attribute
+  (`tsfront.serve.transport.LOST_HOOK`), None until the app puts a callable there: when the
+  connection is lost while the request runs, it is called once, in ``connection_lost``
+  (`tsfront.serve.asgi` hears of the client leaving that way instead of waiting on
+  ``receive()`` for ``http.disconnect``: no future and no step per request).
 
 * **The connection's write state**: uvicorn gets the connection's transport wrapped in a
   `tsfront.serve.transport.ConnectionTransport`, whose clean flag every write, close and abort
@@ -47,7 +52,7 @@ from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from tsfront.serve.transport import ConnectionTransport
+from tsfront.serve.transport import LOST_HOOK, ConnectionTransport
 
 __all__ = ["CAP_LOG_S", "MAX_PIPELINED", "EdgeLimits", "EdgeProtocol", "protocol_class"]
 
@@ -235,14 +240,19 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.transport is None:  # refused at the cap: never made
             return
         # First: the event loop closes the socket once this returns.
-        cast(ConnectionTransport, self.transport).unclean()
+        cast(ConnectionTransport, self.transport).lost()
         self._forget()
         # uvicorn tells only the newest request; every one still running must hear of it.
-        for cycle in self._cycles:
+        cycles, self._cycles = self._cycles, []
+        for cycle in cycles:
             if not cycle.response_complete:
                 cycle.disconnected = True
             cycle.message_event.set()
-        self._cycles.clear()
+        for cycle in cycles:
+            hook = getattr(cycle, LOST_HOOK, None)
+            if hook is not None and not cycle.response_complete:
+                setattr(cycle, LOST_HOOK, None)
+                hook()
         self._pending = bytearray()
         super().connection_lost(exc)
 
@@ -362,6 +372,7 @@ class EdgeProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not before:  # a new request's cycle (not an upgrade)
             cycle.transport = _HeadWriter(cycle, self.transport, self.loop)  # type: ignore[assignment]
+            setattr(cycle, LOST_HOOK, None)  # the app may hook the connection's loss
         self._cycles.append(cycle)
         self._in_body = True
         if not busy:

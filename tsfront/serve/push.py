@@ -33,13 +33,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
-import socket
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from tsfront import _native
+from tsfront.serve.transport import ConnectionTransport, socket_target
 
 if TYPE_CHECKING:
     from tsfront.serve.choice import Choice
@@ -81,20 +81,16 @@ def direct_target(transport: Any) -> tuple[Any, int]:
     """The transport the drain's native pass may send an event past, and its socket's
     descriptor: the connection's own transport (behind tsfront serve's head writer, if that
     stands in front of it; under tsfront serve, the `ConnectionTransport` whose clean flag the
-    pass keeps), when it is a plain TCP one; ``(None, -1)`` for anything else (TLS: the socket
-    carries ciphertext; a transport with no socket or no buffer size to ask)."""
-    inner = getattr(transport, "connection_transport", transport)
-    info = getattr(inner, "get_extra_info", None)
-    if info is None or not callable(getattr(inner, "get_write_buffer_size", None)):
-        return None, -1
-    if info("sslcontext") is not None or info("ssl_object") is not None:
-        return None, -1
-    sock = info("socket")
-    try:
-        fd = sock.fileno() if sock is not None and sock.type == socket.SOCK_STREAM else -1
-    except (OSError, ValueError):
-        fd = -1
-    return (inner, fd) if fd >= 0 else (None, -1)
+    pass keeps, which finds its descriptor once per connection), when it is a plain TCP one;
+    ``(None, -1)`` for anything else (`tsfront.serve.transport.socket_target`)."""
+    inner = (
+        transport
+        if isinstance(transport, ConnectionTransport)
+        else getattr(transport, "connection_transport", transport)
+    )
+    if isinstance(inner, ConnectionTransport):
+        return inner.direct()
+    return socket_target(inner)
 
 
 class Pusher(_native.PusherBase):

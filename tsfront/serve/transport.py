@@ -14,27 +14,41 @@ write state"). The protocol clears the flag in ``pause_writing`` and ``connectio
 the event loop closes the socket only after ``connection_lost`` returns, so a set flag also
 means the descriptor is still this connection's. Everything else is the wrapped transport's,
 unchanged.
+
+It also knows, once per connection, the descriptor the native pass may send on (`direct`):
+the socket of a plain TCP connection, found on the first streamed response and forgotten when
+the connection is lost (``lost``), so that a descriptor is handed out only while it is this
+connection's. `socket_target` is the same question asked of any transport.
+
+`LOST_HOOK` names the attribute of a request's uvicorn cycle through which the protocol tells
+the app that the request's connection is lost (the protocol's doc has the rule).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 from tsfront import _native
 
-__all__ = ["ConnectionTransport"]
+__all__ = ["LOST_HOOK", "ConnectionTransport", "socket_target"]
+
+#: The attribute of a request's cycle (`tsfront.serve.protocol`) that holds what to call, once,
+#: if the request's connection is lost while it runs: None, or a callable the app put there.
+LOST_HOOK = "tsfront_on_lost"
 
 
 class ConnectionTransport(_native.ConnectionBase):
     """One connection's transport (``inner``) with the clean flag of its writes (see the
     module's doc). ``clean_sends`` counts the events sent while it was set."""
 
-    __slots__ = ("_inner",)
+    __slots__ = ("_direct", "_inner")
 
     def __init__(self, inner: asyncio.Transport) -> None:
         self._inner = inner
         self._clean = False
+        self._direct: tuple[ConnectionTransport | None, int] | None = None
 
     @property
     def inner(self) -> asyncio.Transport:
@@ -44,6 +58,21 @@ class ConnectionTransport(_native.ConnectionBase):
     def unclean(self) -> None:
         """Something may have changed what the native pass checks: it checks again."""
         self._clean = False
+
+    def lost(self) -> None:
+        """The connection is lost (its socket is closed once the protocol's
+        ``connection_lost`` returns): not clean, and no descriptor for a new response."""
+        self._clean = False
+        self._direct = (None, -1)
+
+    def direct(self) -> tuple[ConnectionTransport | None, int]:
+        """This connection's target for the drain's native pass, as `socket_target` finds it
+        (``(self, descriptor)`` or ``(None, -1)``), found once per connection."""
+        direct = self._direct
+        if direct is None:
+            found = socket_target(self)
+            direct = self._direct = (self, found[1]) if found[0] is not None else (None, -1)
+        return direct
 
     # Writes and ends: each clears the flag, then is the transport's.
 
@@ -93,3 +122,21 @@ class ConnectionTransport(_native.ConnectionBase):
         if name == "_inner":  # not set (a copy made without __init__): no recursion
             raise AttributeError(name)
         return getattr(self._inner, name)
+
+
+def socket_target(transport: Any) -> tuple[Any, int]:
+    """``transport`` and its socket's descriptor when it is a plain TCP transport (a send on
+    that socket is what the transport's own write would first do); ``(None, -1)`` for
+    anything else (TLS: the socket carries ciphertext; a transport with no socket or no buffer
+    size to ask)."""
+    info = getattr(transport, "get_extra_info", None)
+    if info is None or not callable(getattr(transport, "get_write_buffer_size", None)):
+        return None, -1
+    if info("sslcontext") is not None or info("ssl_object") is not None:
+        return None, -1
+    sock = info("socket")
+    try:
+        fd = sock.fileno() if sock is not None and sock.type == socket.SOCK_STREAM else -1
+    except (OSError, ValueError):
+        fd = -1
+    return (transport, fd) if fd >= 0 else (None, -1)
