@@ -3,23 +3,38 @@
 `spawn` starts a command in its own session (stdout piped for `read_line`, stderr dropped);
 `stop` sends SIGTERM, waits, and checks nothing of the session is left (SIGKILL for what is);
 `read_line` waits, with a deadline, for a line of stdout that starts with a prefix;
-`wait_healthy` waits, with a deadline, for ``/health`` to answer 200.
+`wait_healthy` waits, with a deadline, for ``/health`` to answer 200; `uvicorn_command` is a
+``uvicorn`` command line on 127.0.0.1; `io_and_ranks` runs ``tsfront io`` with two in-process
+simulated ranks dialed in, for servers whose workers attach to it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import selectors
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 
+from tsfront.sim import SimGroup
 from tsfront.testing.serve import serve_children
 
-__all__ = ["DEADLINE", "read_line", "spawn", "stop", "wait_healthy"]
+__all__ = [
+    "DEADLINE",
+    "io_and_ranks",
+    "read_line",
+    "spawn",
+    "stop",
+    "uvicorn_command",
+    "wait_healthy",
+]
 
 DEADLINE = 60.0
 
@@ -87,3 +102,50 @@ def wait_healthy(url: str) -> None:
             pass
         time.sleep(0.05)
     raise TimeoutError(f"{url}/health never answered 200")
+
+
+def uvicorn_command(port: int, *args: str) -> list[str]:
+    """``python -m uvicorn ARGS`` serving on 127.0.0.1:``port``, logging warnings only."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        *args,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+
+
+@contextlib.contextmanager
+def io_and_ranks(token_fn: Callable[[str, int], int]) -> Iterator[tuple[str, SimGroup]]:
+    """``tsfront io`` (two engines) with two in-process `SimGroup` ranks dialed in, whose
+    output token ``p`` of request ``rid`` is ``token_fn(rid, p)``: the I/O process's attach
+    address and the ranks. Both are stopped on exit (the I/O process's session checked empty)."""
+    io = spawn(
+        [
+            sys.executable,
+            "-m",
+            "tsfront",
+            "io",
+            "--handshake",
+            "tcp://127.0.0.1:0",
+            "--num-engines",
+            "2",
+            "--no-monitor",
+            "--json",
+        ],
+        {},
+    )
+    group = None
+    try:
+        info = json.loads(read_line(io, "", DEADLINE))
+        group = SimGroup(info["handshake_address"], 2, token_fn=token_fn).start()
+        yield info["address"], group
+    finally:
+        stop(io)
+        if group is not None:
+            group.stop()

@@ -9,6 +9,10 @@ processes (other test runs, other servers) make and remove entries there all the
 
 `post_stream` and `read_chunked` are a raw HTTP/1.1 client for the tests that need what a
 library client hides: a small receive window (a slow reader), a client that stops reading.
+
+`Front` is any HTTP server in front of simulated ranks (``tsfront serve``, or another server
+hosting tsfront's app): what reached the ranks, what ``/health`` says is in flight, waits with
+a deadline, and the two clients that leave (mid-stream, before the first token).
 """
 
 from __future__ import annotations
@@ -17,10 +21,15 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 
+import httpx
+
+from tsfront.sim import SimGroup
 from tsfront.testing.serve import ServeProcess, serve_children, session_pids, start_served
 
 __all__ = [
+    "Front",
     "ServeProcess",
     "dechunk",
     "post_stream",
@@ -99,3 +108,75 @@ def dechunk(raw: bytes) -> bytes:
         out += raw[:n]
         raw = raw[n + 2 :]
     return bytes(out)
+
+
+class Front:
+    """An HTTP server at ``url`` in front of the simulated ranks ``group`` (two, in-process),
+    whose every output token ``p`` is ``first + p`` (the word-level test model reads it
+    ``w<first + p>``)."""
+
+    def __init__(self, url: str, group: SimGroup, *, first: int, deadline: float) -> None:
+        self.url = url
+        self.group = group
+        self.first = first
+        self.deadline = deadline
+
+    def aborts(self) -> int:
+        return sum(c["aborts"] for c in self.group.counters().values())
+
+    def adds(self) -> int:
+        return sum(c["adds"] for c in self.group.counters().values())
+
+    def in_flight(self) -> int:
+        body = httpx.get(f"{self.url}/health", timeout=5).json()
+        return sum(e["in_flight"] for e in body["engines"])
+
+    def wait(self, what: str, predicate: Callable[[], bool], timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (self.deadline if timeout is None else timeout)
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            time.sleep(0.01)
+
+    def leave_mid_stream(self) -> None:
+        """A streamed completion whose client closes its connection after the first event:
+        its ABORT reaches an engine and nothing stays in flight."""
+        before = self.aborts()
+        with httpx.stream(
+            "POST",
+            f"{self.url}/v1/completions",
+            json={"prompt": "w5", "max_tokens": 3000, "stream": True},
+            timeout=self.deadline,
+        ) as response:
+            assert response.status_code == 200
+            first = next(line for line in response.iter_lines() if line.startswith("data: "))
+            assert json.loads(first[6:])["choices"][0]["text"].startswith(f" w{self.first}")
+        # The connection is closed here, mid-stream.
+        self.wait("the disconnect's ABORT at the engine", lambda: self.aborts() > before)
+        self.wait("no request in flight", lambda: self.in_flight() == 0)
+
+    def leave_before_first_token(self) -> None:
+        """With the ranks frozen, a streamed completion whose client closes its connection
+        while the request waits for its first output (nothing is being sent that could fail:
+        only the server's word of the lost connection can end it): it leaves the in-flight
+        count at once, and its ABORT reaches an engine once the ranks step again."""
+        before = self.aborts()
+        host, port = self.url.removeprefix("http://").rsplit(":", 1)
+        body = json.dumps({"prompt": "w5", "max_tokens": 50, "stream": True}).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n"
+        ).encode()
+        engines = [self.group.engine(r) for r in range(2)]
+        for engine in engines:
+            engine.stall()
+        try:
+            sock = socket.create_connection((host, int(port)), timeout=self.deadline)
+            sock.sendall(head + body)
+            self.wait("the request in flight", lambda: self.in_flight() == 1)
+            sock.close()
+            self.wait("the disconnect to free it, the ranks frozen", lambda: self.in_flight() == 0)
+        finally:
+            for engine in engines:
+                engine.resume()
+        self.wait("the disconnect's ABORT at the engine", lambda: self.aborts() > before)

@@ -10,7 +10,6 @@ SIGTERM must stop the group with nothing left. About 10 s for both.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
@@ -20,7 +19,14 @@ import httpx
 import openai
 import pytest
 from support.core_fixtures import free_port
-from support.embed_fixtures import DEADLINE, read_line, stop, wait_healthy
+from support.embed_fixtures import (
+    DEADLINE,
+    io_and_ranks,
+    read_line,
+    stop,
+    uvicorn_command,
+    wait_healthy,
+)
 from support.embed_fixtures import spawn as spawn_in
 
 from tsfront.sim import SimGroup
@@ -107,50 +113,15 @@ def test_gunicorn_with_uvicorn_workers(model_dir: str) -> None:
 
 
 def test_uvicorn_workers_attached_to_tsfront_io(model_dir: str) -> None:
-    io = spawn(
-        [
-            sys.executable,
-            "-m",
-            "tsfront",
-            "io",
-            "--handshake",
-            "tcp://127.0.0.1:0",
-            "--num-engines",
-            "2",
-            "--no-monitor",
-            "--json",
-        ],
-        {},
-    )
-    server = group = None
-    try:
-        info = json.loads(read_line(io, "", DEADLINE))
-        address, handshake = info["address"], info["handshake_address"]
-        group = SimGroup(handshake, 2, token_fn=token_fn).start()
+    with io_and_ranks(token_fn) as (address, _group):
         port = free_port()
         server = spawn(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "app:app",
-                "--workers",
-                "2",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
+            uvicorn_command(port, "app:app", "--workers", "2"),
             {"TSFRONT_ATTACH": address, "TSFRONT_MODEL": model_dir},
         )
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url)
-        exercise(url, workers=2)
-    finally:
-        if server is not None:
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_healthy(url)
+            exercise(url, workers=2)
+        finally:
             stop(server)
-        stop(io)
-        if group is not None:
-            group.stop()

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-from support.serve_fixtures import ServeProcess, session_shm, shm_left
+from support.serve_fixtures import Front, ServeProcess, session_shm, shm_left
 from support.serve_fixtures import start_served as serve_rig
 
 from tsfront.sim import SimGroup
@@ -44,29 +43,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel"))
 
 
-class Served:
+class Served(Front):
     def __init__(self, server: ServeProcess, group: SimGroup, url: str) -> None:
+        super().__init__(url, group, first=FIRST, deadline=DEADLINE)
         self.server = server
-        self.group = group
-        self.url = url
         self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-
-    def aborts(self) -> int:
-        return sum(c["aborts"] for c in self.group.counters().values())
-
-    def adds(self) -> int:
-        return sum(c["adds"] for c in self.group.counters().values())
-
-    def wait(self, what, predicate, timeout: float = DEADLINE) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}")
-            time.sleep(0.01)
-
-    def in_flight(self) -> int:
-        body = httpx.get(f"{self.url}/health", timeout=5).json()
-        return sum(e["in_flight"] for e in body["engines"])
 
 
 def start_served(model_dir: str, workers: int, context: int = CONTEXT, **sim: object) -> Served:
@@ -265,49 +246,12 @@ def test_chat_streamed(served: Served) -> None:
 
 
 def test_client_disconnect_aborts_the_engine_request(served: Served) -> None:
-    before = served.aborts()
-    with httpx.stream(
-        "POST",
-        f"{served.url}/v1/completions",
-        json={"prompt": "w5", "max_tokens": 3000, "stream": True},
-        timeout=DEADLINE,
-    ) as response:
-        assert response.status_code == 200
-        lines = response.iter_lines()
-        first = next(line for line in lines if line.startswith("data: "))
-        assert json.loads(first[6:])["choices"][0]["text"].startswith(" w100")
-    # The connection is closed here, mid-stream.
-    served.wait("the disconnect's ABORT at the engine", lambda: served.aborts() > before)
-    served.wait("no request in flight", lambda: served.in_flight() == 0)
+    served.leave_mid_stream()
 
 
 def test_client_leaving_before_the_first_token_aborts_the_engine_request(served: Served) -> None:
-    # The ranks are frozen: the request waits for its first output when the client leaves.
-    # Only the worker's watch on receive() can see that (nothing is being sent to fail).
-    import socket
-
-    before = served.aborts()
-    host, port = served.url.removeprefix("http://").rsplit(":", 1)
-    body = json.dumps({"prompt": "w5", "max_tokens": 50, "stream": True}).encode()
-    head = (
-        f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
-    ).encode()
-    engines = [served.group.engine(r) for r in range(2)]
-    for engine in engines:
-        engine.stall()
-    try:
-        sock = socket.create_connection((host, int(port)), timeout=DEADLINE)
-        sock.sendall(head + body)
-        served.wait("the request in flight", lambda: served.in_flight() == 1)
-        sock.close()
-        served.wait(
-            "the disconnect to free it, the ranks still frozen", lambda: served.in_flight() == 0
-        )
-    finally:
-        for engine in engines:
-            engine.resume()
-    served.wait("the disconnect's ABORT at the engine", lambda: served.aborts() > before)
+    # Only the protocol's word of the lost connection can end it (nothing is being sent).
+    served.leave_before_first_token()
 
 
 # ---------------------------------------------------------------------- refusals
