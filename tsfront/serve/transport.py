@@ -43,12 +43,12 @@ class ConnectionTransport(_native.ConnectionBase):
     """One connection's transport (``inner``) with the clean flag of its writes (see the
     module's doc). ``clean_sends`` counts the events sent while it was set."""
 
-    __slots__ = ("_direct", "_inner")
+    __slots__ = ("_fd", "_inner")
 
     def __init__(self, inner: asyncio.Transport) -> None:
         self._inner = inner
         self._clean = False
-        self._direct: tuple[ConnectionTransport | None, int] | None = None
+        self._fd: int | None = None  # the socket's descriptor (-1: none), once found
 
     @property
     def inner(self) -> asyncio.Transport:
@@ -63,16 +63,15 @@ class ConnectionTransport(_native.ConnectionBase):
         """The connection is lost (its socket is closed once the protocol's
         ``connection_lost`` returns): not clean, and no descriptor for a new response."""
         self._clean = False
-        self._direct = (None, -1)
+        self._fd = -1
 
     def direct(self) -> tuple[ConnectionTransport | None, int]:
         """This connection's target for the drain's native pass, as `socket_target` finds it
-        (``(self, descriptor)`` or ``(None, -1)``), found once per connection."""
-        direct = self._direct
-        if direct is None:
-            found = socket_target(self)
-            direct = self._direct = (self, found[1]) if found[0] is not None else (None, -1)
-        return direct
+        (``(self, descriptor)`` or ``(None, -1)``), the descriptor found once per connection."""
+        fd = self._fd
+        if fd is None:
+            fd = self._fd = socket_target(self)[1]
+        return (self, fd) if fd >= 0 else (None, -1)
 
     # Writes and ends: each clears the flag, then is the transport's.
 
