@@ -241,6 +241,15 @@ static PyObject *write_rest(PyObject *transport, PyObject *chunk, ssize_t n) {
     return res;
 }
 
+/* One send of the whole chunk on the pusher's socket, counted when it took any of it: what
+ * send returned (the bytes taken, or -1). */
+static inline ssize_t send_chunk(PusherBase *p, PyObject *chunk) {
+    ssize_t n = send(p->fd, PyBytes_AS_STRING(chunk), (size_t)PyBytes_GET_SIZE(chunk),
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) p->direct++;
+    return n;
+}
+
 /* The chunk written to the connection's own transport: sent on its socket here while the
  * transport holds nothing and is open, the rest (all of it otherwise) through its write; a
  * whole send marks the connection ``conn`` (if any) clean: every check has passed.
@@ -256,11 +265,8 @@ static PyObject *write_direct(PusherBase *p, ConnectionBase *conn, PyObject *tra
         int closing = call_true(transport, S_IS_CLOSING);
         if (closing < 0) return NULL;
         if (!closing) {
-            const char *data = PyBytes_AS_STRING(chunk);
-            Py_ssize_t len = PyBytes_GET_SIZE(chunk);
-            ssize_t n = send(p->fd, data, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (n > 0) p->direct++;
-            if (n == len) {
+            ssize_t n = send_chunk(p, chunk);
+            if (n == PyBytes_GET_SIZE(chunk)) {
                 if (conn) conn->clean = 1;
                 Py_RETURN_NONE;
             }
@@ -274,11 +280,8 @@ static PyObject *write_direct(PusherBase *p, ConnectionBase *conn, PyObject *tra
  * not take goes through the transport's write, and the connection is clean no more. What
  * that write returns, or NULL with an error set. */
 static PyObject *write_clean(PusherBase *p, ConnectionBase *conn, PyObject *chunk) {
-    const char *data = PyBytes_AS_STRING(chunk);
-    Py_ssize_t len = PyBytes_GET_SIZE(chunk);
-    ssize_t n = send(p->fd, data, (size_t)len, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n > 0) p->direct++;
-    if (n == len) {
+    ssize_t n = send_chunk(p, chunk);
+    if (n == PyBytes_GET_SIZE(chunk)) {
         conn->clean_sends++;
         Py_RETURN_NONE;
     }

@@ -247,12 +247,11 @@ class EdgeProtocol(HttpToolsProtocol):
         for cycle in cycles:
             if not cycle.response_complete:
                 cycle.disconnected = True
+                hook = getattr(cycle, LOST_HOOK, None)
+                if hook is not None:  # the app's handler: cancelled (scheduled, not run here)
+                    setattr(cycle, LOST_HOOK, None)
+                    hook()
             cycle.message_event.set()
-        for cycle in cycles:
-            hook = getattr(cycle, LOST_HOOK, None)
-            if hook is not None and not cycle.response_complete:
-                setattr(cycle, LOST_HOOK, None)
-                hook()
         self._pending = bytearray()
         super().connection_lost(exc)
 

@@ -83,14 +83,11 @@ def direct_target(transport: Any) -> tuple[Any, int]:
     stands in front of it; under tsfront serve, the `ConnectionTransport` whose clean flag the
     pass keeps, which finds its descriptor once per connection), when it is a plain TCP one;
     ``(None, -1)`` for anything else (`tsfront.serve.transport.socket_target`)."""
-    inner = (
-        transport
-        if isinstance(transport, ConnectionTransport)
-        else getattr(transport, "connection_transport", transport)
-    )
-    if isinstance(inner, ConnectionTransport):
-        return inner.direct()
-    return socket_target(inner)
+    if not isinstance(transport, ConnectionTransport):
+        transport = getattr(transport, "connection_transport", transport)
+    if isinstance(transport, ConnectionTransport):
+        return transport.direct()
+    return socket_target(transport)
 
 
 class Pusher(_native.PusherBase):
