@@ -12,7 +12,7 @@ library client hides: a small receive window (a slow reader), a client that stop
 
 `Front` is any HTTP server in front of simulated ranks (``tsfront serve``, or another server
 hosting tsfront's app): what reached the ranks, what ``/health`` says is in flight, waits with
-a deadline, and the two clients that leave (mid-stream, before the first token).
+a deadline, and the clients that leave (mid-stream, before the first token, many at once).
 """
 
 from __future__ import annotations
@@ -180,3 +180,32 @@ class Front:
             for engine in engines:
                 engine.resume()
         self.wait("the disconnect's ABORT at the engine", lambda: self.aborts() > before)
+
+    def leave_together(self, n: int) -> None:
+        """``n`` streamed completions, each on its own connection, all past their first event,
+        whose clients then close their connections at once: every one's ABORT reaches an
+        engine, nothing stays in flight, and the server answers the next request."""
+        before = self.aborts()
+        body = {"prompt": "w5", "max_tokens": 3000, "stream": True}
+        socks = [
+            post_stream(self.url, body, rcvbuf=1 << 16, timeout=self.deadline) for _ in range(n)
+        ]
+        try:
+            for sock in socks:
+                seen = b""
+                while b"data: " not in seen:
+                    chunk = sock.recv(65536)
+                    assert chunk, "the server closed a stream before its first event"
+                    seen += chunk
+            self.wait(f"{n} requests in flight", lambda: self.in_flight() >= n)
+        finally:
+            for sock in socks:
+                sock.close()
+        self.wait(f"{n} ABORTs at the engines", lambda: self.aborts() >= before + n)
+        self.wait("no request in flight", lambda: self.in_flight() == 0)
+        answer = httpx.post(
+            f"{self.url}/v1/completions",
+            json={"prompt": "w5", "max_tokens": 2},
+            timeout=self.deadline,
+        )
+        assert answer.status_code == 200, answer.text

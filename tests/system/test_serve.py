@@ -249,6 +249,11 @@ def test_client_disconnect_aborts_the_engine_request(served: Served) -> None:
     served.leave_mid_stream()
 
 
+def test_many_clients_leaving_at_once_abort_every_engine_request(served: Served) -> None:
+    # 64 connections over the two workers, lost together: each protocol tells every request.
+    served.leave_together(64)
+
+
 def test_client_leaving_before_the_first_token_aborts_the_engine_request(served: Served) -> None:
     # Only the protocol's word of the lost connection can end it (nothing is being sent).
     served.leave_before_first_token()

@@ -5,8 +5,8 @@ tsfront.serve.asgi:app_from_env``, attached to ``tsfront io``), as docs/SERVE.md
 Under ``tsfront serve`` the HTTP protocol tells the app of a lost connection itself
 (`tsfront.serve.protocol`); under any other server the app watches ``receive()`` for
 ``http.disconnect`` (`tsfront.serve.asgi._DisconnectWatch`). These tests are that watch's, by
-a client that leaves mid-stream and one that leaves before the first token: each must abort
-its engine request. About 5 s.
+a client that leaves mid-stream, one that leaves before the first token and 64 that leave at
+once: each must abort its engine request. About 8 s.
 """
 
 from __future__ import annotations
@@ -67,3 +67,8 @@ def test_a_client_leaving_mid_stream_aborts_the_engine_request(hosted: Front) ->
 def test_a_client_leaving_before_the_first_token_aborts_the_engine_request(hosted: Front) -> None:
     # Nothing is being sent that could fail: only the watch on receive() sees the client leave.
     hosted.leave_before_first_token()
+
+
+def test_many_clients_leaving_at_once_abort_every_engine_request(hosted: Front) -> None:
+    # 64 watches on receive() in one worker, their connections lost together.
+    hosted.leave_together(64)
