@@ -407,7 +407,7 @@ def test_the_native_pass_sends_on_the_socket_and_keeps_order_past_a_full_buffer(
     # checks: set only while the transport holds nothing, cleared by the partial send.
     import uvloop
 
-    monkeypatch.setattr(push, "_cycle_type", lambda: TransportCycle)
+    monkeypatch.setattr(push, "_cycle_types", lambda: (TransportCycle,))
     called: list[list[int]] = []
     monkeypatch.setattr(Pusher, "__call__", lambda self, tokens: bool(called.append(tokens)))
     big_head = HEAD.replace(b"data: ", b"data: " + b" " * 3000)
@@ -637,7 +637,7 @@ def test_a_clean_connection_keeps_every_byte_in_order_whatever_comes_between(
     import uvloop
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(push, "_cycle_type", lambda: TransportCycle)
+        mp.setattr(push, "_cycle_types", lambda: (TransportCycle,))
         mp.setattr(Pusher, "__call__", lambda self, tokens: False)  # all must be the pass's
         head = HEAD.replace(b"data: ", b"data: " + b" " * size)
         if loop_kind == "uvloop":

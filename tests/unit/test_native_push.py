@@ -72,7 +72,7 @@ class _Cycle:
 
 @pytest.fixture(autouse=True)
 def _fake_uvicorn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(push, "_cycle_type", lambda: _Cycle)
+    monkeypatch.setattr(push, "_cycle_types", lambda: (_Cycle,))
 
 
 class _World:

@@ -4,7 +4,7 @@
 or abort (the throughput suite's worker-side measure, the push micro-benchmark).
 `TransportCycle` is what `tsfront.serve.push.Pusher` and the drain's native pass read of
 uvicorn's `RequestResponseCycle`, over a real connection's transport; a measure (or a test)
-makes `Pusher` take it for uvicorn's by patching ``tsfront.serve.push._cycle_type``.
+makes `Pusher` take it for uvicorn's by patching ``tsfront.serve.push._cycle_types``.
 """
 
 from __future__ import annotations

@@ -1,13 +1,20 @@
-"""The HTTP connection of a worker: uvicorn's httptools protocol, bounded against hostile clients.
+"""The HTTP/1.1 connection of a worker: tsfront's own protocol, bounded against hostile clients.
 
-uvicorn's `HttpToolsProtocol` parses requests and runs the ASGI app; `EdgeProtocol` adds what a
-public port needs and uvicorn does not have (its ``timeout_keep_alive`` runs only after a
-response and any byte cancels it; its ``limit_concurrency`` answers 503 only once headers are
-complete, so idle connections still hold their fds):
+`EdgeProtocol` parses requests with httptools (llhttp) and runs the ASGI app for each in a
+`tsfront.serve.cycle.RequestCycle`, under uvicorn's `Server` (which accepts, shuts down and
+counts; ``http=`` takes this class). It is HTTP/1.1 as uvicorn's httptools protocol speaks it
+(keep-alive, pipelining, ``Expect: 100-continue``, HEAD, chunked and sized responses, a JSON
+400 for a request the parser refuses), with less work per request (see the cycle's doc and
+docs/PERFORMANCE.md, "Our own HTTP/1.1 connection"), no WebSocket upgrade (the API has no
+WebSocket route: a request asking for one is answered as plain HTTP and its connection closed
+after the answer), and what a public port needs that uvicorn does not have (its
+``timeout_keep_alive`` runs only after a response and any byte cancels it; its
+``limit_concurrency`` answers 503 only once headers are complete, so idle connections still
+hold their fds):
 
 * **Header deadline**: a connection has ``timeout_header`` seconds, from its accept or from the
   end of its previous response, to send a request's complete headers, else it is closed (before
-  the first byte, trickled headers, between keep-alive requests alike). uvicorn's keep-alive
+  the first byte, trickled headers, between keep-alive requests alike). The keep-alive
   deadline (``timeout_keep_alive`` after a response, ended by any byte; then closed, not
   counted) is kept by the same timer, not a timer armed and cancelled per response.
 * **Header size**: the bytes of a request's headers are held by this class until the blank line
@@ -20,39 +27,36 @@ complete, so idle connections still hold their fds):
 * **Connection cap**: past ``max_connections`` open connections of this worker, a new one takes
   the place of the oldest that is waiting for request headers (it is closed); with none
   waiting, the new one is closed at once. Both are logged, at most every `CAP_LOG_S`.
-* **Disconnects**: a closed connection ends every request of it (uvicorn tells only the newest,
-  so a request with another pipelined behind it ran to its end), and reading goes on while a
-  request runs with others queued behind it, so that the client's EOF is seen; at most
-  `MAX_PIPELINED` queued requests per connection, past that the connection is closed.
-  Each request's cycle has a ``tsfront_on_lost`` attribute
+* **Disconnects**: a closed connection ends every request of it, the running one and those
+  queued behind it, and reading goes on while a request runs with others queued behind it, so
+  that the client's EOF is seen; at most `MAX_PIPELINED` queued requests per connection, past
+  that the connection is closed. Each request's cycle has a ``tsfront_on_lost`` attribute
   (`tsfront.serve.transport.LOST_HOOK`), None until the app puts a callable there: when the
   connection is lost while the request runs, it is called once, in ``connection_lost``
   (`tsfront.serve.asgi` hears of the client leaving that way instead of waiting on
   ``receive()`` for ``http.disconnect``: no future and no step per request).
-
-* **The connection's write state**: uvicorn gets the connection's transport wrapped in a
+* **The connection's write state**: the cycles get the connection's transport wrapped in a
   `tsfront.serve.transport.ConnectionTransport`, whose clean flag every write, close and abort
   clears, as do ``pause_writing`` and ``connection_lost`` here; the drain's native pass sends
   a token's event with fewer checks while it is set (see that module).
-* **One write for a response's head and its first bytes**: a request's cycle writes through a
-  `_HeadWriter`, which holds the status line and headers until the next write of the same
-  loop turn (the first body bytes, sent right after the start by every route) and sends both
-  in one ``write``; a head with nothing after it in that turn goes out at the next turn. Then
-  the cycle writes to the transport itself again.
 
-Nothing else here is on the response path: sends (the per-token writes) are uvicorn's.
+The connection's requests are a list, oldest first (``_cycles``): the first runs, the rest wait
+for it (pipelined), and a request leaves the list when its response is complete.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from typing import Any, ClassVar, cast
+import urllib.parse
+from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+import httptools
 
-from tsfront.serve.transport import LOST_HOOK, ConnectionTransport
+from tsfront.serve.cycle import RequestCycle
+from tsfront.serve.transport import LOST_HOOK, ConnectionTransport, FlowControl
 
 __all__ = ["CAP_LOG_S", "MAX_PIPELINED", "EdgeLimits", "EdgeProtocol", "protocol_class"]
 
@@ -62,8 +66,11 @@ log = logging.getLogger("tsfront.serve")
 MAX_PIPELINED = 16
 #: Seconds between two log lines about refused or evicted connections.
 CAP_LOG_S = 10.0
+#: A request body held past this many bytes (the app not reading it yet) pauses reading.
+BODY_HIGH_WATER = 65536
 
 _HEADERS_END = (b"\r\n\r\n", b"\n\n")
+_METHODS = {m.encode(): m for m in ("GET", "POST", "HEAD", "DELETE", "PUT", "OPTIONS", "PATCH")}
 
 
 def _headers_end(buf: bytes | bytearray, start: int) -> int:
@@ -74,50 +81,6 @@ def _headers_end(buf: bytes | bytearray, start: int) -> int:
         if found >= 0 and (end < 0 or found + len(mark) < end):
             end = found + len(mark)
     return end
-
-
-class _HeadWriter:
-    """The transport a request's cycle writes through until its response's head is out (see
-    the module's doc); everything but ``write`` and ``close`` is the transport's."""
-
-    __slots__ = ("_cycle", "_head", "_loop", "_transport")
-
-    def __init__(self, cycle: Any, transport: asyncio.Transport, loop: Any) -> None:
-        self._cycle = cycle
-        self._transport = transport
-        self._loop = loop
-        self._head: bytes | None = None
-
-    def write(self, data: bytes) -> None:
-        head = self._head
-        if head is not None:  # the first bytes after the head: both in one write
-            self._head = None
-            self._cycle.transport = self._transport
-            self._transport.write(head + data)
-        elif self._cycle.response_started:  # uvicorn marks the start, then writes the head
-            self._head = data
-            self._loop.call_soon(self._flush)
-        else:
-            self._transport.write(data)  # before the response (100 Continue)
-
-    def _flush(self) -> None:
-        head = self._head
-        if head is not None:
-            self._head = None
-            self._cycle.transport = self._transport
-            self._transport.write(head)
-
-    @property
-    def connection_transport(self) -> asyncio.Transport:
-        """The connection's own transport, which this writer stands in front of."""
-        return self._transport
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
 
 
 def _error_response(status: int, reason: str, message: str, kind: str) -> bytes:
@@ -186,16 +149,47 @@ class EdgeLimits:
             )
 
 
-class EdgeProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the worker's `EdgeLimits` (see the module's doc).
+class EdgeProtocol(asyncio.Protocol):
+    """One HTTP/1.1 connection with the worker's `EdgeLimits` (see the module's doc).
 
-    Made by `protocol_class`, which binds the limits.
+    Made by uvicorn's `Server` with its ``config`` (the app, ``root_path``,
+    ``timeout_keep_alive``, ``limit_concurrency``) and ``server_state`` (the open connections,
+    the running tasks, the request count and the default headers); `protocol_class` binds the
+    limits.
     """
 
     limits: ClassVar[EdgeLimits]
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        if not config.loaded:
+            config.load()
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.root_path: str = config.root_path
+        self.timeout_keep_alive: float = config.timeout_keep_alive
+        self.limit_concurrency: int | None = config.limit_concurrency
+        self.server_state = server_state
+        self.app_state = app_state
+        self.parser = httptools.HttpRequestParser(self)
+        # Answer a request whose client half-closed after sending it (a pipelined last one).
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.transport: ConnectionTransport = None  # type: ignore[assignment]
+        self.flow: FlowControl = None  # type: ignore[assignment]
+        self.server: tuple[str, int | None] | None = None
+        self.client: tuple[str, int] | None = None
+        self.scheme = "http"
+        # The request being parsed: its URL, headers and Expect, then its cycle.
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._expect = False
+        self.cycle: RequestCycle | None = None
+        self._cycles: list[RequestCycle] = []  # without a complete response; [0] runs
         self._pending = bytearray()  # request-header bytes not yet fed to the parser
         self._tail = b""  # the last bytes fed, for a blank line split across reads
         self._in_body = False  # the parser is past a request's headers, before its end
@@ -206,43 +200,56 @@ class EdgeProtocol(HttpToolsProtocol):
         self._body_due = 0.0
         self._header_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
-        # uvicorn's keep-alive deadline (``timeout_keep_alive`` after a response, cancelled by
-        # any byte), kept by the header timer too: uvicorn would arm and cancel a timer per
-        # response. The header timer fires by the earlier of the two (``_header_at``).
+        # The keep-alive deadline (``timeout_keep_alive`` after a response, cancelled by any
+        # byte), kept by the header timer too. It fires by the earlier of the two
+        # (``_header_at``).
         self._idle_due = 0.0
         self._header_at = 0.0
-        self._cycles: list[Any] = []  # this connection's requests without a complete response
 
     # ------------------------------------------------------------------ connection
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         limits = self.limits
         if len(limits.open) >= limits.max_connections:
             oldest = next(iter(limits.waiting), None)
             if oldest is None:
                 limits.note_cap("refused")
-                transport.abort()
+                transport.abort()  # type: ignore[attr-defined]
                 return
             limits.note_cap("evicted")
             oldest.transport.abort()
             oldest._forget()  # aborted transports report their loss later, in a callback
-        # Every write of uvicorn's and of the app's on this connection goes through it: the
-        # drain's native pass reads its clean flag (tsfront.serve.transport).
-        super().connection_made(cast(asyncio.Transport, ConnectionTransport(transport)))
+        inner: Any = transport
+        # Every write on this connection goes through it: the drain's native pass reads its
+        # clean flag (tsfront.serve.transport).
+        self.transport = ConnectionTransport(inner)
+        self.flow = FlowControl(inner)
+        self.server = _address(inner.get_extra_info("sockname"))
+        self.client = _address(inner.get_extra_info("peername"))
+        if inner.get_extra_info("sslcontext"):
+            self.scheme = "https"
+        self.server_state.connections.add(self)
         limits.open.add(self)
         self._wait_headers()
 
     def pause_writing(self) -> None:
-        cast(ConnectionTransport, self.transport).unclean()
-        super().pause_writing()
+        self.transport.unclean()
+        self.flow.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.flow.resume_writing()
+
+    def eof_received(self) -> None:
+        return None  # the transport closes; connection_lost ends what runs
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is None:  # refused at the cap: never made
             return
         # First: the event loop closes the socket once this returns.
-        cast(ConnectionTransport, self.transport).lost()
+        self.transport.lost()
+        self.server_state.connections.discard(self)
         self._forget()
-        # uvicorn tells only the newest request; every one still running must hear of it.
+        # Every request of the connection hears of it: the running one and those queued.
         cycles, self._cycles = self._cycles, []
         for cycle in cycles:
             if not cycle.response_complete:
@@ -251,9 +258,18 @@ class EdgeProtocol(HttpToolsProtocol):
                 if hook is not None:  # the app's handler: cancelled (scheduled, not run here)
                     setattr(cycle, LOST_HOOK, None)
                     hook()
-            cycle.message_event.set()
+            cycle.wake()
         self._pending = bytearray()
-        super().connection_lost(exc)
+        self.flow.resume_writing()
+        if exc is None:
+            self.transport.close()
+
+    def shutdown(self) -> None:
+        """The server stops: close now if no response is being written, else after it."""
+        if not self._cycles:
+            self.transport.close()
+        else:  # the connection closes after it; requests queued behind it are not started
+            self._cycles[0].keep_alive = False
 
     def _forget(self) -> None:
         limits = self.limits
@@ -301,7 +317,7 @@ class EdgeProtocol(HttpToolsProtocol):
         now = self.loop.time()
         idle = self._idle_due
         if idle and now >= idle:
-            # Idle since its last response for timeout_keep_alive: closed (as uvicorn does).
+            # Idle since its last response for timeout_keep_alive: closed, not counted.
             self._header_due = self._idle_due = 0.0
             self._close()
             return
@@ -317,10 +333,9 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._in_body:  # body bytes: straight to the parser
-            super().data_received(data)
+            self._feed(data)
             return
-        # The keep-alive deadline ends with any byte (as uvicorn's timer); these are held,
-        # not fed.
+        # The keep-alive deadline ends with any byte; these are held, not fed.
         self._idle_due = 0.0
         pending = self._pending
         if pending:
@@ -346,55 +361,180 @@ class EdgeProtocol(HttpToolsProtocol):
         chunk = bytes(pending) if pending else data
         self._pending = bytearray()
         self._tail = b""
-        super().data_received(chunk)
+        self._feed(chunk)
         if not self._in_body:
             self._tail = chunk[-3:]
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # No upgrades here: the request is answered as plain HTTP, and the connection
+            # closed after it (the parser reads nothing past an upgrade).
+            if self.cycle is not None:
+                self.cycle.keep_alive = False
+        except httptools.HttpParserError as exc:
+            self._bad_request(str(exc))
+
+    def _bad_request(self, detail: str) -> None:
+        if self.transport.is_closing():  # answered already (the parser stays broken)
+            return
+        self.limits.waiting.pop(self, None)
+        self._pending = bytearray()
+        cycles = self._cycles
+        # The 400 is the answer of the request being read only if it is the one running and
+        # its answer has not begun (its own body is bad); with another's answer being
+        # written on the connection there is no room for one: closed without it.
+        if cycles and not (self._in_body and len(cycles) == 1 and not cycles[0].response_started):
+            self.transport.abort()
+            return
+        self.transport.write(_bad_request(detail))
+        self._close()
 
     def _headers_too_large(self) -> None:
         limits = self.limits
         limits.counts["too_large"] += 1
         self._pending = bytearray()
-        self.limits.waiting.pop(self, None)
-        if any(not c.response_complete for c in self._cycles):
+        limits.waiting.pop(self, None)
+        if self._cycles:
             # A response is being written on this connection: no room for another.
             self.transport.abort()
             return
         self.transport.write(limits.too_large)
         self._close()
 
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._expect = False
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        # llhttp keeps a value's trailing whitespace, which RFC 9110 §5.5 excludes.
+        value = value.rstrip(b" \t")
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect = True
+        self._headers.append((name, value))
+
     def on_headers_complete(self) -> None:
         self._header_due = 0.0
         self.limits.waiting.pop(self, None)
-        busy = any(not c.response_complete for c in self._cycles)
-        before = self.cycle
-        super().on_headers_complete()
-        cycle = self.cycle
-        if cycle is not before:  # a new request's cycle (not an upgrade)
-            cycle.transport = _HeadWriter(cycle, self.transport, self.loop)  # type: ignore[assignment]
-            setattr(cycle, LOST_HOOK, None)  # the app may hook the connection's loss
-        self._cycles.append(cycle)
+        parser = self.parser
+        method = parser.get_method()
+        version = parser.get_http_version()
+        url = self._url
+        if url[:1] == b"/" and b"?" not in url and b"%" not in url and b"#" not in url:
+            raw_path, query = url, b""  # what parse_url would find, found without it
+        else:
+            parsed = httptools.parse_url(url)
+            raw_path, query = parsed.path or b"", parsed.query or b""
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        root = self.root_path
+        scope = {
+            "type": "http",
+            "asgi": _ASGI,
+            "http_version": version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "root_path": root,
+            "headers": self._headers,
+            "state": self.app_state.copy(),
+            "method": _METHODS.get(method) or method.decode("ascii"),
+            "path": root + path if root else path,
+            "raw_path": root.encode("ascii") + raw_path if root else raw_path,
+            "query_string": query,
+        }
+        cycle = self.cycle = RequestCycle(
+            scope,
+            self.transport,
+            self.flow,
+            version != "1.0" and parser.should_keep_alive(),
+            self._expect,
+            self._response_done,
+            self._default_headers,
+            self.loop,
+        )
+        cycles = self._cycles
+        busy = bool(cycles)
+        cycles.append(cycle)
         self._in_body = True
         if not busy:
             self._start_body_deadline()
-        elif self.pipeline:
-            if len(self.pipeline) > MAX_PIPELINED:
-                log.warning(
-                    "a client pipelined over %d requests on one connection; closing it",
-                    MAX_PIPELINED,
-                )
-                self.transport.abort()
-                return
-            # uvicorn stops reading here; keep reading, so that the client's EOF is seen.
-            self.flow.resume_reading()
+            self._run(cycle)
+        elif len(cycles) > MAX_PIPELINED + 1:
+            log.warning(
+                "a client pipelined over %d requests on one connection; closing it",
+                MAX_PIPELINED,
+            )
+            self.transport.abort()
+        # else: queued behind the one running; reading goes on, so that the client's EOF is
+        # seen (uvicorn would stop reading here).
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or cycle.disconnected:
+            return
+        if cycle.add_body(body) > BODY_HIGH_WATER:
+            self.flow.pause_reading()  # the cycle's receive() resumes it
 
     def on_message_complete(self) -> None:
-        super().on_message_complete()
         self._in_body = False
         self._body_due = 0.0
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.more_body = False
+            cycle.wake()
+
+    # ------------------------------------------------------------------ requests
+
+    def _run(self, cycle: RequestCycle) -> None:
+        app = self.app
+        limit = self.limit_concurrency
+        state = self.server_state
+        if limit is not None and (len(state.connections) >= limit or len(state.tasks) >= limit):
+            log.warning("Exceeded concurrency limit.")
+            app = _service_unavailable
+        task = self.loop.create_task(cycle.run(app))
+        task.add_done_callback(state.tasks.discard)
+        state.tasks.add(task)
+
+    def _default_headers(self) -> list[tuple[bytes, bytes]]:
+        headers: list[tuple[bytes, bytes]] = self.server_state.default_headers
+        return headers
+
+    def _response_done(self, cycle: RequestCycle) -> None:
+        # The response of the running request is complete (from its send).
+        self.server_state.total_requests += 1
+        cycles = self._cycles
+        if cycles and cycles[0] is cycle:
+            del cycles[0]
+        else:  # not the running one (the connection was lost): nothing follows
+            return
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if not cycles:
+            self._wait_headers(idle=True)
+            return
+        following = cycles[0]
+        self._run(following)
+        if self._in_body and following is self.cycle:
+            # The queued request now runs and its body is still arriving: its deadline starts.
+            self._start_body_deadline()
 
     # ------------------------------------------------------------------ body
 
     def _start_body_deadline(self) -> None:
+        if not self._in_body:
+            return
         self._body_due = due = self.loop.time() + self.limits.timeout_body
         if self._body_timer is None:
             self._body_timer = self.loop.call_at(due, self._body_check)
@@ -409,32 +549,58 @@ class EdgeProtocol(HttpToolsProtocol):
             return
         self._body_due = 0.0
         self.limits.counts["body_timeout"] += 1
-        running = next((c for c in self._cycles if not c.response_complete), None)
+        running = self._cycles[0] if self._cycles else None
         if running is not None and not running.response_started:
             self.transport.write(self.limits.timed_out)
         self._close()
 
-    # ------------------------------------------------------------------ responses
 
-    def on_response_complete(self) -> None:
-        queued = bool(self.pipeline)
-        self._cycles = [c for c in self._cycles if not c.response_complete]
-        if queued:
-            super().on_response_complete()  # starts the next request (no keep-alive timer)
-        else:
-            # uvicorn's steps without arming its keep-alive timer (`_wait_headers` keeps
-            # that deadline, so uvicorn's timer is never armed): the count, reading resumed.
-            self.server_state.total_requests += 1
-            if self.transport.is_closing():
-                return
-            self.flow.resume_reading()
-        if self.transport.is_closing():
-            return
-        if not queued:
-            self._wait_headers(idle=True)
-        elif self._in_body and self._cycles and self._cycles[0] is self.cycle:
-            # The queued request now runs and its body is still arriving: its deadline starts.
-            self._start_body_deadline()
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+
+
+def _address(name: Any) -> Any:
+    """A socket's address as ASGI's ``server``/``client`` (host, port), or None."""
+    if isinstance(name, (list, tuple)) and len(name) >= 2:
+        return (str(name[0]), int(name[1]))
+    return None
+
+
+def _bad_request(detail: str) -> bytes:
+    body = json.dumps(
+        {
+            "error": {
+                "message": f"invalid HTTP request ({detail}); send a well-formed HTTP/1.1 request",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    ).encode()
+    return (
+        b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%b" % (len(body), body)
+    )
+
+
+async def _service_unavailable(scope: Any, receive: Any, send: Any) -> None:
+    body = json.dumps(
+        {
+            "error": {
+                "message": "the worker is at its concurrency limit; retry later",
+                "type": "service_unavailable_error",
+                "param": None,
+                "code": None,
+            }
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def protocol_class(limits: EdgeLimits) -> type[EdgeProtocol]:

@@ -12,15 +12,16 @@ for the response's task, which waits for the send in flight (`settle`) before it
 order of events on the wire is the order of tokens either way.
 
 The native step (``TSFRONT_SERVE_NATIVE``, on unless ``0``): for a stream decoded by the
-table detokenizer and a response served by uvicorn's httptools protocol, one C call
+table detokenizer and a response served by tsfront serve's protocol (`tsfront.serve.cycle`) or
+uvicorn's httptools one (an embedding server's), one C call
 (``tsfront._native.token_event``) does the detokenizer's step, the JSON string, the event and
-the HTTP/1.1 chunk around it, and the chunk goes to the connection's transport, as uvicorn's
+the HTTP/1.1 chunk around it, and the chunk goes to the connection's transport, as the cycle's
 ``send`` would write it (the drain's native pass, ``tsfront._native.push_batch``, sends it on
 the connection's socket itself while the transport holds nothing, as the transport's own
-write would first do: `direct_target`, plain TCP only, never TLS). Only while uvicorn's own
+write would first do: `direct_target`, plain TCP only, never TLS). Only while the cycle's own
 ``send`` would write it at once: the response started, chunked, not complete, the client still
 there and the transport not paused for back-pressure; otherwise the ASGI ``send`` is stepped
-as above. The end of the body always goes through ``send`` (keep-alive, uvicorn's state).
+as above. The end of the body always goes through ``send`` (keep-alive, the cycle's state).
 docs/PERFORMANCE.md, "Worker per token: the native path" and "... the direct send", has what
 they save.
 
@@ -55,22 +56,24 @@ NATIVE = os.environ.get("TSFRONT_SERVE_NATIVE", "1") != "0"
 
 
 @functools.cache
-def _cycle_type() -> type | None:
-    # The class whose ``send`` the native step stands in for (None: uvicorn not installed);
-    # looked up on first use, since uvicorn is the serve extra's.
+def _cycle_types() -> tuple[type, ...]:
+    # The classes whose ``send`` the native step stands in for: tsfront serve's own cycle, and
+    # uvicorn's httptools one (an embedding server's), looked up on first use: uvicorn is the
+    # serve extra's.
+    from tsfront.serve.cycle import RequestCycle
+
     try:
         from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
     except ImportError:
-        return None
-    return RequestResponseCycle
+        return (RequestCycle,)
+    return (RequestCycle, RequestResponseCycle)
 
 
 def _native_cycle(send: Callable[..., Any]) -> Any:
-    """The uvicorn connection cycle whose ``send`` this is, when the native step can stand in
-    for it (httptools protocol, a chunked body; not HEAD), else None."""
-    kind: Any = _cycle_type()
+    """The connection cycle whose ``send`` this is, when the native step can stand in for it
+    (tsfront serve's or uvicorn's httptools one, a chunked body; not HEAD), else None."""
     cycle: Any = getattr(send, "__self__", None)
-    if kind is None or type(cycle) is not kind:
+    if type(cycle) not in _cycle_types():
         return None
     if cycle.chunked_encoding is not True or cycle.scope.get("method") == "HEAD":
         return None
@@ -122,7 +125,7 @@ class Pusher(_native.PusherBase):
         self._head = head
         self._tail = tail
         self._send = send
-        #: The uvicorn connection cycle whose transport the native step writes to (None: no
+        #: The connection cycle whose transport the native step writes to (None: no
         #: native step for this response; every event through ``send``).
         self._cycle: Any = None
         self._flow: Any = None  # its connection's flow control (one per connection)
@@ -165,15 +168,15 @@ class Pusher(_native.PusherBase):
             and not cycle.disconnected
             and not cycle.response_complete
         ):
-            # What uvicorn's send would write now, made and written in one go.
+            # What the cycle's send would write now, made and written in one go.
             chunk = _token_event(
                 self._pieces, self._decoder, tokens, self._head, self._tail, self._errors, True
             )
             self._choice.tokens += len(tokens)  # after: a step that raised changed nothing
             if chunk is not None:
                 try:
-                    # The cycle's transport as uvicorn's send writes to it, looked up per event:
-                    # `tsfront.serve.protocol` swaps it for a writer that holds the response's
+                    # The cycle's transport as its send writes to it, looked up per event:
+                    # `tsfront.serve.cycle` swaps it for a writer that holds the response's
                     # head to the next loop turn, and then back once the head is out (a write
                     # bound before that would defer every event to a loop turn of its own).
                     cycle.transport.write(chunk)

@@ -20,6 +20,10 @@ the socket of a plain TCP connection, found on the first streamed response and f
 the connection is lost (``lost``), so that a descriptor is handed out only while it is this
 connection's. `socket_target` is the same question asked of any transport.
 
+`FlowControl` is a connection's reading and writing pauses: the protocol pauses writing when
+the transport's buffer is over its high-water mark, and a response's ``send`` (and the native
+pass, by ``write_paused``) waits until it is resumed.
+
 `LOST_HOOK` names the attribute of a request's uvicorn cycle through which the protocol tells
 the app that the request's connection is lost (the protocol's doc has the rule).
 """
@@ -32,7 +36,7 @@ from typing import Any
 
 from tsfront import _native
 
-__all__ = ["LOST_HOOK", "ConnectionTransport", "socket_target"]
+__all__ = ["LOST_HOOK", "ConnectionTransport", "FlowControl", "socket_target"]
 
 #: The attribute of a request's cycle (`tsfront.serve.protocol`) that holds what to call, once,
 #: if the request's connection is lost while it runs: None, or a callable the app put there.
@@ -121,6 +125,46 @@ class ConnectionTransport(_native.ConnectionBase):
         if name == "_inner":  # not set (a copy made without __init__): no recursion
             raise AttributeError(name)
         return getattr(self._inner, name)
+
+
+class FlowControl:
+    """One connection's pauses (see the module's doc). ``write_paused`` is read by name by the
+    native pass; a waiter future is made only while writing is paused."""
+
+    __slots__ = ("_transport", "_writable", "read_paused", "write_paused")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.read_paused = False
+        self.write_paused = False
+        self._writable: asyncio.Future[None] | None = None
+
+    async def drain(self) -> None:
+        """Wait until writing is resumed (at once if it is not paused)."""
+        while self.write_paused:
+            waiter = self._writable
+            if waiter is None or waiter.done():
+                waiter = self._writable = asyncio.get_running_loop().create_future()
+            await asyncio.shield(waiter)
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            self.read_paused = True
+            self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            self.read_paused = False
+            self._transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        waiter, self._writable = self._writable, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 def socket_target(transport: Any) -> tuple[Any, int]:

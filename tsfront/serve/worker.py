@@ -261,7 +261,7 @@ async def _serve(
     heap.settle()
     config = uvicorn.Config(
         app,
-        http=protocol,  # uvicorn's httptools protocol with the edge's limits
+        http=protocol,  # tsfront's own HTTP/1.1 protocol, with the edge's limits
         lifespan="off",
         access_log=False,
         log_level=opts.edge.log_level,

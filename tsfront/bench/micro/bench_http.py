@@ -5,14 +5,14 @@ One uvloop loop holds both ends of a keep-alive loopback connection: a client th
 bench's streamed completion request (8 headers, a 70-byte body) and reads the chunked answer,
 and one of two servers:
 
-* ``edge``: `tsfront serve`'s `EdgeProtocol` (uvicorn's httptools protocol with the edge)
+* ``edge``: `tsfront serve`'s `EdgeProtocol` (its own HTTP/1.1 connection, with the edge)
   running a trivial ASGI app: one ``receive``, the start, one event, the end;
 * ``canned``: a bare `asyncio.Protocol` that writes the same answer's bytes in the same two
   writes, a loop turn apart (as the edge sends a short request's), parsing nothing.
 
 A round is `PER_ROUND` requests' round trips, one after the other in one coroutine, client
-included; ``edge`` minus ``canned``, divided by `PER_ROUND`, is uvicorn's protocol, its cycle
-and task, the ASGI messages and the edge, per request. Run:
+included; ``edge`` minus ``canned``, divided by `PER_ROUND`, is the protocol, its request
+cycle and task, the ASGI messages and the edge, per request. Run:
 ``.venv/bin/python -m pytest tsfront/bench/micro/bench_http.py``.
 """
 

@@ -143,7 +143,7 @@ class _Rig:
 @pytest.fixture(scope="module", params=[False, True], ids=["transport", "connection"])
 def rig(request: pytest.FixtureRequest) -> Iterator[_Rig]:
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(push, "_cycle_type", lambda: TransportCycle)
+        mp.setattr(push, "_cycle_types", lambda: (TransportCycle,))
         r = _Rig(request.param)
         try:
             r.loop.run_until_complete(r.start())
