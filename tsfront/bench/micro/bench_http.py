@@ -7,12 +7,14 @@ and one of two servers:
 
 * ``edge``: `tsfront serve`'s `EdgeProtocol` (its own HTTP/1.1 connection, with the edge)
   running a trivial ASGI app: one ``receive``, the start, one event, the end;
+* ``uvicorn``: uvicorn's own httptools protocol (what ``edge`` replaced), no edge, the same app;
 * ``canned``: a bare `asyncio.Protocol` that writes the same answer's bytes in the same two
   writes, a loop turn apart (as the edge sends a short request's), parsing nothing.
 
 A round is `PER_ROUND` requests' round trips, one after the other in one coroutine, client
 included; ``edge`` minus ``canned``, divided by `PER_ROUND`, is the protocol, its request
-cycle and task, the ASGI messages and the edge, per request. Run:
+cycle and task, the ASGI messages and the edge, per request; ``uvicorn`` minus ``edge`` what
+tsfront's own connection saves against uvicorn's (less the edge, which ``uvicorn`` lacks). Run:
 ``.venv/bin/python -m pytest tsfront/bench/micro/bench_http.py``.
 """
 
@@ -78,8 +80,9 @@ class _Rig:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        if self.server_kind == "edge":
+        if self.server_kind in ("edge", "uvicorn"):
             from uvicorn.config import Config
+            from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
             from uvicorn.server import ServerState
 
             from tsfront.serve.protocol import EdgeLimits, protocol_class
@@ -92,10 +95,13 @@ class _Rig:
             limits = EdgeLimits(
                 timeout_header=30, timeout_body=30, max_header_bytes=65536, max_connections=16
             )
-            cls = protocol_class(limits)
+            cls: Any = protocol_class(limits) if self.server_kind == "edge" else HttpToolsProtocol
 
             def factory() -> asyncio.Protocol:
-                return cls(config=config, server_state=state, app_state={}, _loop=loop)
+                protocol: asyncio.Protocol = cls(
+                    config=config, server_state=state, app_state={}, _loop=loop
+                )
+                return protocol
 
             self.server = await loop.create_server(factory, "127.0.0.1", 0)
         else:
@@ -133,7 +139,7 @@ class _Rig:
         self.loop.close()
 
 
-@pytest.fixture(scope="module", params=["edge", "canned"])
+@pytest.fixture(scope="module", params=["edge", "uvicorn", "canned"])
 def rig(request: pytest.FixtureRequest) -> Iterator[_Rig]:
     r = _Rig(request.param)
     try:
