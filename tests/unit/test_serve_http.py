@@ -277,8 +277,10 @@ async def test_a_request_that_ends_its_connection_is_answered_then_closed(served
         b"GET /echo HTTP/1.1\r\nbad header\r\n\r\n",
         b"POST /echo HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nhi",
         b"POST /echo HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+        b"GET /\xc3\xa9cho HTTP/1.1\r\nhost: x\r\n\r\n",
+        b"GET /echo?\xff HTTP/1.1\r\nhost: x\r\n\r\n",
     ],
-    ids=["method", "header", "two-lengths", "chunk-size"],
+    ids=["method", "header", "two-lengths", "chunk-size", "utf8-path", "byte-query"],
 )
 async def test_a_malformed_request_gets_a_json_400_and_the_connection_closed(served, raw) -> None:
     reader, writer = await served.connect()
