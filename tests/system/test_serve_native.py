@@ -32,6 +32,7 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.inloop import start_uvicorn
 from support.push_fixtures import LoggingOwner, PlainChoice
 from support.serve_fixtures import post_stream, read_chunked, start_served
 
@@ -189,7 +190,6 @@ def _edge_bytes() -> bytes:
 
 
 async def _serve(app, monkeypatch, http: object = "httptools") -> tuple:
-    import uvicorn
 
     calls = [0]
     real = push._token_event
@@ -199,16 +199,8 @@ async def _serve(app, monkeypatch, http: object = "httptools") -> tuple:
         return real(*args)
 
     monkeypatch.setattr(push, "_token_event", counting)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, http=http, lifespan="off", log_level="error")  # type: ignore[arg-type]
-    server = uvicorn.Server(config)
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    deadline = time.monotonic() + DEADLINE
-    while not server.started:
-        assert time.monotonic() < deadline and not task.done(), "uvicorn did not start"
-        await asyncio.sleep(0.01)
-    return server, task, sock.getsockname()[1], calls
+    server, task, port = await start_uvicorn(app, http, log_level="error")
+    return server, task, port, calls
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from typing import Any
 
 import h11
 import pytest
 import uvicorn
+from support.inloop import start_uvicorn
 from uvicorn.server import ServerState
 
 from tsfront.serve.cycle import RequestCycle
@@ -122,24 +122,15 @@ class _Served:
 @pytest.fixture
 async def served():
     app = _App()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(
+    server, task, port = await start_uvicorn(
         app,
-        http=protocol_class(_limits()),  # type: ignore[arg-type]
-        lifespan="off",
+        protocol_class(_limits()),
         log_level="critical",
         timeout_keep_alive=30,
         server_header=False,
         date_header=False,
     )
-    server = uvicorn.Server(config)
-    task = asyncio.ensure_future(server.serve(sockets=[sock]))
-    deadline = time.monotonic() + DEADLINE
-    while not server.started:
-        assert time.monotonic() < deadline and not task.done(), "the server did not start"
-        await asyncio.sleep(0.01)
-    yield _Served(app, server, sock.getsockname()[1], task)
+    yield _Served(app, server, port, task)
     server.should_exit = True
     await asyncio.wait_for(task, DEADLINE)
     # Nothing outlives the server: no connection, no request's task.
