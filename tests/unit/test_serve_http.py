@@ -261,6 +261,26 @@ async def test_a_request_that_ends_its_connection_is_answered_then_closed(served
     writer.close()
 
 
+@pytest.mark.parametrize("path", ["/stream", "/big?size=300000"])
+async def test_an_http_1_0_client_gets_no_chunked_encoding_and_the_body_to_the_close(
+    served, path
+) -> None:
+    # HTTP/1.0 has no chunked encoding: a body with no length is sent as it comes and ends
+    # with the connection.
+    reader, writer = await served.connect()
+    writer.write(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+    data = await asyncio.wait_for(reader.read(), DEADLINE)  # to the server's close
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"connection: close" in head
+    assert b"transfer-encoding" not in head
+    if path == "/stream":
+        assert body == b"data: one\n\ndata: two\n\n"
+    else:
+        piece = bytes(range(256)) * 256
+        assert body == (piece * 5)[:300000]
+    writer.close()
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -13,7 +13,9 @@ after), but with less per request:
   turn (the first body bytes, sent right after the start by every route) and sent with it in
   one ``write``, through a `HeldHead` that stands as the cycle's ``transport`` until then; a
   head with nothing after it in that turn goes out at the next turn;
-* a chunk of a chunked body, and the body's end with its last chunk, in one formatted write.
+* a chunk of a chunked body, and the body's end with its last chunk, in one formatted write;
+* an HTTP/1.0 client, which has no chunked encoding, gets a body with no length as it comes,
+  ended by the connection's close (uvicorn sends it chunks).
 
 What the drain's native pass (native/push.c, `tsfront.serve.push`) reads of a cycle, by name:
 ``transport`` (the connection's `tsfront.serve.transport.ConnectionTransport`, or the held
@@ -45,6 +47,9 @@ _BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]").search
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 _NO_BODY_STATUS = (204, 304)
+#: ``expected_content_length`` of a body that ends with the connection (an HTTP/1.0 client's,
+#: with no length given: it knows no chunked encoding).
+_UNTIL_CLOSE = -1
 _CHUNK_END = b"0\r\n\r\n"
 _500_HEADERS = [
     (b"content-type", b"text/plain; charset=utf-8"),
@@ -273,13 +278,15 @@ class RequestCycle:
                 self.expected_content_length = 0
             else:
                 size = len(body)
-                if size > self.expected_content_length:
-                    raise RuntimeError("Response content longer than Content-Length")
-                self.expected_content_length -= size
+                expected = self.expected_content_length
+                if expected != _UNTIL_CLOSE:
+                    if size > expected:
+                        raise RuntimeError("Response content longer than Content-Length")
+                    self.expected_content_length = expected - size
                 if size:
                     self.transport.write(body)
             if not more:
-                if self.expected_content_length != 0:
+                if self.expected_content_length > 0:
                     raise RuntimeError("Response content shorter than Content-Length")
                 self.response_complete = True
                 self.wake()
@@ -323,8 +330,14 @@ class RequestCycle:
         if self.scope["method"] == "HEAD":
             self.chunked_encoding = False  # no body is written, whatever the headers say
         elif self.chunked_encoding is None and status not in _NO_BODY_STATUS:
-            self.chunked_encoding = True
-            head.append(b"transfer-encoding: chunked\r\n")
+            if self.scope["http_version"] == "1.0":
+                # No chunked encoding for an HTTP/1.0 client (uvicorn sends it one): the body
+                # as it comes, ended by the close (1.0 is never kept alive here).
+                self.chunked_encoding = False
+                self.expected_content_length = _UNTIL_CLOSE
+            else:
+                self.chunked_encoding = True
+                head.append(b"transfer-encoding: chunked\r\n")
         head.append(b"\r\n")
         held = HeldHead(self, self.transport, b"".join(head))
         self.transport = held
