@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -391,3 +392,30 @@ def test_a_bad_tsfront_log_is_one_line() -> None:
     assert result.stderr.splitlines() == [
         "tsfront: error: TSFRONT_LOG='LOUD': not a logging level; use DEBUG, INFO, WARNING or ERROR"
     ]
+
+
+def test_readme_test_model_commands_run_from_the_checkout(tmp_path: Path) -> None:
+    # The README's serve walk-through makes its test models with `.venv/bin/python ... -c`
+    # from the checkout, whose tsfront/ has no compiled extension (a non-editable install):
+    # the command must import the installed package, not the checkout's.
+    lines = [
+        line
+        for line in README.read_text().splitlines()
+        if line.startswith(".venv/bin/python") and "make_test_model" in line
+    ]
+    assert len(lines) == 2, lines
+    checkout = tmp_path / "checkout"
+    (checkout / "tsfront").mkdir(parents=True)
+    (checkout / "tsfront" / "__init__.py").write_text(
+        "raise ImportError('the checkout, not the install')\n"
+    )
+    for line in lines:
+        # As the shell runs it, the interpreter being this one and /tmp this test's folder.
+        command = [sys.executable, *shlex.split(line)[1:]]
+        command[-1] = command[-1].replace("'/tmp/", f"'{tmp_path}/")
+        result = subprocess.run(
+            command, cwd=checkout, capture_output=True, text=True, timeout=60, env=ENV
+        )
+        assert result.returncode == 0, result.stderr
+        folder = re.search(r"m\('/tmp/(\w+)'", line)
+        assert folder and (tmp_path / folder.group(1) / "tokenizer.json").exists()
