@@ -47,7 +47,6 @@ for it (pipelined), and a request leaves the list when its response is complete.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import urllib.parse
@@ -55,7 +54,8 @@ from typing import Any, ClassVar
 
 import httptools
 
-from tsfront.serve.cycle import RequestCycle
+from tsfront.serve.api import ApiError
+from tsfront.serve.cycle import STATUS_LINES, RequestCycle
 from tsfront.serve.transport import LOST_HOOK, ConnectionTransport, FlowControl
 
 __all__ = ["CAP_LOG_S", "MAX_PIPELINED", "EdgeLimits", "EdgeProtocol", "protocol_class"]
@@ -83,15 +83,13 @@ def _headers_end(buf: bytes | bytearray, start: int) -> int:
     return end
 
 
-def _error_response(status: int, reason: str, message: str, kind: str) -> bytes:
-    body = (
-        b'{"error":{"message":"' + message.encode() + b'","type":"' + kind.encode() + b'",'
-        b'"param":null,"code":null}}'
-    )
-    return (
-        f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
-    ).encode() + body
+def _error_response(status: int, message: str, kind: str = "invalid_request_error") -> bytes:
+    """A whole answer that closes its connection, carrying the app's own error object
+    (`tsfront.serve.api.ApiError`'s body and headers), for what the edge refuses itself."""
+    reply = ApiError(status, message, kind=kind).reply()
+    head = [STATUS_LINES[status], *(b"%b: %b\r\n" % header for header in reply.headers)]
+    head.append(b"content-length: %d\r\nconnection: close\r\n\r\n" % len(reply.body))
+    return b"".join(head) + reply.body
 
 
 class EdgeLimits:
@@ -110,16 +108,10 @@ class EdgeLimits:
         self.max_header_bytes = max_header_bytes
         self.max_connections = max_connections
         self.too_large = _error_response(
-            431,
-            "Request Header Fields Too Large",
-            f"request headers over {max_header_bytes} bytes; send smaller headers",
-            "invalid_request_error",
+            431, f"request headers over {max_header_bytes} bytes; send smaller headers"
         )
         self.timed_out = _error_response(
-            408,
-            "Request Timeout",
-            f"the request body did not arrive within {timeout_body:g} s; send it faster",
-            "invalid_request_error",
+            408, f"the request body did not arrive within {timeout_body:g} s; send it faster"
         )
         #: Open connections of the worker, and those waiting for request headers (oldest first).
         self.open: set[EdgeProtocol] = set()
@@ -388,7 +380,11 @@ class EdgeProtocol(asyncio.Protocol):
         if cycles and not (self._in_body and len(cycles) == 1 and not cycles[0].response_started):
             self.transport.abort()
             return
-        self.transport.write(_bad_request(detail))
+        self.transport.write(
+            _error_response(
+                400, f"invalid HTTP request ({detail}); send a well-formed HTTP/1.1 request"
+            )
+        )
         self._close()
 
     def _headers_too_large(self) -> None:
@@ -565,42 +561,15 @@ def _address(name: Any) -> Any:
     return None
 
 
-def _bad_request(detail: str) -> bytes:
-    body = json.dumps(
-        {
-            "error": {
-                "message": f"invalid HTTP request ({detail}); send a well-formed HTTP/1.1 request",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": None,
-            }
-        }
-    ).encode()
-    return (
-        b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\nconnection: close\r\n\r\n%b" % (len(body), body)
-    )
+_AT_LIMIT = ApiError(
+    503, "the worker is at its concurrency limit; retry later", kind="service_unavailable_error"
+).reply()
 
 
 async def _service_unavailable(scope: Any, receive: Any, send: Any) -> None:
-    body = json.dumps(
-        {
-            "error": {
-                "message": "the worker is at its concurrency limit; retry later",
-                "type": "service_unavailable_error",
-                "param": None,
-                "code": None,
-            }
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    headers = [*_AT_LIMIT.headers, (b"connection", b"close")]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": _AT_LIMIT.body})
 
 
 def protocol_class(limits: EdgeLimits) -> type[EdgeProtocol]:
