@@ -5,7 +5,7 @@
 counts; ``http=`` takes this class). It is HTTP/1.1 as uvicorn's httptools protocol speaks it
 (keep-alive, pipelining, ``Expect: 100-continue``, HEAD, chunked and sized responses, a JSON
 400 for a request the parser refuses), with less work per request (see the cycle's doc and
-docs/PERFORMANCE.md, "Our own HTTP/1.1 connection"), no WebSocket upgrade (the API has no
+docs/PERFORMANCE.md, "tsfront's own HTTP/1.1 connection"), no WebSocket upgrade (the API has no
 WebSocket route: a request asking for one is answered as plain HTTP and its connection closed
 after the answer), and what a public port needs that uvicorn does not have (its
 ``timeout_keep_alive`` runs only after a response and any byte cancels it; its
@@ -145,9 +145,9 @@ class EdgeProtocol(asyncio.Protocol):
     """One HTTP/1.1 connection with the worker's `EdgeLimits` (see the module's doc).
 
     Made by uvicorn's `Server` with its ``config`` (the app, ``root_path``,
-    ``timeout_keep_alive``, ``limit_concurrency``) and ``server_state`` (the open connections,
-    the running tasks, the request count and the default headers); `protocol_class` binds the
-    limits.
+    ``timeout_keep_alive``) and ``server_state`` (the open connections, the running tasks, the
+    request count and the default headers); `protocol_class` binds the limits. uvicorn's
+    ``limit_concurrency`` is not applied: the edge's connection cap bounds a worker.
     """
 
     limits: ClassVar[EdgeLimits]
@@ -165,7 +165,6 @@ class EdgeProtocol(asyncio.Protocol):
         self.loop = _loop or asyncio.get_event_loop()
         self.root_path: str = config.root_path
         self.timeout_keep_alive: float = config.timeout_keep_alive
-        self.limit_concurrency: int | None = config.limit_concurrency
         self.server_state = server_state
         self.app_state = app_state
         self.parser = httptools.HttpRequestParser(self)
@@ -492,15 +491,10 @@ class EdgeProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ requests
 
     def _run(self, cycle: RequestCycle) -> None:
-        app = self.app
-        limit = self.limit_concurrency
-        state = self.server_state
-        if limit is not None and (len(state.connections) >= limit or len(state.tasks) >= limit):
-            log.warning("Exceeded concurrency limit.")
-            app = _service_unavailable
-        task = self.loop.create_task(cycle.run(app))
-        task.add_done_callback(state.tasks.discard)
-        state.tasks.add(task)
+        tasks = self.server_state.tasks
+        task = self.loop.create_task(cycle.run(self.app))
+        task.add_done_callback(tasks.discard)
+        tasks.add(task)
 
     def _default_headers(self) -> list[tuple[bytes, bytes]]:
         headers: list[tuple[bytes, bytes]] = self.server_state.default_headers
@@ -559,17 +553,6 @@ def _address(name: Any) -> Any:
     if isinstance(name, (list, tuple)) and len(name) >= 2:
         return (str(name[0]), int(name[1]))
     return None
-
-
-_AT_LIMIT = ApiError(
-    503, "the worker is at its concurrency limit; retry later", kind="service_unavailable_error"
-).reply()
-
-
-async def _service_unavailable(scope: Any, receive: Any, send: Any) -> None:
-    headers = [*_AT_LIMIT.headers, (b"connection", b"close")]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": _AT_LIMIT.body})
 
 
 def protocol_class(limits: EdgeLimits) -> type[EdgeProtocol]:
