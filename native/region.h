@@ -17,8 +17,9 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#define ABI_VERSION 4 /* 2: worker_ctl_t.rescan; 3: Writer.bind takes the engine index;
-                       * 4: the submission rings (subring.h) after the slots */
+#define ABI_VERSION 5 /* 2: worker_ctl_t.rescan; 3: Writer.bind takes the engine index;
+                       * 4: the submission rings (subring.h) after the slots;
+                       * 5: Writer.ingest writes a frame's load tail into the engine table */
 #define REGION_MAGIC 0x74736672696e6731ULL /* "tsfring1" */
 #define HEADER_BYTES 4096
 #define ENGINE_BYTES 64
@@ -32,8 +33,9 @@
 enum { SLOT_IDLE = 0, SLOT_LIVE = 1, SLOT_DONE = 2 };
 
 /* The engine table (ENGINE_BYTES a row: ENGINE_WORDS little-endian u32 words), written by the
- * I/O process's Python side through numpy and read by workers; the C only sizes it. Word
- * indices of a row, and the published engine states (word E_STATE). */
+ * I/O process (its Python side, and Writer.ingest the load words E_RUNNING .. E_LOAD_MS_HI of
+ * each frame) and read by workers. Word indices of a row, and the published engine states
+ * (word E_STATE). */
 #define ENGINE_WORDS (ENGINE_BYTES / 4)
 enum {
     E_STATE = 0,

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "frame.h"
@@ -445,19 +446,51 @@ static hint_t *hints_for(Writer *self, int32_t engine_index, uint32_t nrows) {
     return h;
 }
 
+/* The frame's load tail into row `row` of the engine table (words E_RUNNING .. E_LOAD_MS_HI:
+ * the four figures, then the time it was read in CLOCK_MONOTONIC ms, the clock of Python's
+ * time.monotonic()). Advisory words (DESIGN.md, "Memory-ordering rules"): single aligned u32
+ * stores, little-endian as the table is. frame_parse refused any figure outside u32. */
+static void publish_tail(Writer *self, uint32_t row, const frame_tail_t *tail) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    uint32_t words[6] = {(uint32_t)tail->running, (uint32_t)tail->waiting,
+                         (uint32_t)tail->kv_active, (uint32_t)tail->kv_total,
+                         (uint32_t)(ms & 0xFFFFFFFFu), (uint32_t)(ms >> 32)};
+    uint8_t *at = self->r.base + self->r.l.engines_off + (uint64_t)row * ENGINE_BYTES;
+    for (int i = 0; i < 6; i++) {
+        uint32_t v = words[i];
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        v = __builtin_bswap32(v);
+#endif
+        atomic_store_explicit((_Atomic uint32_t *)(at + 4u * (E_RUNNING + i)), v,
+                              memory_order_relaxed);
+    }
+}
+
 static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "ingest(frame, engine_index=0)");
+    if (nargs < 1 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "ingest(frame, engine_index=0, table_row=-1)");
         return NULL;
     }
     PyObject *arg = args[0];
     long long default_index = 0;
-    if (nargs == 2) {
+    if (nargs >= 2) {
         default_index = PyLong_AsLongLong(args[1]);
         if (default_index == -1 && PyErr_Occurred()) return NULL;
         if (default_index < 0 || default_index > FRAME_MAX_ENGINE_INDEX) {
             PyErr_Format(PyExc_ValueError, "engine_index %lld out of range [0, 65535]",
                          default_index);
+            return NULL;
+        }
+    }
+    long long table_row = -1;
+    if (nargs == 3) {
+        table_row = PyLong_AsLongLong(args[2]);
+        if (table_row == -1 && PyErr_Occurred()) return NULL;
+        if (table_row < -1 || table_row >= (long long)self->r.l.max_engines) {
+            PyErr_Format(PyExc_ValueError, "table_row %lld out of range [-1, %u)", table_row,
+                         self->r.l.max_engines);
             return NULL;
         }
     }
@@ -584,6 +617,8 @@ static PyObject *writer_ingest(Writer *self, PyObject *const *args, Py_ssize_t n
         if (written || row->finish != FIN_NONE) notify_slot(self, slot);
     }
     publish_notifications(self);
+    /* A frame with no tail says kv_total 0 (the engine table keeps the last one). */
+    if (table_row >= 0 && tail.kv_total) publish_tail(self, (uint32_t)table_row, &tail);
     self->frames++;
     self->rows_total += nrows;
     self->unknown_rows += unknown;
@@ -720,11 +755,13 @@ static PyMethodDef writer_methods[] = {
     {"finish", (PyCFunction)writer_finish, METH_VARARGS,
      "finish(slot, code, engine_index) -> bool: end a live slot with a local terminal code."},
     {"ingest", (PyCFunction)(void (*)(void))writer_ingest, METH_FASTCALL,
-     "ingest(frame, engine_index=0) -> (engine_index, running, waiting, kv_active, kv_total, "
-     "rows, unknown, finished_slots) | None\n\nApply one output frame; None for "
-     "ENGINE_CORE_DEAD. engine_index is the engine whose socket it came from: a row whose rid "
-     "was bound to another engine counts as unknown; also the index reported when the frame "
-     "does not say (the 9-element form)."},
+     "ingest(frame, engine_index=0, table_row=-1) -> (engine_index, running, waiting, "
+     "kv_active, kv_total, rows, unknown, finished_slots) | None\n\nApply one output frame; "
+     "None for ENGINE_CORE_DEAD. engine_index is the engine whose socket it came from: a row "
+     "whose rid was bound to another engine counts as unknown; also the index reported when "
+     "the frame does not say (the 9-element form). table_row >= 0: a frame with a load tail "
+     "(kv_total > 0) also writes it, with the time in CLOCK_MONOTONIC ms, into that row of the "
+     "engine table (words E_RUNNING .. E_LOAD_MS_HI)."},
     {"flush_spills", (PyCFunction)writer_flush_spills, METH_NOARGS,
      "flush_spills() -> int: move spilled tokens into rings with room; slots still spilling."},
     {"set_worker_fd", (PyCFunction)writer_set_worker_fd, METH_VARARGS,

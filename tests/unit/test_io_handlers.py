@@ -109,6 +109,33 @@ def test_a_load_tail_outside_u32_is_never_stored_and_the_loop_keeps_serving(loop
     assert metrics["handler_errors"] == 0
 
 
+def test_a_frame_writes_its_load_tail_into_the_engine_table_itself(loop):
+    # The native ingest publishes the tail; the core publishes the row only when in_flight
+    # moves (a frame ending a request), so a frame that ends nothing leaves nothing dirty.
+    engine = loop.core.engines[0]
+    _hold(loop, engine, [_tail_frame(5, 2, 9, 800)])
+    before_ms = int(time.monotonic() * 1000)
+    loop.drain_output(engine)
+    after_ms = int(time.monotonic() * 1000)
+    row = loop.region.engines[0]
+    assert (row[E_RUNNING], row[E_WAITING], row[E_KV_ACTIVE], row[E_KV_TOTAL]) == (5, 2, 9, 800)
+    assert before_ms <= int(row[E_LOAD_MS_LO]) | (int(row[E_LOAD_MS_HI]) << 32) <= after_ms
+    assert engine.tail == (5, 2, 9, 800) and not loop.core.dirty  # routing sees it too
+    # A frame without a tail (kv_total 0) keeps the last one.
+    _hold(loop, engine, [_tail_frame(0, 0, 0, 0)])
+    loop.drain_output(engine)
+    assert (row[E_RUNNING], row[E_KV_TOTAL]) == (5, 800) and engine.tail == (5, 2, 9, 800)
+
+
+def test_ingest_refuses_a_table_row_outside_the_engine_table(loop):
+    frame = _tail_frame(1)
+    for row in (-2, loop.region.geometry.max_engines, 1 << 40):
+        with pytest.raises((ValueError, OverflowError)):
+            loop.core.writer.ingest(frame, 0, row)
+    assert loop.core.writer.ingest(frame, 0, -1) is not None  # -1: the table is left alone
+    assert loop.region.engines[0][E_KV_TOTAL] == 0
+
+
 def test_engine_row_words_are_clamped_into_u32(loop):
     engine = loop.core.engines[0]
     engine.tail = (-1, 1 << 32, 1 << 40, 5)
@@ -130,7 +157,7 @@ class _BuggyWriter:
     def __init__(self) -> None:
         self.ingested: list[bytes] = []
 
-    def ingest(self, frame: bytes, index: int):
+    def ingest(self, frame: bytes, index: int, table_row: int = -1):
         self.ingested.append(frame)
         if frame == b"boom":
             raise RuntimeError("a bug in a handler")

@@ -333,7 +333,11 @@ class IOCore:
                 record.engine.in_flight -= 1
         if unknown and engine.inherited and self.adopter is not None:
             self.adopter.orphans(engine, frame)
-        self.dirty.add(engine.row)
+        if finished:
+            # in_flight moved: the row is published at the turn's end. The load tail is in the
+            # table already: the shell's ingest wrote it (`IngestResult`), so a frame that
+            # ends nothing costs no publication (a cold one is ~15 µs of the turn).
+            self.dirty.add(engine.row)
         if kv_total:
             # In u32: the native decoder refuses a frame whose load tail is not.
             engine.tail = (running, waiting, kv_active, kv_total)

@@ -405,7 +405,7 @@ class IOLoop:
                 seen = True
                 core.on_output_seen(engine, time.monotonic())
             try:
-                result = core.writer.ingest(frame, engine.index)
+                result = core.writer.ingest(frame, engine.index, engine.row)  # + its tail
                 core.on_output(engine, result, frame)
                 dead = result is None  # ENGINE_CORE_DEAD: the engine is dead
             except WireDecodeError as exc:
