@@ -346,6 +346,62 @@ def test_a_worker_reading_an_engine_row_while_it_is_published_never_sees_it_abse
         assert zeros == 0, f"{zeros} of {reads} reads saw the row's state as 0"
 
 
+def _watch_row(engines, row: int, started, stop, out) -> None:
+    """In another process: read the row's state and kv_total words until told to stop; how
+    often the state was 0 (ENGINE_ABSENT), how often kv_total was 0 after it had been set, and
+    how many reads."""
+    zeros = lost = reads = 0
+    seen = False
+    words = memoryview(engines[row])  # u32 items, each read by one load: ~10x numpy's rate
+    started.set()
+    while not stop.is_set():
+        for _ in range(1000):
+            reads += 1
+            if words[E_STATE] == 0:
+                zeros += 1
+            total = words[E_KV_TOTAL]
+            if total:
+                seen = True
+            elif seen:
+                lost += 1
+    words.release()
+    out.put((zeros, lost, reads))
+
+
+def test_a_row_written_by_the_ingest_and_the_core_in_turns_never_reads_absent_or_empty():
+    # Two writers of one row in the I/O process, one after the other: the native ingest (the
+    # load words) and the core's publication (the whole row). A worker reading it meanwhile
+    # sees whole words only: the state never 0, the load tail never gone once there.
+    ctx = multiprocessing.get_context("fork")
+    with core_rig() as core:
+        engine = core.engines[0]
+        bring_live(core, engine)
+        frames = [_tail_frame(i, 1, i, 1000 + i) for i in range(1, 8)]
+        started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+        args = (core.region.engines, engine.row, started, stop, out)
+        child = ctx.Process(target=_watch_row, args=args)
+        child.start()
+        try:
+            assert started.wait(DEADLINE), "the reading process did not start"
+            deadline = time.monotonic() + DEADLINE
+            for i in range(200_000):
+                result = core.writer.ingest(frames[i % 7], engine.index, engine.row)
+                core.on_output(engine, result, frames[i % 7])
+                if i % 3 == 0:
+                    engine.in_flight = i & 0xFF
+                    core.publish_engine(engine)
+                if i % 10_000 == 0 and time.monotonic() > deadline:
+                    break
+        finally:
+            stop.set()
+            zeros, lost, reads = out.get(timeout=DEADLINE)
+            child.join(DEADLINE)
+        assert reads > 0
+        assert zeros == 0, f"{zeros} of {reads} reads saw the row's state as 0"
+        assert lost == 0, f"{lost} of {reads} reads saw the load tail gone after it was set"
+        assert core.region.engines[engine.row][E_KV_TOTAL] == engine.tail[3]
+
+
 def test_a_drain_takes_at_most_its_limit_in_order_and_leaves_the_rest_for_the_next_turn(loop):
     """A port's frames and connection events are applied in their order, at most `DRAIN` a
     drain; what is left marks the engine in `backlog` (the next turn's poll does not block)."""
