@@ -306,46 +306,6 @@ def test_a_disconnect_of_an_earlier_engine_process_never_kills_the_current_one()
         assert engine.published_state == ENGINE_DEAD
 
 
-def _watch_state(engines, row: int, started, stop, out) -> None:
-    """In another process: read the row's state word until told to stop; how often it was 0
-    (ENGINE_ABSENT) and how often it was read."""
-    zeros = reads = 0
-    started.set()
-    while not stop.is_set():
-        for _ in range(1000):
-            reads += 1
-            if engines[row][E_STATE] == 0:
-                zeros += 1
-    out.put((zeros, reads))
-
-
-def test_a_worker_reading_an_engine_row_while_it_is_published_never_sees_it_absent():
-    # struct's pack_into zeroes its target before packing: done on the shared row, a worker
-    # reading between the two saw ENGINE_ABSENT ("no engine of the group is live").
-    ctx = multiprocessing.get_context("fork")
-    with core_rig() as core:
-        engine = core.engines[0]
-        bring_live(core, engine)
-        started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
-        args = (core.region.engines, engine.row, started, stop, out)
-        child = ctx.Process(target=_watch_state, args=args)
-        child.start()
-        try:
-            assert started.wait(DEADLINE), "the reading process did not start"
-            deadline = time.monotonic() + DEADLINE
-            for i in range(200_000):
-                engine.in_flight = i & 0xFF
-                core.publish_engine(engine)
-                if i % 10_000 == 0 and time.monotonic() > deadline:
-                    break
-        finally:
-            stop.set()
-            zeros, reads = out.get(timeout=DEADLINE)
-            child.join(DEADLINE)
-        assert reads > 0
-        assert zeros == 0, f"{zeros} of {reads} reads saw the row's state as 0"
-
-
 def _watch_row(engines, row: int, started, stop, out) -> None:
     """In another process: read the row's state and kv_total words until told to stop; how
     often the state was 0 (ENGINE_ABSENT), how often kv_total was 0 after it had been set, and
@@ -368,34 +328,61 @@ def _watch_row(engines, row: int, started, stop, out) -> None:
     out.put((zeros, lost, reads))
 
 
+def _hammer_row(core, engine, write) -> tuple[int, int, int]:
+    """``write(i)`` for i up to 200,000 (or DEADLINE) while another process reads the engine's
+    row (`_watch_row`): its (zeros, lost, reads)."""
+    ctx = multiprocessing.get_context("fork")
+    started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    args = (core.region.engines, engine.row, started, stop, out)
+    child = ctx.Process(target=_watch_row, args=args)
+    child.start()
+    try:
+        assert started.wait(DEADLINE), "the reading process did not start"
+        deadline = time.monotonic() + DEADLINE
+        for i in range(200_000):
+            write(i)
+            if i % 10_000 == 0 and time.monotonic() > deadline:
+                break
+    finally:
+        stop.set()
+        result = out.get(timeout=DEADLINE)
+        child.join(DEADLINE)
+    return result
+
+
+def test_a_worker_reading_an_engine_row_while_it_is_published_never_sees_it_absent():
+    # struct's pack_into zeroes its target before packing: done on the shared row, a worker
+    # reading between the two saw ENGINE_ABSENT ("no engine of the group is live").
+    with core_rig() as core:
+        engine = core.engines[0]
+        bring_live(core, engine)
+
+        def publish(i: int) -> None:
+            engine.in_flight = i & 0xFF
+            core.publish_engine(engine)
+
+        zeros, _, reads = _hammer_row(core, engine, publish)
+        assert reads > 0
+        assert zeros == 0, f"{zeros} of {reads} reads saw the row's state as 0"
+
+
 def test_a_row_written_by_the_ingest_and_the_core_in_turns_never_reads_absent_or_empty():
     # Two writers of one row in the I/O process, one after the other: the native ingest (the
     # load words) and the core's publication (the whole row). A worker reading it meanwhile
     # sees whole words only: the state never 0, the load tail never gone once there.
-    ctx = multiprocessing.get_context("fork")
     with core_rig() as core:
         engine = core.engines[0]
         bring_live(core, engine)
         frames = [_tail_frame(i, 1, i, 1000 + i) for i in range(1, 8)]
-        started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
-        args = (core.region.engines, engine.row, started, stop, out)
-        child = ctx.Process(target=_watch_row, args=args)
-        child.start()
-        try:
-            assert started.wait(DEADLINE), "the reading process did not start"
-            deadline = time.monotonic() + DEADLINE
-            for i in range(200_000):
-                result = core.writer.ingest(frames[i % 7], engine.index, engine.row)
-                core.on_output(engine, result, frames[i % 7])
-                if i % 3 == 0:
-                    engine.in_flight = i & 0xFF
-                    core.publish_engine(engine)
-                if i % 10_000 == 0 and time.monotonic() > deadline:
-                    break
-        finally:
-            stop.set()
-            zeros, lost, reads = out.get(timeout=DEADLINE)
-            child.join(DEADLINE)
+
+        def ingest_and_publish(i: int) -> None:
+            frame = frames[i % 7]
+            core.on_output(engine, core.writer.ingest(frame, engine.index, engine.row), frame)
+            if i % 3 == 0:
+                engine.in_flight = i & 0xFF
+                core.publish_engine(engine)
+
+        zeros, lost, reads = _hammer_row(core, engine, ingest_and_publish)
         assert reads > 0
         assert zeros == 0, f"{zeros} of {reads} reads saw the row's state as 0"
         assert lost == 0, f"{lost} of {reads} reads saw the load tail gone after it was set"
