@@ -136,6 +136,24 @@ def test_ingest_refuses_a_table_row_outside_the_engine_table(loop):
     assert loop.region.engines[0][E_KV_TOTAL] == 0
 
 
+def test_ingest_writes_the_last_row_of_the_engine_table_and_no_other(loop):
+    last = loop.region.geometry.max_engines - 1
+    beyond = loop.region.layout["workers_off"]  # what follows the table
+    before = [list(row) for row in loop.region.engines]
+    next_bytes = bytes(loop.region.map[beyond : beyond + 256])
+    loop.core.writer.ingest(_tail_frame(4, 3, 2, 900), 0, last)
+    assert bytes(loop.region.map[beyond : beyond + 256]) == next_bytes
+    after = [list(row) for row in loop.region.engines]
+    row = after[last]
+    assert (row[E_RUNNING], row[E_WAITING], row[E_KV_ACTIVE], row[E_KV_TOTAL]) == (4, 3, 2, 900)
+    assert after[:last] == before[:last]  # the rows before it untouched
+    # Nothing but the load words of that row: its state, index and counts as they were.
+    load_words = range(E_RUNNING, E_LOAD_MS_HI + 1)
+    assert [w for i, w in enumerate(row) if i not in load_words] == [
+        w for i, w in enumerate(before[last]) if i not in load_words
+    ]
+
+
 def test_engine_row_words_are_clamped_into_u32(loop):
     engine = loop.core.engines[0]
     engine.tail = (-1, 1 << 32, 1 << 40, 5)
