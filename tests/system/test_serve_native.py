@@ -190,7 +190,6 @@ def _edge_bytes() -> bytes:
 
 
 async def _serve(app, monkeypatch, http: object = "httptools") -> tuple:
-
     calls = [0]
     real = push._token_event
 
