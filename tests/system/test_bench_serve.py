@@ -1,10 +1,10 @@
 """``tsfront bench serve`` runs end to end and reports its figures as numbers.
 
-A short run (one worker, 64 requests of 64 tokens, SMG left out): every target's CPU per
-token, tokens/s and TTFT are finite and positive, every requested token was streamed, and the
-CPU is split over the server's process roles, and the send floor is measured before and after
-the targets. Figures are never judged (the machine running
-the tests is not the one the goals are set for). About 10 s.
+A short run (one and two workers, two rounds, 64 requests of 64 tokens, SMG left out): every
+target's CPU per token, tokens/s and TTFT are finite and positive, every requested token was
+streamed, the CPU is split over the server's process roles, each round's ratio is its own
+targets', and the send floor is measured before and after the targets. Figures are never
+judged (the machine running the tests is not the one the goals are set for). About 15 s.
 """
 
 from __future__ import annotations
@@ -21,22 +21,37 @@ import pytest
 
 
 def test_bench_serve_reports_every_figure() -> None:
+    # Two worker counts, two rounds: each target once a round, in order, each figure tagged
+    # with its round, and W=2 / W=1 taken within each round as well as of the medians.
     out = subprocess.run(
         [sys.executable, "-m", "tsfront", "bench", "serve", "--quick", "--json", "--workers",
-         "1", "--requests", "64", "--no-smg"],
+         "1,2", "--requests", "64", "--no-smg", "--repeat", "2"],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     report = json.loads(out.stdout)
-    (target,) = report["targets"]
-    assert target["target"] == "tsfront serve W=1"
-    assert target["errors"] == 0
-    assert target["tokens"] == 64 * 64
-    for key in ("cpu_us_per_token", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms"):
-        assert math.isfinite(target[key]) and target[key] > 0, key
-    roles = target["extra"]["us_per_token_by_process"]
-    assert {"I/O process", "worker", "master"} <= set(roles)
-    assert target["extra"]["cpu_by_ticks"] == []  # every process counted exactly
+    targets = report["targets"]
+    assert [(t["target"], t["extra"]["round"]) for t in targets] == [
+        ("tsfront serve W=1", 1),
+        ("tsfront serve W=2", 1),
+        ("tsfront serve W=1", 2),
+        ("tsfront serve W=2", 2),
+    ]
+    for target in targets:
+        assert target["errors"] == 0
+        assert target["tokens"] == 64 * 64
+        for key in ("cpu_us_per_token", "tokens_per_s", "ttft_p50_ms", "ttft_p99_ms"):
+            assert math.isfinite(target[key]) and target[key] > 0, key
+        roles = target["extra"]["us_per_token_by_process"]
+        assert {"I/O process", "worker", "master"} <= set(roles)
+        assert target["extra"]["cpu_by_ticks"] == []  # every process counted exactly
     assert report["skipped"] == ["SMG: --no-smg"]
+    per_token = [t["cpu_us_per_token"] for t in targets]
+    spread = report["ratios_by_round"]["W=2 / W=1 (CPU per token)"]
+    assert spread["by_round"] == pytest.approx(
+        [per_token[1] / per_token[0], per_token[3] / per_token[2]]
+    )
+    assert spread["min"] <= spread["median"] <= spread["max"]
+    assert set(report["ratios_by_round"]) == {"W=2 / W=1 (CPU per token)"}  # no SMG: no more
     floor = report["floor"]
     assert len(floor["runs"]) == 2  # before and after the targets
     assert math.isfinite(floor["us_per_event"]) and floor["us_per_event"] > 0

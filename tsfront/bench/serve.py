@@ -16,6 +16,10 @@ time), and reports:
 * ``tokens_per_s`` — streamed tokens over the load's wall time;
 * ``ttft_p50_ms`` / ``ttft_p99_ms`` — time to the first token of each request.
 
+With ``--repeat N`` every target runs once a round, N rounds; ``ratios`` are the ratios of
+the targets' medians, ``ratios_by_round`` the same ratios within each round, with their median
+and range (`ratios_by_round`).
+
 The model is the text layer's word-level test model (token ``i`` reads ``w<i>``), written to
 a temporary folder; nothing is downloaded.
 """
@@ -395,7 +399,8 @@ def _measure(target: str, url: str, session: int, model: str, p: ServeParams) ->
 
 
 def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
-    """Run every target; returns ``{"targets": [...], "ratios": {...}, "skipped": [...]}``."""
+    """Run every target; returns ``{"targets": [...], "ratios": {...}, "ratios_by_round":
+    {...}, "skipped": [...]}`` (each target's ``extra["round"]`` is its round, from 1)."""
     from tsfront.text.testing import make_test_model
 
     say = (lambda m: print(m, file=sys.stderr, flush=True)) if verbose else (lambda m: None)
@@ -416,7 +421,7 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
         else:
             targets.append(("SMG gateway", None))
         floors = [_floor(p, say)]
-        for _ in range(p.repeat):
+        for round_no in range(1, p.repeat + 1):
             for name, how in targets:
                 say(f"bench serve: {name} ...")
                 try:
@@ -442,10 +447,12 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
                         f"{k} {v:.1f}" for k, v in fig.extra["us_per_token_by_process"].items()
                     )
                 )
+                fig.extra["round"] = round_no
                 results.append(fig)
         floors.append(_floor(p, say))
     report = {"targets": [asdict(f) for f in results], "skipped": skipped}
     report["ratios"] = _ratios(results)
+    report["ratios_by_round"] = ratios_by_round(results)
     report["floor"] = {
         "us_per_event": statistics.median(f["us_per_event"] for f in floors),
         "runs": floors,
@@ -491,6 +498,34 @@ def _ratios(results: list[Figures]) -> dict:
     return ratios
 
 
+def ratios_by_round(results: list[Figures]) -> dict[str, dict]:
+    """The same ratios taken round by round (each ``--repeat`` round's targets ran one after
+    the other, so they shared the machine's state), with their median and range: on a noisy
+    machine a ratio's spread across rounds says how far to trust it, which the ratio of the
+    medians (`_ratios`) hides. Only rounds that measured both sides of a ratio count."""
+    rounds: dict[int, dict[str, float]] = {}
+    for f in results:
+        rounds.setdefault(f.extra.get("round", 1), {})[f.target] = f.cpu_us_per_token
+    by: dict[str, list[float]] = {}
+    for _, figures in sorted(rounds.items()):
+        smg = figures.get("SMG gateway")
+        for name, value in figures.items():
+            if smg and name != "SMG gateway":
+                by.setdefault(f"{name} / SMG (CPU per token)", []).append(value / smg)
+        one, two = figures.get("tsfront serve W=1"), figures.get("tsfront serve W=2")
+        if one and two:
+            by.setdefault("W=2 / W=1 (CPU per token)", []).append(two / one)
+    return {
+        name: {
+            "by_round": values,
+            "median": statistics.median(values),
+            "min": min(values),
+            "max": max(values),
+        }
+        for name, values in by.items()
+    }
+
+
 def print_table(report: dict) -> None:
     """The report as a Markdown table on stdout."""
     print(
@@ -508,6 +543,13 @@ def print_table(report: dict) -> None:
         )
     for name, value in report["ratios"].items():
         print(f"- {name}: {value:.2f}")
+    for name, spread in report.get("ratios_by_round", {}).items():
+        if len(spread["by_round"]) > 1:
+            rounds = ", ".join(f"{v:.2f}" for v in spread["by_round"])
+            print(
+                f"- {name}, round by round: {rounds} (median {spread['median']:.2f}, "
+                f"range {spread['min']:.2f} to {spread['max']:.2f})"
+            )
     floor = report.get("floor")
     if floor:
         print(
