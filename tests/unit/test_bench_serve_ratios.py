@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tsfront.bench.serve import Figures, _ratios, print_table, ratios_by_round
+from tsfront.bench.serve import Figures, median_ratios, print_table, ratios_by_round
 
 
 def _fig(target: str, per_token: float, round_no: int) -> Figures:
@@ -58,14 +58,15 @@ def test_each_round_is_its_own_ratio_with_median_and_range() -> None:
     assert w2["by_round"] == pytest.approx([1.2, 1.1, 2.0])
     assert (w2["median"], w2["min"], w2["max"]) == pytest.approx((1.2, 1.1, 2.0))
     # Not the ratio of the medians, which mixes rounds: W=1's median 70 over SMG's 110.
-    assert _ratios(_rounds())["tsfront serve W=1 / SMG (CPU per token)"] == pytest.approx(70 / 110)
+    of_medians = median_ratios(_rounds())["tsfront serve W=1 / SMG (CPU per token)"]
+    assert of_medians == pytest.approx(70 / 110)
 
 
 def test_a_single_round_has_ratios_but_prints_no_spread(capsys) -> None:
     one = [f for f in _rounds() if f.extra["round"] == 1]
     by = ratios_by_round(one)
     assert by["W=2 / W=1 (CPU per token)"]["by_round"] == pytest.approx([1.2])
-    report = {"targets": [], "ratios": _ratios(one), "ratios_by_round": by, "skipped": []}
+    report = {"targets": [], "ratios": median_ratios(one), "ratios_by_round": by, "skipped": []}
     print_table(report)
     assert "round by round" not in capsys.readouterr().out
 
@@ -74,7 +75,7 @@ def test_the_table_prints_every_round(capsys) -> None:
     results = _rounds()
     report = {
         "targets": [],
-        "ratios": _ratios(results),
+        "ratios": median_ratios(results),
         "ratios_by_round": ratios_by_round(results),
         "skipped": [],
     }

@@ -451,7 +451,7 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
                 results.append(fig)
         floors.append(_floor(p, say))
     report = {"targets": [asdict(f) for f in results], "skipped": skipped}
-    report["ratios"] = _ratios(results)
+    report["ratios"] = median_ratios(results)
     report["ratios_by_round"] = ratios_by_round(results)
     report["floor"] = {
         "us_per_event": statistics.median(f["us_per_event"] for f in floors),
@@ -472,7 +472,7 @@ def _floor(p: ServeParams, say: Callable[[str], None]) -> dict:
     return fig
 
 
-def _ratios(results: list[Figures]) -> dict:
+def median_ratios(results: list[Figures]) -> dict:
     """CPU-per-token ratios of the targets' medians (against SMG; W=2 against W=1)."""
     by: dict[str, list[float]] = {}
     for f in results:
@@ -502,7 +502,7 @@ def ratios_by_round(results: list[Figures]) -> dict[str, dict]:
     """The same ratios taken round by round (each ``--repeat`` round's targets ran one after
     the other, so they shared the machine's state), with their median and range: on a noisy
     machine a ratio's spread across rounds says how far to trust it, which the ratio of the
-    medians (`_ratios`) hides. Only rounds that measured both sides of a ratio count."""
+    medians (`median_ratios`) hides. Only rounds that measured both sides of a ratio count."""
     rounds: dict[int, dict[str, float]] = {}
     for f in results:
         rounds.setdefault(f.extra.get("round", 1), {})[f.target] = f.cpu_us_per_token
