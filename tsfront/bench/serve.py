@@ -472,18 +472,31 @@ def _floor(p: ServeParams, say: Callable[[str], None]) -> dict:
     return fig
 
 
+_W2_OVER_W1 = "W=2 / W=1 (CPU per token)"
+
+
+def _pair_ratios(per_target: dict[str, float]) -> dict[str, float]:
+    """The ratios of one set of figures (target → CPU per token): each target against SMG,
+    then W=2 against W=1; a ratio whose two sides are not both there is left out."""
+    ratios = {}
+    smg = per_target.get("SMG gateway")
+    for name, value in per_target.items():
+        if smg and name != "SMG gateway":
+            ratios[f"{name} / SMG (CPU per token)"] = value / smg
+    one, two = per_target.get("tsfront serve W=1"), per_target.get("tsfront serve W=2")
+    if one and two:
+        ratios[_W2_OVER_W1] = two / one
+    return ratios
+
+
 def median_ratios(results: list[Figures]) -> dict:
     """CPU-per-token ratios of the targets' medians (against SMG; W=2 against W=1)."""
     by: dict[str, list[float]] = {}
     for f in results:
         by.setdefault(f.target, []).append(f.cpu_us_per_token)
     # Medians over --repeat runs: the machine is shared, single runs are noisy.
-    best = {k: statistics.median(v) for k, v in by.items()}
-    ratios = {}
-    smg = best.get("SMG gateway")
-    for name, value in best.items():
-        if smg and name != "SMG gateway":
-            ratios[f"{name} / SMG (CPU per token)"] = value / smg
+    ratios: dict[str, float] = _pair_ratios({k: statistics.median(v) for k, v in by.items()})
+    w2_over_w1 = ratios.pop(_W2_OVER_W1, None)  # printed after the I/O process's share
     # The I/O process's share of tsfront's figure (what the one shared process costs).
     io = [
         f.extra["us_per_token_by_process"]["I/O process"]
@@ -492,9 +505,8 @@ def median_ratios(results: list[Figures]) -> dict:
     ]
     if io:
         ratios["tsfront serve W=1: I/O process µs per token (median)"] = statistics.median(io)
-    one, two = best.get("tsfront serve W=1"), best.get("tsfront serve W=2")
-    if one and two:
-        ratios["W=2 / W=1 (CPU per token)"] = two / one
+    if w2_over_w1 is not None:
+        ratios[_W2_OVER_W1] = w2_over_w1
     return ratios
 
 
@@ -507,14 +519,9 @@ def ratios_by_round(results: list[Figures]) -> dict[str, dict]:
     for f in results:
         rounds.setdefault(f.extra.get("round", 1), {})[f.target] = f.cpu_us_per_token
     by: dict[str, list[float]] = {}
-    for _, figures in sorted(rounds.items()):
-        smg = figures.get("SMG gateway")
-        for name, value in figures.items():
-            if smg and name != "SMG gateway":
-                by.setdefault(f"{name} / SMG (CPU per token)", []).append(value / smg)
-        one, two = figures.get("tsfront serve W=1"), figures.get("tsfront serve W=2")
-        if one and two:
-            by.setdefault("W=2 / W=1 (CPU per token)", []).append(two / one)
+    for _, per_target in sorted(rounds.items()):
+        for name, ratio in _pair_ratios(per_target).items():
+            by.setdefault(name, []).append(ratio)
     return {
         name: {
             "by_round": values,
