@@ -16,7 +16,7 @@ import zmq
 from support.core_fixtures import DEADLINE, collect, expected_tokens, in_thread
 from support.raw_engine import RawEngine, raw_rig
 
-from tsfront import ClientConfig, EngineClient, IOProcess, SendTimeout
+from tsfront import Busy, ClientConfig, EngineClient, IOProcess, SendTimeout
 from tsfront.sim import SimGroup
 from tsfront.wire import (
     SamplingParams,
@@ -132,13 +132,27 @@ def _huge(rid: str) -> TokenizedGenerateReqInput:
     )
 
 
+async def _submitted(client: EngineClient, request: TokenizedGenerateReqInput):
+    """``client.generate(request)``, waiting (within DEADLINE) while the submission ring is
+    full: 20 huge ADDs are more than its 1 MiB, and a loaded machine's I/O process may not have
+    drained the first ones yet. Any other refusal fails the test."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        try:
+            return await client.generate(request)
+        except Busy as e:
+            if "submission ring" not in str(e) or time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.005)  # polling the ring's room, bounded by the deadline
+
+
 async def _departed_worker(io, holder) -> tuple[int, list[str], list]:
     """The holder fills the stuck engine's queue; worker A queues 10 requests behind it and
     departs with them open. (A's worker number, A's rids, the holder's streams)."""
-    held = [await holder.generate(_huge(f"holder-{i}")) for i in range(20)]
+    held = [await _submitted(holder, _huge(f"holder-{i}")) for i in range(20)]
     a = await EngineClient.attach(io.address, timeout=DEADLINE)
     a_rids = [f"a-{i}" for i in range(10)]
-    a_streams = [await a.generate(_huge(rid)) for rid in a_rids]
+    a_streams = [await _submitted(a, _huge(rid)) for rid in a_rids]
     worker = a._att.worker
     await a.close()
     del a_streams
@@ -161,7 +175,7 @@ async def test_next_worker_on_a_departed_workers_number_keeps_its_own_send_deadl
             assert b._att.worker == worker
             sent = []
             for i in range(10):
-                sent.append((await b.generate(_huge(f"b-{i}")), time.monotonic()))
+                sent.append((await _submitted(b, _huge(f"b-{i}")), time.monotonic()))
 
             async def waited(stream, at: float) -> float:
                 with pytest.raises(SendTimeout):
@@ -190,7 +204,7 @@ async def test_a_departed_workers_queued_adds_never_reach_the_engine():
         try:
             assert b._att.worker == worker
             b_rids = [f"b-{i}" for i in range(10)]
-            _b_streams = [await b.generate(_huge(rid)) for rid in b_rids]
+            _b_streams = [await _submitted(b, _huge(rid)) for rid in b_rids]
 
             def read_until_b_arrived() -> list[tuple[str, list[str]]]:
                 # The engine reads again, until every ADD of B has come.
