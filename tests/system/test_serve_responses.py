@@ -448,14 +448,15 @@ def test_store_false_is_not_kept(served: Served) -> None:
 def test_the_store_is_bounded_by_count_and_bytes() -> None:
     memory = Memory(items=3, size=100)
     for key in "abc":
-        assert memory.put(key, b"x" * 10)
-    assert memory.get("a") == b"x" * 10  # a is now the most recently used
-    memory.put("d", b"x" * 10)
-    assert memory.get("b") is None and len(memory) == 3  # b was the least recently used
-    memory.put("e", b"y" * 80)  # 30 + 80 > 100: the oldest go until it fits
-    assert memory.bytes <= 100 and memory.get("e") is not None and memory.get("c") is None
-    assert not memory.put("huge", b"z" * 101) and memory.get("huge") is None
-    assert memory.delete("e") and not memory.delete("e")
+        assert memory.put("o", key, b"x" * 10)
+    assert memory.get("o", "a") == b"x" * 10  # a is now the most recently used
+    memory.put("o", "d", b"x" * 10)
+    assert memory.get("o", "b") is None and len(memory) == 3  # b was the least recently used
+    memory.put("o", "e", b"y" * 80)  # 30 + 80 > 100: the oldest go until it fits
+    assert memory.bytes <= 100 and memory.get("o", "e") is not None
+    assert memory.get("o", "c") is None
+    assert not memory.put("o", "huge", b"z" * 101) and memory.get("o", "huge") is None
+    assert memory.delete("o", "e") and not memory.delete("o", "e")
 
 
 def test_the_store_process_serves_workers_and_leaves_nothing() -> None:
@@ -465,18 +466,20 @@ def test_the_store_process_serves_workers_and_leaves_nothing() -> None:
     async def run() -> None:
         a, b = StoreClient(store.address), StoreClient(store.address)
         for key in ("k1", "k2", "k3"):
-            assert await a.put(key, key.encode())
-        assert await b.get("k1") is None  # evicted by count, seen by the other client
-        assert await b.get("k3") == b"k3"
-        assert await b.delete("k3") and await a.get("k3") is None
-        assert not await a.put("big", b"x" * 1001)
+            assert await a.put("o", key, key.encode())
+        assert await b.get("o", "k1") is None  # evicted by count, seen by the other client
+        assert await b.get("o", "k3") == b"k3"
+        assert await b.get("other", "k3") is None  # another owner's: not found
+        assert not await b.delete("other", "k3") and await b.get("o", "k3") == b"k3"
+        assert await b.delete("o", "k3") and await a.get("o", "k3") is None
+        assert not await a.put("o", "big", b"x" * 1001)
         await a.close()
         await b.close()
         store.stop()
         down = StoreClient(store.address, timeout=1.0)
         t0 = time.monotonic()
         with pytest.raises(StoreUnavailable):
-            await down.get("k2")
+            await down.get("o", "k2")
         assert time.monotonic() - t0 < 1.5
 
     asyncio.run(run())

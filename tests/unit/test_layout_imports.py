@@ -186,3 +186,13 @@ def test_the_io_core_imports_neither_its_shell_nor_the_classes_it_calls_back() -
     shell = {"tsfront.io.loop", "tsfront.io.adoption", "tsfront.io.disagg", "tsfront.io.main"}
     wrong = sorted(graph()["tsfront.io.core"] & shell)
     assert not wrong, f"tsfront.io.core imports {wrong}"
+
+
+def test_the_text_layer_imports_nothing_of_tsfront_but_the_ids_leaf() -> None:
+    # tsfront.text stands alone (docs/TEXT.md): a server built on it brings the rest. Its one
+    # import from outside is the leaf every client-visible id comes from (tsfront.ids).
+    for name, targets in graph().items():
+        if name.startswith("tsfront.text"):
+            wrong = sorted(t for t in targets if not t.startswith(("tsfront.text", "tsfront.ids")))
+            assert not wrong, f"{name} imports {wrong}"
+    assert not graph()["tsfront.ids"], "tsfront.ids is a leaf: it imports nothing of tsfront"

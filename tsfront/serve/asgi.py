@@ -236,10 +236,11 @@ class ServeApp:
         if route == "stored":
             responses = self._responses_of(service)
             assert stored_id is not None
+            record = None if ex is None else ex.record
             if scope["method"] == "GET":
-                await _send_reply(send, await responses.retrieve(stored_id), ex)
+                await _send_reply(send, await responses.retrieve(stored_id, record), ex)
             else:
-                await _send_reply(send, await responses.delete(stored_id), ex)
+                await _send_reply(send, await responses.delete(stored_id, record), ex)
             return
         if route == "health":
             extra = None if self._counters is None else {"worker_restarts": self._counters.restarts}

@@ -4,13 +4,13 @@ A streamed event is ``head(index) + json(text) + tail``: everything but the new 
 encoded once per request, so a token costs one string encode and one concatenation; the
 last event of a choice without logprobs is the same bytes with its ``finish_reason``. The
 rarer events (the first chat delta, logprobs, usage, errors) are built as dicts and encoded
-with msgspec. A response's id is 96 bits of the process's PRNG (not `secrets`: no system call
-per request), and the envelope after the id (object, time, model) is made once per second.
+with msgspec. A response's id is 96 bits from `secrets` (`tsfront.ids`: a client may fetch
+a response by its id), and the envelope after the id (object, time, model) is made once per
+second.
 """
 
 from __future__ import annotations
 
-import random
 import time
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tsfront.errors import DeadlineExceeded
+from tsfront.ids import response_id
 from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
@@ -40,10 +41,7 @@ class Format:
     done = b"data: [DONE]\n\n"
 
     def __init__(self, model: str, text: Any, prompts: int, include_usage: bool) -> None:
-        # Unique, not secret: 96 bits of the process's PRNG (reseeded in a forked child), no
-        # system call per request as secrets' os.urandom is.
-        # (24 hex digits, as ``f"{bits:024x}"``, which formats at twice the cost.)
-        self.id = self.id_prefix + random.getrandbits(96).to_bytes(12, "big").hex()
+        self.id = response_id(self.id_prefix)
         self.created = int(time.time())
         self.model = model
         self.text = text

@@ -4,13 +4,16 @@
 the request's id (the client's ``X-Request-Id`` if it is well formed, else a 400; a fresh one
 when there is none), the headers every response of it carries (``x-request-id``, CORS), a
 refusal if it gets one (401 without a valid ``Authorization: Bearer`` key on ``/v1/*``, an
-answered CORS preflight, a bad request id) and the `RequestRecord` the service fills. The
+answered CORS preflight, a bad request id) and the `RequestRecord` the service fills, with
+the request's owner: the handle of the key it came with (`owner_of`), under which the
+responses store files what the request stores and looks up what it names. The
 ASGI app sends the response through `Exchange.head` and calls `Exchange.close` at the end,
 which writes the access-log line. Nothing here runs per token.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import itertools
 import logging
@@ -27,7 +30,7 @@ from tsfront.serve.record import RequestRecord
 if TYPE_CHECKING:
     from tsfront.serve.edge import EdgeSettings
 
-__all__ = ["MAX_REQUEST_ID", "Exchange", "Gate"]
+__all__ = ["MAX_REQUEST_ID", "Exchange", "Gate", "owner_of"]
 
 access_log = logging.getLogger("tsfront.serve.access")
 
@@ -57,6 +60,12 @@ def _unauthorized(message: str) -> Reply:
     return Reply(
         401, body, [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
     )
+
+
+def owner_of(key: bytes) -> str:
+    """The owner handle of an API key: a digest, the same in every worker (their requests share
+    one store), from which the key cannot be read back (the store never holds a key)."""
+    return hashlib.sha256(b"tsfront.serve.owner\0" + key).hexdigest()[:32]
 
 
 _NO_KEY = (
@@ -115,6 +124,7 @@ class Gate:
 
     def __init__(self, settings: EdgeSettings) -> None:
         self._keys = [k.encode() for k in settings.api_keys]
+        self._owners = [owner_of(k) for k in self._keys]
         self._protect_metrics = settings.protect_metrics
         origins = settings.allowed_origins
         self._any_origin = "*" in origins
@@ -157,8 +167,12 @@ class Gate:
                 "(or left out, and the server makes one)",
                 param="x-request-id",
             ).reply()
-        elif self._keys and self._protected(path) and not self._authorized(auth):
-            ex.refusal = _unauthorized(_NO_KEY if auth is None else _BAD_KEY)
+        elif self._keys and self._protected(path):
+            owner = self._owner(auth)
+            if owner is None:
+                ex.refusal = _unauthorized(_NO_KEY if auth is None else _BAD_KEY)
+            else:
+                ex.record.owner = owner
         return ex
 
     def _new_id(self) -> str:
@@ -171,17 +185,19 @@ class Gate:
             or (self._protect_metrics and path == "/metrics")
         )
 
-    def _authorized(self, auth: bytes | None) -> bool:
+    def _owner(self, auth: bytes | None) -> str | None:
+        """The owner handle of the key in ``auth`` (None: no key, or not one of ours)."""
         if auth is None:
-            return False
+            return None
         scheme, _, token = auth.partition(b" ")
         if scheme.lower() != b"bearer":
-            return False
+            return None
         token = token.strip()
-        ok = False
-        for key in self._keys:  # every key compared, each in constant time
-            ok |= hmac.compare_digest(token, key)
-        return ok
+        owner = None
+        for key, handle in zip(self._keys, self._owners, strict=True):
+            if hmac.compare_digest(token, key):  # every key compared, each in constant time
+                owner = handle
+        return owner
 
     def _cors_headers(self, origin: bytes) -> list[tuple[bytes, bytes]] | None:
         if self._any_origin:

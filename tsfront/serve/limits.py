@@ -22,6 +22,9 @@ The bounds and why (docs/SERVE.md, "Limits"):
   longest token of the vocabulary (``TextModel.max_token_chars``); it is refused before it is
   encoded. A chat request has at most as many messages as the context has tokens (every
   template writes at least one token of role markup per message).
+- ``metadata`` (``/v1/responses``: echoed in the response and stored with it): OpenAI's
+  limits, at most `MAX_METADATA_PAIRS` pairs, keys of at most `MAX_METADATA_KEY` characters,
+  string values of at most `MAX_METADATA_VALUE` (a client's tags, not its data).
 """
 
 from __future__ import annotations
@@ -34,9 +37,13 @@ __all__ = [
     "INT64_MIN",
     "MAX_KWARGS_DEPTH",
     "MAX_KWARGS_ITEMS",
+    "MAX_METADATA_KEY",
+    "MAX_METADATA_PAIRS",
+    "MAX_METADATA_VALUE",
     "MAX_STOP_CHARS",
     "MAX_STOP_STRINGS",
     "Refused",
+    "check_metadata",
     "check_template_kwargs",
     "decode_error",
 ]
@@ -45,6 +52,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1024
 MAX_KWARGS_DEPTH = 8
 MAX_KWARGS_ITEMS = 1024
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 #: msgspec's decoder stops near the interpreter's recursion limit (a RecursionError).
@@ -114,3 +124,35 @@ def check_template_kwargs(kwargs: dict[str, Any], reserved: frozenset[str]) -> N
             stack.extend((v, depth + 1) for v in value.values())
         elif isinstance(value, list):
             stack.extend((v, depth + 1) for v in value)
+
+
+def check_metadata(metadata: Any) -> None:
+    """Refuse ``metadata`` beyond OpenAI's limits (None: none given)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise Refused("metadata must be an object of string keys and string values", "metadata")
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise Refused(
+            f"metadata has {len(metadata)} pairs: at most {MAX_METADATA_PAIRS} are allowed",
+            "metadata",
+        )
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise Refused(
+                f"metadata key {key[:16]!r}... is {len(key)} characters long: keys are at most "
+                f"{MAX_METADATA_KEY}",
+                "metadata",
+            )
+        if not isinstance(value, str):
+            raise Refused(
+                f"metadata[{key[:16]!r}] is not a string: values must be strings (of at most "
+                f"{MAX_METADATA_VALUE} characters)",
+                "metadata",
+            )
+        if len(value) > MAX_METADATA_VALUE:
+            raise Refused(
+                f"metadata[{key[:16]!r}] is {len(value)} characters long: values are at most "
+                f"{MAX_METADATA_VALUE}",
+                "metadata",
+            )

@@ -14,22 +14,24 @@ object and its streamed events (``event: TYPE`` lines, a ``sequence_number`` on 
 With ``store`` (the default, as OpenAI's) the response object and its conversation go to the
 server's store (`tsfront.serve.store`) before the response is answered (streamed: before
 ``response.completed``), so ``GET``/``DELETE /v1/responses/{id}`` and ``previous_response_id``
-work on any worker.
+work on any worker, for requests with the same API key: every store operation names the
+request's owner (`RequestRecord.owner`, set by the gate), and another key's finds nothing.
 """
 
 from __future__ import annotations
 
 import re
-import secrets
 import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from tsfront.ids import item_id as _item_id
 from tsfront.serve.api import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
 from tsfront.serve.formats import Format
-from tsfront.serve.limits import Refused, decode_error
+from tsfront.serve.limits import Refused, check_metadata, decode_error
+from tsfront.serve.record import SHARED_OWNER
 from tsfront.serve.schema import ChatRequest
 from tsfront.serve.store import StoreUnavailable
 from tsfront.text.tools import CallArgs, CallStart
@@ -91,7 +93,7 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     top_p: float | None = None
     text: dict[str, Any] | None = None
     stream: bool = False
-    metadata: dict[str, str] | None = None
+    metadata: Any = None
     store: bool = True
     previous_response_id: str | None = None
     background: bool | None = None
@@ -127,7 +129,8 @@ def _unavailable(exc: Exception) -> ApiError:
 
 
 def _refusals(req: ResponsesRequest) -> None:
-    """What the server cannot do, each a 400 naming its field."""
+    """What the server cannot do, or will not take, each a 400 naming its field."""
+    check_metadata(req.metadata)
     if req.background:
         raise _bad("background mode is not supported; send background: false", "background")
     if req.include:
@@ -317,6 +320,10 @@ def input_messages(given: str | list[Any]) -> list[dict[str, Any]]:
     return messages
 
 
+def _owner(record: RequestRecord | None) -> str:
+    return SHARED_OWNER if record is None else record.owner
+
+
 def _rename(exc: ApiError | Refused) -> ApiError:
     param = _PARAMS.get(exc.param or "", exc.param)
     message = str(exc)
@@ -352,11 +359,11 @@ class Responses:
         self, req: ResponsesRequest, size: int, record: RequestRecord | None
     ) -> Reply | SSEReply:
         _refusals(req)
+        owner = _owner(record)
         history: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
-            history = (await self._stored(req.previous_response_id, "previous_response_id"))[
-                "messages"
-            ]
+            stored = await self._stored(owner, req.previous_response_id, "previous_response_id")
+            history = stored["messages"]
         new = input_messages(req.input) if req.input != "" else []
         if not new and not history:
             raise _bad("input must not be empty", "input")
@@ -387,11 +394,10 @@ class Responses:
             def cut() -> bytes:  # a stopping server's last event (`ServeApp.cut`), numbered then
                 return shape.error_event(Exception(CUT_MESSAGE), 503, "service_unavailable_error")
 
-            return SSEReply(
-                self._stored_stream(reply.events, shape, conversation, req.store), cut=cut
-            )
+            keeper = owner if req.store else None
+            return SSEReply(self._stored_stream(reply.events, shape, conversation, keeper), cut=cut)
         if req.store and fmt:
-            await self._keep(fmt[0], conversation)
+            await self._keep(owner, fmt[0], conversation)
         return reply
 
     async def _stored_stream(
@@ -399,22 +405,24 @@ class Responses:
         events: AsyncGenerator[bytes, None],
         fmt: ResponsesFormat,
         conversation: list[dict[str, Any]],
-        store: bool,
+        owner: str | None,
     ) -> AsyncGenerator[bytes, None]:
-        # The last event (response.completed) goes out once the response is stored, so a
-        # client that continues from it at once finds it.
+        # The last event (response.completed) goes out once the response is stored (under
+        # ``owner``; None: not stored), so a client that continues from it at once finds it.
         try:
             async for event in events:
-                if type(event) is Final and store and fmt.response is not None:
+                if type(event) is Final and owner is not None and fmt.response is not None:
                     try:
-                        await self._keep(fmt, conversation)
+                        await self._keep(owner, fmt, conversation)
                     except ApiError as exc:
-                        event = Final(fmt.error_event(exc, exc.status, exc.kind))
+                        event = Final(fmt.unstored(exc, exc.status, exc.kind))
                 yield event
         finally:
             await events.aclose()
 
-    async def _keep(self, fmt: ResponsesFormat, conversation: list[dict[str, Any]]) -> None:
+    async def _keep(
+        self, owner: str, fmt: ResponsesFormat, conversation: list[dict[str, Any]]
+    ) -> None:
         response = fmt.response
         if response is None:
             return
@@ -422,17 +430,17 @@ class Responses:
             {"response": response, "messages": [*conversation, fmt.assistant_message()]}
         )
         try:
-            await self.store.put(response["id"], blob)
+            await self.store.put(owner, response["id"], blob)
         except StoreUnavailable as exc:
             raise _unavailable(exc) from None
 
-    async def _stored(self, rid: str, param: str) -> dict[str, Any]:
+    async def _stored(self, owner: str, rid: str, param: str) -> dict[str, Any]:
         if len(rid) > _MAX_ID:  # never one of ours: no need to ask the store
             err = _not_found(rid[:64] + "...")
             err.param = param
             raise err
         try:
-            blob = await self.store.get(rid)
+            blob = await self.store.get(owner, rid)
         except StoreUnavailable as exc:
             raise _unavailable(exc) from None
         if blob is None:
@@ -441,27 +449,23 @@ class Responses:
             raise err
         return _BLOB.decode(blob)
 
-    async def retrieve(self, rid: str) -> Reply:
-        """``GET /v1/responses/{id}``."""
+    async def retrieve(self, rid: str, record: RequestRecord | None = None) -> Reply:
+        """``GET /v1/responses/{id}`` (of ``record``'s owner)."""
         try:
-            stored = await self._stored(rid, "response_id")
+            stored = await self._stored(_owner(record), rid, "response_id")
         except ApiError as exc:
             return exc.reply()
         return Reply(200, _JSON.encode(stored["response"]))
 
-    async def delete(self, rid: str) -> Reply:
-        """``DELETE /v1/responses/{id}``."""
+    async def delete(self, rid: str, record: RequestRecord | None = None) -> Reply:
+        """``DELETE /v1/responses/{id}`` (of ``record``'s owner)."""
         try:
-            deleted = await self.store.delete(rid)
+            deleted = await self.store.delete(_owner(record), rid)
         except StoreUnavailable as exc:
             return _unavailable(exc).reply()
         if not deleted:
             return _not_found(rid).reply()
         return Reply(200, _JSON.encode({"id": rid, "object": "response.deleted", "deleted": True}))
-
-
-def _item_id(prefix: str) -> str:
-    return f"{prefix}_{secrets.token_hex(16)}"
 
 
 class ResponsesFormat(Format):
@@ -482,6 +486,9 @@ class ResponsesFormat(Format):
         #: The final response object, once known.
         self.response: dict[str, Any] | None = None
         self._parser: Any = None
+        # What `last` sent before its final event, and that event's number (`unstored`).
+        self._closing = b""
+        self._final_seq = 0
 
     # -- the Format interface ------------------------------------------------------------------
 
@@ -549,9 +556,17 @@ class ResponsesFormat(Format):
         self._parser = ch.parser
         status = "incomplete" if ch.finish == "length" else "completed"
         self.response = self._object(status, self.items, ch)
+        self._closing, self._final_seq = b"".join(out), self.seq
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
         out.append(self._event(kind, {"response": self.response}))
         return b"".join(out)
+
+    def unstored(self, exc: Exception, status: int, kind: str) -> bytes:
+        """The end of a stream whose response could not be stored, instead of `last`'s: the
+        open item closed as `last` closed it, then an ``error`` event numbered right after
+        (not the ``response.completed`` that was never sent)."""
+        self.seq = self._final_seq
+        return self._closing + self.error_event(exc, status, kind)
 
     def whole(self, choices: list, texts: list[str]) -> bytes:
         (ch,) = choices

@@ -1,8 +1,14 @@
-"""The stored responses of ``/v1/responses``: a bounded LRU map shared by a server's workers.
+"""The stored responses of ``/v1/responses``: a bounded map shared by a server's workers.
 
-`Memory` is the map: response id → an opaque blob (the response object and the conversation
-it ends, as `tsfront.serve.responses` encodes them), least recently used first out, bounded by
-a count and by the bytes of its blobs. A blob larger than the byte bound is not kept.
+`Memory` is the map: (owner, response id) → an opaque blob (the response object and the
+conversation it ends, as `tsfront.serve.responses` encodes them), bounded by a count and by
+the bytes of its blobs. Every operation names the owner, the handle of the API key that made
+the request (`tsfront.serve.gate`; one shared owner without keys): an object is found, replaced
+and deleted only under the owner that put it, so another key's request finds nothing, exactly
+as for an id never stored. Past a bound, the owner holding the most (entries or bytes, the
+bound passed) loses its least recently used object: with one owner this is plain LRU; with
+several, one owner's puts evict another's objects only while that other holds more. A blob
+larger than the byte bound is not kept.
 
 ``tsfront serve`` runs one `Memory` in a store process of its own (`StoreProcess`, started
 by the master: ``python -m tsfront.serve.store``) that serves it on an abstract unix socket (a
@@ -14,8 +20,8 @@ so a store that is slow or gone costs a request at most `STORE_TIMEOUT_S` and a 
 the workers' clients connect to again by themselves); a restart loses what it held. An
 embedded `ServeApp` (no master) keeps an in-process `LocalStore` instead.
 
-Frames are a 4-byte big-endian length and a msgpack array: ``[op, id, blob]`` asked (op
-``get``, ``put``, ``delete``), ``[ok, blob]`` answered.
+Frames are a 4-byte big-endian length and a msgpack array: ``[op, owner, id, blob]`` asked
+(op ``get``, ``put``, ``delete``), ``[ok, blob]`` answered.
 """
 
 from __future__ import annotations
@@ -65,53 +71,77 @@ class StoreUnavailable(Exception):
 
 
 class Memory:
-    """A map of id → bytes, least recently used evicted past ``items`` entries or ``size``
-    bytes of values."""
+    """Each owner's objects (id → bytes), bounded together by ``items`` entries and ``size``
+    bytes of values; past a bound the largest holder's least recently used object goes."""
 
     def __init__(self, items: int = DEFAULT_ITEMS, size: int = DEFAULT_BYTES) -> None:
         self.items = items
         self.size = size
         self.bytes = 0
-        self._map: OrderedDict[str, bytes] = OrderedDict()
+        self.count = 0
+        # owner → its objects, least recently used first; owner → the bytes they hold.
+        self._owners: dict[str, OrderedDict[str, bytes]] = {}
+        self._held: dict[str, int] = {}
 
     def __len__(self) -> int:
-        return len(self._map)
+        return self.count
 
-    def get(self, key: str) -> bytes | None:
-        value = self._map.get(key)
+    def get(self, owner: str, key: str) -> bytes | None:
+        objects = self._owners.get(owner)
+        if objects is None:
+            return None
+        value = objects.get(key)
         if value is not None:
-            self._map.move_to_end(key)
+            objects.move_to_end(key)
         return value
 
-    def put(self, key: str, value: bytes) -> bool:
-        """Keep ``value`` (False: larger than the byte bound alone, not kept)."""
-        self.delete(key)
+    def put(self, owner: str, key: str, value: bytes) -> bool:
+        """Keep ``value`` (False: not kept, as larger than the byte bound alone, or evicted at
+        once because its owner would otherwise hold the most of a full store)."""
+        self.delete(owner, key)
         if len(value) > self.size or self.items < 1:
             return False
-        self._map[key] = value
+        self._owners.setdefault(owner, OrderedDict())[key] = value
+        self._held[owner] = self._held.get(owner, 0) + len(value)
+        self.count += 1
         self.bytes += len(value)
-        while len(self._map) > self.items or self.bytes > self.size:
-            _, old = self._map.popitem(last=False)
-            self.bytes -= len(old)
-        return True
+        while self.count > self.items or self.bytes > self.size:
+            self._evict(by_bytes=self.bytes > self.size)
+        objects = self._owners.get(owner)
+        return objects is not None and key in objects
 
-    def delete(self, key: str) -> bool:
-        value = self._map.pop(key, None)
+    def delete(self, owner: str, key: str) -> bool:
+        objects = self._owners.get(owner)
+        value = None if objects is None else objects.pop(key, None)
         if value is None:
             return False
-        self.bytes -= len(value)
+        self._forget(owner, len(value))
         return True
 
-    def apply(self, op: str, key: str, value: bytes | None) -> list[Any]:
+    def apply(self, op: str, owner: str, key: str, value: bytes | None) -> list[Any]:
         """One framed operation → its answer ``[ok, blob]``."""
         if op == "get":
-            found = self.get(key)
+            found = self.get(owner, key)
             return [found is not None, found]
         if op == "put" and value is not None:
-            return [self.put(key, value), None]
+            return [self.put(owner, key, value), None]
         if op == "delete":
-            return [self.delete(key), None]
+            return [self.delete(owner, key), None]
         return [False, None]
+
+    def _evict(self, *, by_bytes: bool) -> None:
+        # The owner holding the most of the bound that is passed loses its oldest object.
+        held = self._held if by_bytes else {o: len(objs) for o, objs in self._owners.items()}
+        owner = max(held, key=held.__getitem__)
+        _, value = self._owners[owner].popitem(last=False)
+        self._forget(owner, len(value))
+
+    def _forget(self, owner: str, size: int) -> None:
+        self.count -= 1
+        self.bytes -= size
+        self._held[owner] -= size
+        if not self._owners[owner]:
+            del self._owners[owner], self._held[owner]
 
 
 class LocalStore:
@@ -121,14 +151,14 @@ class LocalStore:
     def __init__(self, items: int = DEFAULT_ITEMS, size: int = DEFAULT_BYTES) -> None:
         self.memory = Memory(items, size)
 
-    async def get(self, key: str) -> bytes | None:
-        return self.memory.get(key)
+    async def get(self, owner: str, key: str) -> bytes | None:
+        return self.memory.get(owner, key)
 
-    async def put(self, key: str, value: bytes) -> bool:
-        return self.memory.put(key, value)
+    async def put(self, owner: str, key: str, value: bytes) -> bool:
+        return self.memory.put(owner, key, value)
 
-    async def delete(self, key: str) -> bool:
-        return self.memory.delete(key)
+    async def delete(self, owner: str, key: str) -> bool:
+        return self.memory.delete(owner, key)
 
     async def close(self) -> None:
         return None
@@ -144,16 +174,16 @@ class StoreClient:
         self._lock = asyncio.Lock()
         self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
-    async def get(self, key: str) -> bytes | None:
-        ok, blob = await self._ask("get", key, None)
+    async def get(self, owner: str, key: str) -> bytes | None:
+        ok, blob = await self._ask("get", owner, key, None)
         return blob if ok else None
 
-    async def put(self, key: str, value: bytes) -> bool:
-        ok, _ = await self._ask("put", key, value)
+    async def put(self, owner: str, key: str, value: bytes) -> bool:
+        ok, _ = await self._ask("put", owner, key, value)
         return bool(ok)
 
-    async def delete(self, key: str) -> bool:
-        ok, _ = await self._ask("delete", key, None)
+    async def delete(self, owner: str, key: str) -> bool:
+        ok, _ = await self._ask("delete", owner, key, None)
         return bool(ok)
 
     async def close(self) -> None:
@@ -164,12 +194,12 @@ class StoreClient:
         if conn is not None:
             conn[1].close()
 
-    async def _ask(self, op: str, key: str, value: bytes | None) -> list[Any]:
+    async def _ask(self, op: str, owner: str, key: str, value: bytes | None) -> list[Any]:
         try:
             async with asyncio.timeout(self.timeout):
                 async with self._lock:
                     try:
-                        return await self._exchange(op, key, value)
+                        return await self._exchange([op, owner, key, value])
                     except BaseException:
                         self._drop()  # a half-read answer would be the next one's
                         raise
@@ -178,7 +208,7 @@ class StoreClient:
                 f"the responses store did not answer ({type(exc).__name__}: {exc})"
             ) from None
 
-    async def _exchange(self, op: str, key: str, value: bytes | None) -> list[Any]:
+    async def _exchange(self, ask: list[Any]) -> list[Any]:
         if self._conn is None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.setblocking(False)
@@ -189,7 +219,7 @@ class StoreClient:
                 raise
             self._conn = await asyncio.open_unix_connection(sock=sock)
         reader, writer = self._conn
-        frame = _ENCODE.encode([op, key, value])
+        frame = _ENCODE.encode(ask)
         writer.write(_HEADER.pack(len(frame)) + frame)
         await writer.drain()
         answer = await _read_frame(reader)
@@ -207,8 +237,8 @@ async def _read_frame(reader: asyncio.StreamReader) -> list[Any] | None:
     if length > _MAX_FRAME:
         raise ValueError(f"a frame of {length} bytes")
     message = _DECODE.decode(await reader.readexactly(length))
-    if len(message) not in (2, 3):
-        raise ValueError("a frame that is not [op, id, blob] / [ok, blob]")
+    if len(message) not in (2, 4):
+        raise ValueError("a frame that is not [op, owner, id, blob] / [ok, blob]")
     return message
 
 
@@ -231,12 +261,12 @@ async def _serve_connection(
             return
         while True:
             message = await _read_frame(reader)
-            if message is None or len(message) != 3:
+            if message is None or len(message) != 4:
                 return
-            op, key, value = message
-            if not isinstance(op, str) or not isinstance(key, str):
+            op, owner, key, value = message
+            if not (isinstance(op, str) and isinstance(owner, str) and isinstance(key, str)):
                 return
-            answer = _ENCODE.encode(memory.apply(op, key, value))
+            answer = _ENCODE.encode(memory.apply(op, owner, key, value))
             writer.write(_HEADER.pack(len(answer)) + answer)
             await writer.drain()
     except (OSError, ValueError, asyncio.IncompleteReadError, msgspec.DecodeError):

@@ -43,12 +43,11 @@ once for a delta in which no marker's first character occurs (``str`` membership
 from __future__ import annotations
 
 import json
-import os
-import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from tsfront.ids import call_id
 from tsfront.text.errors import TextError
 
 __all__ = [
@@ -69,9 +68,6 @@ __all__ = [
     "skip_blank",
     "tool_parameters",
 ]
-
-_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
-_rng = random.Random(os.urandom(16))
 
 
 class ToolCallError(TextError):
@@ -127,8 +123,9 @@ class Parsed:
 
 
 def random_call_id(length: int = 24, prefix: str = "call_") -> str:
-    """``prefix`` + ``length`` random letters and digits (``call_`` + 24, as OpenAI's ids)."""
-    return prefix + "".join(_rng.choices(_ALNUM, k=length))
+    """``prefix`` + ``length`` random letters and digits (``call_`` + 24, as OpenAI's ids),
+    from `secrets` (`tsfront.ids.call_id`: a client sends the id back)."""
+    return call_id(length, prefix)
 
 
 def _refuse_constant(name: str) -> Any:
