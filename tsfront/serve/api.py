@@ -15,8 +15,9 @@ handler (the client went away) aborts it too, because cancelling a stream's read
 
 Before any work for a request, its fields, counts and lengths are checked against the bounds
 of `tsfront.serve.limits` and one context limit (the smaller of the engines' and the model's);
-a long text is then tokenized (and a large chat body rendered) on a thread, one at a time per
-worker, so that no request holds the event loop its worker's other streams run on. The stop
+large work is then done on a thread, sized by the work (`tsfront.serve.offload`: a long text
+tokenized, a long conversation rendered, a long token list detokenized), so that no request
+holds the event loop its worker's other streams run on. The stop
 strings are compiled once per request (`tsfront.text.StopSet`) for all of its choices.
 
 A chat request's tools (`tsfront.serve.tooling`) and the server's reasoning parser give each
@@ -61,6 +62,7 @@ from tsfront.serve.limits import (
     check_template_kwargs,
     decode_error,
 )
+from tsfront.serve.offload import OFFLOAD_CHARS, Offload
 from tsfront.serve.push import Pusher
 from tsfront.serve.schema import ChatRequest, CompletionRequest
 from tsfront.serve.structured import Constraint, constraint
@@ -82,10 +84,6 @@ MAX_CHOICES = 64
 DEFAULT_COMPLETION_TOKENS = 16
 #: Seconds a client should wait before retrying a 503.
 RETRY_AFTER_S = 1
-#: Text (characters) above which tokenizing, and rendering a chat template, run on a thread
-#: instead of the event loop: below it the encode (~0.2 ms per 1,000 characters on the test
-#: tokenizers) costs about what the hop to a thread and back does (~0.2 ms, measured).
-OFFLOAD_CHARS = 2048
 #: The engine keeps two positions of its context for every request (as validate_request).
 _CONTEXT_RESERVE = 2
 #: ``logit_bias`` values, as OpenAI documents them.
@@ -341,9 +339,12 @@ class OpenAIService:
         self._vocab: int = text.vocab_size
         self._token_chars: int = max(1, text.max_token_chars)
         self._template_names: frozenset[str] = text.template_names
-        self._heavy = asyncio.Semaphore(1)  # one tokenization off the loop at a time
+        self._offload = Offload()  # large work on a thread, sized by the work
+        self._off_loop = self._offload.run
         self._chat_template = chat_template
         self._template_kwargs = dict(template_kwargs or {})
+        # Rendered into every chat prompt: part of every render's size.
+        self._defaults_chars = len(_JSON.encode(self._template_kwargs)) if template_kwargs else 0
         self._created = int(time.time())
         self._model_json = _JSON.encode(model_name)
 
@@ -407,11 +408,13 @@ class OpenAIService:
         format_of: Callable[[], Format],
         record: RequestRecord | None = None,
     ) -> Reply | SSEReply:
-        """A decoded chat request (``size``: the bytes of the body it came from) run as
-        `chat` runs it, its output in the shape ``format_of()`` makes; every choice's text is
-        parsed (`OutputParser`: reasoning and tools when asked, else all content), so the
-        format sees `Format.pieces` and the parser's ``message()``. For other APIs over the
-        chat path (``/v1/responses``); refusals raise `ApiError` or `Refused`."""
+        """A decoded chat request run as `chat` runs it (``size``: at least the characters of
+        text it brings, the bytes of the body it came from plus any conversation loaded for
+        it, `tsfront.serve.offload.text_chars`: its render's size), its output in the shape
+        ``format_of()`` makes; every choice's text is parsed (`OutputParser`: reasoning and
+        tools when asked, else all content), so the format sees `Format.pieces` and the
+        parser's ``message()``. For other APIs over the chat path (``/v1/responses``);
+        refusals raise `ApiError` or `Refused`."""
         plan = await self._plan_chat(req, size)
         if plan.parse is None:
             from tsfront.serve.parsing import OutputParser
@@ -419,10 +422,11 @@ class OpenAIService:
             plan.parse = lambda: OutputParser(None, None)
         return await self._run(plan, format_of(), record)
 
-    def tokenize(self, body: bytes) -> Reply:
+    async def tokenize(self, body: bytes) -> Reply:
         """``POST /v1/tokenize`` (and ``/tokenize``), as vLLM serves it: a ``prompt``, or chat
         ``messages`` (with ``tools``) rendered as `chat` would → ``tokens``, ``count``,
-        ``max_model_len``."""
+        ``max_model_len``. The bounds of chat first; the encode (and render) is sized by its
+        text, as chat's (`tsfront.serve.offload`)."""
         try:
             req = _TOKENIZE.decode(body)
         except msgspec.ValidationError as exc:
@@ -437,7 +441,8 @@ class OpenAIService:
             if req.prompt is not None:
                 self._check_chars(len(req.prompt), limit, "prompt")
                 special = True if req.add_special_tokens is None else req.add_special_tokens
-                ids = self.text.encode(req.prompt, add_special_tokens=special)
+                size = len(req.prompt)
+                work: tuple[Any, ...] = (self._encoded, req.prompt, special)
             else:
                 assert req.messages is not None
                 if not req.messages:
@@ -446,19 +451,41 @@ class OpenAIService:
                 messages = self._messages(req.messages, limit)
                 kwargs = self._template_kwargs_of(req.chat_template_kwargs)
                 tools = plan.tools if plan is not None else None
-                _, ids = self._render_and_encode(messages, req.add_generation_prompt, kwargs, tools)
+                size = len(body) + self._defaults_chars
+                add = req.add_generation_prompt
+                work = (self._rendered_ids, messages, add, kwargs, tools)
+            answer = await self._off_loop(
+                size, self._tokenized, limit, req.return_token_strs, *work
+            )
         except Refused as exc:
             return _bad(str(exc), exc.param).reply()
         except ApiError as exc:
             return exc.reply()
-        out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": limit}
-        if req.return_token_strs:
-            out["token_strs"] = [self.text.token_text(t) for t in ids]
-        return Reply(200, _JSON.encode(out))
+        return Reply(200, answer)
 
-    def detokenize(self, body: bytes) -> Reply:
+    def _tokenized(
+        self, limit: int | None, strs: bool, encode: Callable[..., list[int]], *args: Any
+    ) -> bytes:
+        # The whole of /v1/tokenize's work, reply included (on a thread when it is large).
+        ids = encode(*args)
+        out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": limit}
+        if strs:
+            out["token_strs"] = [self.text.token_text(t) for t in ids]
+        return msgspec.json.encode(out)
+
+    def _encoded(self, text: str, special: bool) -> list[int]:
+        # encode_batch releases the GIL (a thread's encode does not stall the loop).
+        if len(text) <= OFFLOAD_CHARS:
+            return self.text.encode(text, add_special_tokens=special)
+        return self.text.encode_batch([text], add_special_tokens=special)[0]
+
+    def _rendered_ids(self, *args: Any) -> list[int]:
+        return self._render_and_encode(*args)[1]
+
+    async def detokenize(self, body: bytes) -> Reply:
         """``POST /v1/detokenize`` (and ``/detokenize``): ``tokens`` → ``prompt``, the text
-        (special tokens kept)."""
+        (special tokens kept). At most the context's worth of tokens (what a model reads or
+        writes); the decode is sized by the text they can make (`tsfront.serve.offload`)."""
         try:
             req = _DETOKENIZE.decode(body)
         except msgspec.ValidationError as exc:
@@ -469,14 +496,27 @@ class OpenAIService:
             self._check_model(req.model)
         except ApiError as exc:
             return exc.reply()
+        tokens = req.tokens
+        limit = self._context_limit()
+        if limit is not None and len(tokens) > limit:
+            return _bad(
+                f"tokens holds {len(tokens)} token ids: at most {limit}, this model's context "
+                "(max_model_len, GET /v1/models), which holds any text the model reads or "
+                "writes; detokenize a longer list in parts",
+                "tokens",
+            ).reply()
         vocab = self._vocab
-        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
-        if bad is not None:
+        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
+            bad = next(t for t in tokens if not 0 <= t < vocab)
             return _bad(
                 f"tokens holds {bad}: token ids of this model are 0..{vocab - 1}", "tokens"
             ).reply()
-        text = self.text.decode(req.tokens, skip_special_tokens=False)
-        return Reply(200, _JSON.encode({"prompt": text}))
+        answer = await self._off_loop(len(tokens) * self._token_chars, self._detokenized, tokens)
+        return Reply(200, answer)
+
+    def _detokenized(self, tokens: list[int]) -> bytes:
+        # The decode and the reply's encode (the tokenizer's decode releases the GIL).
+        return msgspec.json.encode({"prompt": self.text.decode(tokens, skip_special_tokens=False)})
 
     async def _generate(
         self,
@@ -658,20 +698,6 @@ class OpenAIService:
                 "max_completion_tokens" if what == "messages" and plan.chat_max else "max_tokens",
             )
 
-    async def _off_loop(self, size: int, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)``, on a thread when ``size`` (characters of input) is large, one such
-        call at a time per worker, so that a huge prompt never stalls other clients' streams."""
-        if size <= OFFLOAD_CHARS:
-            return fn(*args)
-        async with self._heavy:
-            future = asyncio.get_running_loop().run_in_executor(None, fn, *args)
-            try:
-                return await asyncio.shield(future)
-            except asyncio.CancelledError:
-                # The client left; a thread cannot be stopped: hold the turn until it ends.
-                await asyncio.wait([future])
-                raise
-
     async def _plan_completion(self, req: CompletionRequest, size: int) -> _Plan:
         plan = _Plan()
         plan.chat = False
@@ -796,10 +822,10 @@ class OpenAIService:
         limit = self._context_limit()
         kwargs = self._template_kwargs_of(req.chat_template_kwargs)
         messages = self._messages(req.messages, limit)
-        # Any string the template is given (a message's other fields, a template variable)
-        # is part of the body: a large body renders and encodes on a thread.
+        # Sized by what the template is given: any string of the request (a message's other
+        # fields, a template variable) is part of ``size``, the server's variables are not.
         prompt, ids = await self._off_loop(
-            size,
+            size + self._defaults_chars,
             self._render_and_encode,
             messages,
             req.add_generation_prompt,
@@ -910,10 +936,24 @@ class OpenAIService:
         except TextError as exc:  # ChatTemplateError included
             raise _bad(str(exc), "messages") from None
         # The template writes the special tokens (BOS) itself; encode_batch releases the GIL.
-        if len(prompt) <= OFFLOAD_CHARS:
-            ids = self.text.encode(prompt, add_special_tokens=False)
-        else:
-            ids = self.text.encode_batch([prompt], add_special_tokens=False)[0]
+        try:
+            if len(prompt) <= OFFLOAD_CHARS:
+                ids = self.text.encode(prompt, add_special_tokens=False)
+            else:
+                ids = self.text.encode_batch([prompt], add_special_tokens=False)[0]
+        except TypeError:
+            # The tokenizer takes no lone surrogate: one the template made of the messages
+            # (the server's own parsing refuses those it finds: `limits.check_json`).
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _bad(
+                    "the rendered prompt holds a lone UTF-16 surrogate (\\ud800-\\udfff "
+                    "without its other half), which no tokenizer takes: a message's text must be "
+                    "valid Unicode",
+                    "messages",
+                ) from None
+            raise
         if not ids:
             raise _bad("the prompt encodes to no tokens; send a non-empty prompt", "prompt")
         return prompt, ids
@@ -1059,7 +1099,10 @@ class OpenAIService:
             raise _aborted(aborted[0])
         for ch, text in zip(choices, texts, strict=True):
             if ch.parser is not None:
-                ch.parser.whole(text, length=ch.finish == "length")
+                if ch.parser.has_reasoning:  # fed chunk by chunk (`_gather`)
+                    ch.parser.finish(length=ch.finish == "length")
+                else:
+                    ch.parser.whole(text, length=ch.finish == "length")
                 ch.settle()
         return Reply(200, fmt.whole(choices, texts))
 
@@ -1068,6 +1111,9 @@ class OpenAIService:
         logprobs = ch.logprobs = [] if plan.logprobs else None
         chunk = first
         stream = ch.stream
+        # With a reasoning parser the text is parsed as it comes, so that the thought's
+        # tokens are counted as the engine sent them (`OutputParser.feed`), not encoded again.
+        thinks = ch.parser if ch.parser is not None and ch.parser.has_reasoning else None
         try:
             while True:
                 if chunk is None:
@@ -1075,7 +1121,10 @@ class OpenAIService:
                         chunk = await stream.__anext__()
                     except StopAsyncIteration:
                         break
-                parts.append(ch.text(chunk))
+                if thinks is not None:
+                    thinks.feed(ch.text(chunk), len(chunk.output_ids))
+                else:
+                    parts.append(ch.text(chunk))
                 if logprobs is not None and chunk.output_token_logprobs_val:
                     logprobs.extend(
                         zip(chunk.output_ids, chunk.output_token_logprobs_val, strict=False)
@@ -1194,14 +1243,14 @@ class OpenAIService:
                     if ch.finish == ABORT:
                         last = _abort_event(fmt, ch)
                         break
-                    events = pieces(index, parser.feed(text))
+                    events = pieces(index, parser.feed(text, len(chunk.output_ids)))
                     events += pieces(index, parser.finish(length=ch.finish == "length"))
                     ch.settle()
                     if events:
                         yield events
                     last = fmt.last(ch, "", None)
                     break
-                events = pieces(index, parser.feed(text))
+                events = pieces(index, parser.feed(text, len(chunk.output_ids)))
                 if events:
                     yield events
                 chunk = None

@@ -223,28 +223,20 @@ class ServeApp:
         if route is None or service is None:
             await _send_reply(send, _NOT_FOUND if route is None else _unready(), ex)
             return
-        if route == "metrics":
-            page = await asyncio.to_thread(cast("Callable[[], bytes]", self._metrics))
-            await _send_reply(send, Reply(200, page, _METRICS_HEADERS), ex)
+        if route not in _GENERATION:
+            try:
+                answer = await self._answer(route, service, scope, receive, stored_id, ex)
+            except _Disconnected:
+                if ex is not None:
+                    ex.client_gone()
+                return
+            except Exception:  # a bug: still an error object, never a plain-text 500
+                log.exception("request on %s failed", scope["path"])
+                answer = _INTERNAL
+            await _send_reply(send, answer, ex)
             return
-        if self.draining and route != "models":
+        if self.draining:
             await _send_reply(send, _DRAINING, ex)
-            return
-        if route == "models":
-            await _send_reply(send, service.models(), ex)
-            return
-        if route == "stored":
-            responses = self._responses_of(service)
-            assert stored_id is not None
-            record = None if ex is None else ex.record
-            if scope["method"] == "GET":
-                await _send_reply(send, await responses.retrieve(stored_id, record), ex)
-            else:
-                await _send_reply(send, await responses.delete(stored_id, record), ex)
-            return
-        if route == "health":
-            extra = None if self._counters is None else {"worker_restarts": self._counters.restarts}
-            await _send_reply(send, service.health(extra), ex)
             return
         try:
             body = await _read_body(receive)
@@ -254,10 +246,6 @@ class ServeApp:
             return
         if body is None:
             await _send_reply(send, _TOO_LARGE, ex)
-            return
-        if route == "tokenize" or route == "detokenize":
-            answer = service.tokenize(body) if route == "tokenize" else service.detokenize(body)
-            await _send_reply(send, answer, ex)
             return
         # A request handler always runs in a task (the server's, per connection). Looked up
         # by the loop of the last request: asyncio.get_running_loop() (in a bare
@@ -326,9 +314,7 @@ class ServeApp:
         except Exception:
             log.exception("request on %s failed", scope["path"])
             if reply is None:
-                await _send_reply(
-                    send, ApiError(500, "internal server error", kind="server_error").reply(), ex
-                )
+                await _send_reply(send, _INTERNAL, ex)
         finally:
             state[0] = True
             del self._running[task]
@@ -338,6 +324,44 @@ class ServeApp:
             if type(reply) is SSEReply:
                 await reply.events.aclose()
 
+    async def _answer(
+        self,
+        route: str,
+        service: OpenAIService,
+        scope: dict,
+        receive: Any,
+        stored_id: str | None,
+        ex: Exchange | None,
+    ) -> Reply:
+        """The reply of a route that is not a generation (one `Reply`, no stream)."""
+        if route == "metrics":
+            page = await asyncio.to_thread(cast("Callable[[], bytes]", self._metrics))
+            return Reply(200, page, _METRICS_HEADERS)
+        if self.draining and route != "models":
+            return _DRAINING
+        if route == "models":
+            return service.models()
+        if route == "stored":
+            responses = self._responses_of(service)
+            assert stored_id is not None
+            record = None if ex is None else ex.record
+            if scope["method"] == "GET":
+                return await responses.retrieve(stored_id, record)
+            return await responses.delete(stored_id, record)
+        if route == "health":
+            extra = None if self._counters is None else {"worker_restarts": self._counters.restarts}
+            return service.health(extra)
+        body = await _read_body(receive)
+        if body is None:
+            return _TOO_LARGE
+        if route == "tokenize":
+            return await service.tokenize(body)
+        return await service.detokenize(body)
+
+
+#: The routes whose handler makes engine requests (streams, `cut` on shutdown).
+_GENERATION = frozenset({"completions", "chat", "responses"})
+_INTERNAL = ApiError(500, "internal server error", kind="server_error").reply()
 
 _DRAINING = Reply(
     503,

@@ -3,11 +3,11 @@
 `Gate.open` looks at a request's scope once, before it is routed, and returns its `Exchange`:
 the request's id (the client's ``X-Request-Id`` if it is well formed, else a 400; a fresh one
 when there is none), the headers every response of it carries (``x-request-id``, CORS), a
-refusal if it gets one (401 without a valid ``Authorization: Bearer`` key on ``/v1/*``, an
-answered CORS preflight, a bad request id) and the `RequestRecord` the service fills, with
-the request's owner: the handle of the key it came with (`owner_of`), under which the
-responses store files what the request stores and looks up what it names. The
-ASGI app sends the response through `Exchange.head` and calls `Exchange.close` at the end,
+refusal if it gets one (401 without a valid ``Authorization: Bearer`` key on any route but
+`OPEN_ROUTES`, an answered CORS preflight, a bad request id) and the `RequestRecord` the
+service fills, with the request's owner: the handle of the key it came with (`owner_of`),
+under which the responses store files what the request stores and looks up what it names.
+The ASGI app sends the response through `Exchange.head` and calls `Exchange.close` at the end,
 which writes the access-log line. Nothing here runs per token.
 """
 
@@ -30,10 +30,13 @@ from tsfront.serve.record import RequestRecord
 if TYPE_CHECKING:
     from tsfront.serve.edge import EdgeSettings
 
-__all__ = ["MAX_REQUEST_ID", "Exchange", "Gate", "owner_of"]
+__all__ = ["MAX_REQUEST_ID", "OPEN_ROUTES", "Exchange", "Gate", "owner_of"]
 
 access_log = logging.getLogger("tsfront.serve.access")
 
+#: The routes a server with API keys answers without one: probes send none. ``/metrics`` is
+#: open too unless ``--protect-metrics``; every other path needs a key.
+OPEN_ROUTES = frozenset({"/health"})
 #: Longest ``X-Request-Id`` taken from a client (characters of `_REQUEST_ID`).
 MAX_REQUEST_ID = 128
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,%d}" % MAX_REQUEST_ID)
@@ -125,7 +128,9 @@ class Gate:
     def __init__(self, settings: EdgeSettings) -> None:
         self._keys = [k.encode() for k in settings.api_keys]
         self._owners = [owner_of(k) for k in self._keys]
-        self._protect_metrics = settings.protect_metrics
+        # An allow-list, not a prefix: the key guards every route but these, whatever its
+        # path (vLLM's /tokenize beside /v1/tokenize, a route added later, a 404).
+        self._open = OPEN_ROUTES if settings.protect_metrics else OPEN_ROUTES | {"/metrics"}
         origins = settings.allowed_origins
         self._any_origin = "*" in origins
         self._origins = {o.encode() for o in origins if o != "*"}
@@ -167,7 +172,7 @@ class Gate:
                 "(or left out, and the server makes one)",
                 param="x-request-id",
             ).reply()
-        elif self._keys and self._protected(path):
+        elif self._keys and path not in self._open:
             owner = self._owner(auth)
             if owner is None:
                 ex.refusal = _unauthorized(_NO_KEY if auth is None else _BAD_KEY)
@@ -177,13 +182,6 @@ class Gate:
 
     def _new_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids)}"
-
-    def _protected(self, path: str) -> bool:
-        return (
-            path.startswith("/v1/")
-            or path == "/v1"
-            or (self._protect_metrics and path == "/metrics")
-        )
 
     def _owner(self, auth: bytes | None) -> str | None:
         """The owner handle of the key in ``auth`` (None: no key, or not one of ours)."""

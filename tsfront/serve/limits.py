@@ -17,6 +17,13 @@ The bounds and why (docs/SERVE.md, "Limits"):
   ``.template_names``: ``chat_template``, ``messages``, ``tools``, ``add_generation_prompt``,
   the special tokens, ...), and its values are JSON of at most `MAX_KWARGS_DEPTH` levels and
   `MAX_KWARGS_ITEMS` items.
+- JSON the server hands to recursive code (JSON schemas in ``response_format``,
+  ``structured_outputs``, ``tools`` and ``text.format``; ``tool_choice``; the arguments of the
+  tool calls in a conversation, which the server parses) nests at most `MAX_NESTING` levels of
+  objects and arrays, checked by an iterative walk before anything recursive runs (the body
+  decoder accepts ~1,000 levels; ``json.dumps``, the template's ``tojson`` and the response
+  encoder stop short of that with a RecursionError). Text the server parses out of a string
+  (tool-call arguments) holds no lone UTF-16 surrogate: the tokenizer cannot take one.
 - Text: a prompt (or the messages' text) of more than ``context x max_token_chars``
   characters cannot fit the context, since no token stands for more characters than the
   longest token of the vocabulary (``TextModel.max_token_chars``); it is refused before it is
@@ -40,12 +47,15 @@ __all__ = [
     "MAX_METADATA_KEY",
     "MAX_METADATA_PAIRS",
     "MAX_METADATA_VALUE",
+    "MAX_NESTING",
     "MAX_STOP_CHARS",
     "MAX_STOP_STRINGS",
     "Refused",
+    "check_json",
     "check_metadata",
     "check_template_kwargs",
     "decode_error",
+    "too_deep",
 ]
 
 MAX_STOP_STRINGS = 16
@@ -55,6 +65,9 @@ MAX_KWARGS_ITEMS = 1024
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
+#: Levels of JSON objects and arrays a schema, a tool, or a tool call's arguments may nest
+#: (OpenAI's strict schemas allow 10 levels of objects; 64 leaves room for any real one).
+MAX_NESTING = 64
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
 #: msgspec's decoder stops near the interpreter's recursion limit (a RecursionError).
@@ -156,3 +169,61 @@ def check_metadata(metadata: Any) -> None:
                 f"{MAX_METADATA_VALUE}",
                 "metadata",
             )
+
+
+def check_json(value: Any, param: str, where: str | None = None, *, text: bool = False) -> None:
+    """Refuse a decoded JSON ``value`` (field ``param``, at ``where``) that nests more than
+    `MAX_NESTING` levels of objects and arrays, or, with ``text`` (a value the server parsed
+    from a string, not the body: only there can one hide), that holds a lone surrogate.
+
+    An iterative walk that stops at the first level too deep: it runs before any recursive
+    code sees the value, and costs a few microseconds for a real schema."""
+    where = where or param
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node, depth = pop()
+        kind = type(node)
+        if kind is str:
+            if text and not node.isascii():
+                _check_text(node, param, where)
+            continue
+        if kind is not dict and kind is not list:
+            continue
+        depth += 1
+        if depth > MAX_NESTING:
+            raise too_deep(where, param)
+        if kind is dict:
+            if text:
+                for key in node:
+                    if type(key) is str and not key.isascii():
+                        _check_text(key, param, where)
+            children = node.values()
+        else:
+            children = node
+        for child in children:
+            t = type(child)
+            if t is dict or t is list or (text and t is str):
+                push((child, depth))
+
+
+def too_deep(where: str, param: str) -> Refused:
+    """The refusal of a value at ``where`` nested more than `MAX_NESTING` levels."""
+    return Refused(
+        f"{where} nests JSON objects and arrays more than {MAX_NESTING} levels deep: "
+        f"schemas, tools and tool-call arguments may nest at most {MAX_NESTING} levels "
+        "(a real one needs far fewer); flatten it",
+        param,
+    )
+
+
+def _check_text(value: str, param: str, where: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refused(
+            f"{where} holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its "
+            "other half): text must be valid Unicode; send the character itself, or the "
+            "escaped surrogate pair",
+            param,
+        ) from None

@@ -14,6 +14,13 @@ Two rules of the server's own, on top of the parsers':
   it. So ``content`` is ``null`` rather than ``"\\n\\n"`` before a call or after a thought,
   streamed or not.
 - ``parallel_tool_calls: false`` keeps the first call only.
+
+It also counts the thought's tokens (``usage.output_tokens_details.reasoning_tokens``) from
+the engine's tokens, as they arrive, instead of encoding the thought again: each delta is fed
+with the number of tokens it came from; a delta inside the section (or opening it) counts
+whole, and the delta that closes it counts the share of its characters up to the end of the
+close tag (exact when it is one token, as a stream's deltas are unless a slow reader made the
+stream coalesce them).
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ class OutputParser:
         "_thought",
         "_tools",
         "has_reasoning",
+        "reasoning_tokens",
     )
 
     def __init__(
@@ -79,17 +87,28 @@ class OutputParser:
         self._content: list[str] = []  # all content given out (for `whole`)
         self._thought: list[str] = []
         self._calls: dict[int, list[Any]] = {}  # index -> [id, name, argument parts]
+        #: The engine tokens of the reasoning section so far (deltas fed with their count).
+        self.reasoning_tokens = 0
 
     @property
     def called(self) -> bool:
         """Whether a call was parsed (``finish_reason: "tool_calls"`` if the engine stopped)."""
         return bool(self._calls)
 
-    def feed(self, text: str) -> Pieces:
-        """The pieces of the next delta of text."""
+    def feed(self, text: str, tokens: int = 0) -> Pieces:
+        """The pieces of the next delta of text (``tokens``: how many engine tokens made it,
+        for `reasoning_tokens`)."""
         reasoning_parser = self._reasoning
         if reasoning_parser is not None:
-            reasoning, text = reasoning_parser.feed(text)
+            inside = reasoning_parser.in_reasoning
+            reasoning, rest = reasoning_parser.feed(text)
+            if tokens and (inside or reasoning or reasoning_parser.in_reasoning):
+                if reasoning_parser.in_reasoning or not text:
+                    self.reasoning_tokens += tokens
+                else:  # the section closed in this delta: ``rest`` is what follows the tag
+                    share = tokens * (len(text) - len(rest)) / len(text)
+                    self.reasoning_tokens += max(1, round(share))
+            text = rest
         else:
             reasoning = ""
         tools = self._tools

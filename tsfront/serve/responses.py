@@ -30,7 +30,8 @@ import msgspec
 from tsfront.ids import item_id as _item_id
 from tsfront.serve.api import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
 from tsfront.serve.formats import Format
-from tsfront.serve.limits import Refused, check_metadata, decode_error
+from tsfront.serve.limits import Refused, check_json, check_metadata, decode_error
+from tsfront.serve.offload import text_chars
 from tsfront.serve.record import SHARED_OWNER
 from tsfront.serve.schema import ChatRequest
 from tsfront.serve.store import StoreUnavailable
@@ -157,6 +158,11 @@ def _refusals(req: ResponsesRequest) -> None:
         raise _bad(
             f"max_output_tokens={req.max_output_tokens}: must be at least 1", "max_output_tokens"
         )
+    # Echoed in the response object (its encoder recurses): no deeper than a schema may be.
+    if req.text is not None:
+        check_json(req.text.get("format"), "text.format")
+    check_json(req.tools, "tools")
+    check_json(req.tool_choice, "tool_choice")
 
 
 def _chat_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
@@ -364,6 +370,7 @@ class Responses:
         if req.previous_response_id is not None:
             stored = await self._stored(owner, req.previous_response_id, "previous_response_id")
             history = stored["messages"]
+            size += text_chars(history)  # rendered too: the render is sized by what it renders
         new = input_messages(req.input) if req.input != "" else []
         if not new and not history:
             raise _bad("input must not be empty", "input")
@@ -648,20 +655,13 @@ class ResponsesFormat(Format):
         }
         if ch is not None:
             obj["completed_at"] = int(time.time()) if status == "completed" else None
-            reasoning = "".join(
-                item["content"][0]["text"] for item in items if item["type"] == "reasoning"
-            )
+            # Counted from the engine's tokens as they came (`OutputParser.reasoning_tokens`).
+            thought = ch.parser.reasoning_tokens if ch.parser is not None else 0
             obj["usage"] = {
                 "input_tokens": ch.prompt_tokens,
                 "input_tokens_details": {"cached_tokens": ch.cached, "cache_write_tokens": 0},
                 "output_tokens": ch.tokens,
-                "output_tokens_details": {
-                    "reasoning_tokens": min(
-                        ch.tokens, len(self.text.encode(reasoning, add_special_tokens=False))
-                    )
-                    if reasoning
-                    else 0
-                },
+                "output_tokens_details": {"reasoning_tokens": min(ch.tokens, thought)},
                 "total_tokens": ch.prompt_tokens + ch.tokens,
             }
         return obj

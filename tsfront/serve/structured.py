@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tsfront.serve.limits import Refused
+from tsfront.serve.limits import Refused, check_json
 
 __all__ = ["Constraint", "choice_regex", "constraint"]
 
@@ -72,12 +72,14 @@ def _json_text(value: Any, param: str) -> str:
 
 def constraint(response_format: Any, structured_outputs: Any) -> Constraint | None:
     """The engine grammar a request asks for, or ``None``. Raises `Refused` saying what is
-    wrong and what to send."""
+    wrong and what to send (a value nested too deep for ``json.dumps`` included)."""
     rf = None
     if response_format is not None:
+        check_json(response_format, "response_format")
         rf = _response_format(response_format)
     so = None
     if structured_outputs is not None:
+        check_json(structured_outputs, "structured_outputs")
         so = _structured_outputs(structured_outputs)
     if rf is not None and so is not None:
         raise Refused(

@@ -16,7 +16,9 @@ renders, the engine constraint the choice asks for, and a fresh tool parser per 
 =============================  ===================  ============================================
 
 `history_message` turns an assistant message's ``tool_calls`` into what Hugging Face
-templates expect: each ``function.arguments`` JSON string parsed into its object.
+templates expect: each ``function.arguments`` JSON string parsed into its object, which is
+then held to what the template and the tokenizer can take (`tsfront.serve.limits.check_json`:
+nesting, no lone surrogate; a template may write the values raw, as Qwen3-Coder's does).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from tsfront.serve.limits import Refused
+from tsfront.serve.limits import Refused, check_json, too_deep
 
 if TYPE_CHECKING:
     from tsfront.text.tools import ToolParser
@@ -115,6 +117,9 @@ def tool_plan(
             "'tools', or omit tool_choice",
             "tool_choice",
         )
+    check_json(tools, "tools")  # before any recursive code (schemas, tojson) sees them
+    if tool_choice is not None and not isinstance(tool_choice, str):
+        check_json(tool_choice, "tool_choice")
     names = []
     for i, tool in enumerate(tools):
         name = _function_name(tool)
@@ -166,7 +171,8 @@ def tool_plan(
 def history_message(i: int, message: dict[str, Any]) -> dict[str, Any]:
     """``messages[i]`` for the template: an assistant's ``tool_calls`` with their
     ``function.arguments`` parsed from JSON text into objects (Hugging Face templates write
-    them with ``tojson``). Raises `Refused` for arguments that are not JSON."""
+    them with ``tojson``). Raises `Refused` for arguments that are not JSON, nest too deep or
+    hold a lone surrogate."""
     calls = message.get("tool_calls")
     if not calls:
         return message
@@ -182,16 +188,23 @@ def history_message(i: int, message: dict[str, Any]) -> dict[str, Any]:
                 "messages",
             )
         arguments = function.get("arguments")
+        where = f"messages[{i}].tool_calls[{j}].function.arguments"
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
+            except RecursionError:
+                # json.loads recurses: past ~1,000 levels (the text may hold any depth).
+                raise too_deep(where, "messages") from None
             except ValueError as exc:
                 raise Refused(
-                    f"messages[{i}].tool_calls[{j}].function.arguments is not JSON ({exc}): "
-                    "send the arguments the call had, as JSON text",
+                    f"{where} is not JSON ({exc}): send the arguments the call had, as JSON text",
                     "messages",
                 ) from None
+            # Parsed here, not by the body's decoder: lone surrogates are possible.
+            check_json(arguments, "messages", where, text=True)
         elif arguments is None:
             arguments = {}
+        else:
+            check_json(arguments, "messages", where)
         parsed.append({**call, "function": {**function, "arguments": arguments}})
     return {**message, "tool_calls": parsed}
