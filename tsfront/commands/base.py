@@ -2,7 +2,8 @@
 
 An error is one line on stderr, ``tsfront: error: ...``, and a non-zero exit: `USAGE_EXIT` (2)
 for a bad command line (`UsageError`: an unknown option, a malformed address, a value out of
-range; the line ends with ``see 'tsfront CMD --help'``) or a missing extra (`MissingExtra`),
+range; the line ends with ``see 'tsfront CMD --help'``), a missing extra (`MissingExtra`) or
+something the command line names held by another program (`InUse`: a port in use),
 `ERROR_EXIT` (1) for anything else, `INTERRUPTED_EXIT` (130) when interrupted (Ctrl-C).
 """
 
@@ -22,6 +23,7 @@ __all__ = [
     "USAGE_EXIT",
     "Command",
     "CommandError",
+    "InUse",
     "MissingExtra",
     "Parser",
     "UsageError",
@@ -63,6 +65,11 @@ class UsageError(CommandError):
     def __init__(self, prog: str, message: str) -> None:
         self.prog = prog
         super().__init__(message)
+
+
+class InUse(CommandError):
+    """Something the command line names is held by another program (a port in use): one line
+    naming it, exit 2 (as a bad command line, without the pointer to ``--help``)."""
 
 
 class Parser(argparse.ArgumentParser):

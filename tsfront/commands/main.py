@@ -19,6 +19,7 @@ from tsfront.commands.base import (
     ERROR_EXIT,
     INTERRUPTED_EXIT,
     USAGE_EXIT,
+    InUse,
     MissingExtra,
     Parser,
     UsageError,
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (see '{exc.prog} --help')"
         _error(f"{one_line(exc)}{hint}")
         return USAGE_EXIT
-    except MissingExtra as exc:
+    except (MissingExtra, InUse) as exc:
         _error(one_line(exc))
         return USAGE_EXIT
     except KeyboardInterrupt:

@@ -1,7 +1,9 @@
 """``tsfront serve``: an OpenAI-compatible server with W worker processes on one port.
 
-The master process starts one I/O process (or uses ``--attach``'s), reserves the port, and
-spawns the workers; each attaches, binds the port with SO_REUSEPORT and serves HTTP. The
+The master process claims the port (refused, exit 2, if anything listens there: see
+`tsfront.serve.ports`), binding one listening SO_REUSEPORT socket per worker place, starts
+one I/O process (or uses ``--attach``'s) and spawns the workers; each attaches and serves
+HTTP on its place's socket, which the master keeps for the place's replacements. The
 master prints ``handshake: ADDR`` once the I/O process is bound (the engines dial it) and
 ``listening: http://HOST:PORT`` once every engine registered and every worker listens, then
 supervises (`tsfront.serve.supervisor`): a worker that exits, is killed, or sends no heartbeat
@@ -33,7 +35,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from tsfront.commands.base import Command, CommandError, MissingExtra, UsageError
+from tsfront.commands.base import Command, CommandError, InUse, MissingExtra, UsageError
 from tsfront.commands.options import add_engine_arguments, config_from_args
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
@@ -292,9 +294,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the server until SIGINT/SIGTERM; returns the exit status."""
     from tsfront.ioproc import IOProcess
     from tsfront.serve.counters import ServeCounters
+    from tsfront.serve.ports import PortInUse, claim_port
     from tsfront.serve.store import StoreProcess
     from tsfront.serve.supervisor import Place, RestartPolicy, Supervisor
-    from tsfront.serve.worker import WorkerOptions, listening_socket, worker_main
+    from tsfront.serve.worker import WorkerOptions, worker_main
 
     _check(args)
     # The engine options are judged here, with the command line, before anything loads.
@@ -339,9 +342,19 @@ def run(args: argparse.Namespace) -> int:
     addresses: dict[int, Queue[Any]] = {}
     io = None
     store = None
-    reserved: list = []
+    # Each port's sockets, one per worker place (tsfront.serve.ports): claimed before anything
+    # starts, given to the workers, kept for their replacements, closed first when stopping.
+    listeners: list = []
     cut = True  # stopping on an error: no drain
     try:
+        try:
+            listeners.append(claim_port(args.host, args.port, args.workers))
+            if args.metrics_port is not None:
+                listeners.append(claim_port(args.host, args.metrics_port, args.workers))
+        except PortInUse as exc:
+            raise InUse(str(exc)) from None
+        port = listeners[0][0].getsockname()[1]
+        metrics_port = None if len(listeners) < 2 else listeners[1][0].getsockname()[1]
         if config is not None:
             io = IOProcess.start(config)
             address = io.address
@@ -350,14 +363,6 @@ def run(args: argparse.Namespace) -> int:
         else:
             address = args.attach
             _note(f"attaching {args.workers} worker(s) to the I/O process at {address}")
-        # Hold the port (bound, not listening: the kernel routes nothing to it) so that port 0
-        # resolves once and every worker joins the same SO_REUSEPORT group.
-        reserved.append(listening_socket(args.host, args.port, listen=False))
-        port = reserved[0].getsockname()[1]
-        metrics_port = None
-        if args.metrics_port is not None:
-            reserved.append(listening_socket(args.host, args.metrics_port, listen=False))
-            metrics_port = reserved[1].getsockname()[1]
         store = StoreProcess.start(args.responses_store_items, args.responses_store_bytes)
         _note(f"responses store process {store.pid}")
         opts = WorkerOptions(
@@ -392,7 +397,14 @@ def run(args: argparse.Namespace) -> int:
                 addresses[index] = ctx.Queue()
             proc = ctx.Process(
                 target=worker_main,
-                args=(index, opts, events, addresses.get(index), counters),
+                args=(
+                    index,
+                    opts,
+                    events,
+                    addresses.get(index),
+                    counters,
+                    [socks[index] for socks in listeners],
+                ),
                 name=f"tsfront-serve-{index}",
             )
             proc.start()
@@ -402,9 +414,6 @@ def run(args: argparse.Namespace) -> int:
             places.append(Place(index, spawn(index), since=time.monotonic()))
         if not _wait_ready(events, [p.proc for p in places], io, stop, args):
             return 0
-        for sock in reserved:
-            sock.close()
-        reserved.clear()
         now = time.monotonic()
         for place in places:
             place.move("ready", now)
@@ -473,8 +482,12 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     finally:
-        for sock in reserved:
-            sock.close()
+        # The master's copies first: once a draining worker closes its own, its socket is
+        # gone, and the kernel sends new connections to the workers still serving (or
+        # refuses them), instead of queueing them where nobody accepts any more.
+        for socks in listeners:
+            for sock in socks:
+                sock.close()
         _stop_workers([p.proc for p in places], args.graceful_timeout, signals, cut)
         for q in addresses.values():
             q.close()

@@ -19,7 +19,8 @@ waiting    due       starting     the backoff passed: a replacement is spawned
 
 A death past the budget raises `RestartsExhausted` (the server stops, exit 1). The heartbeat
 is a word of `ServeCounters` the worker's loop stores the time in; the master only reads it.
-A replacement binds the same port (SO_REUSEPORT) and attaches to the same I/O process, which
+A replacement serves on its place's listening socket, which the master kept (connections
+queued on it meanwhile are not lost), and attaches to the same I/O process, which
 gave the dead worker's place back when its control socket closed (and aborted its engine
 requests then), so there is always a place for it.
 """
@@ -135,7 +136,8 @@ class Supervisor:
 
     Args:
         places: `Place` per worker, each with its started process (state ``serving``).
-        spawn: starts a fresh worker process for a place index (same port, same I/O process).
+        spawn: starts a fresh worker process for a place index (same listening socket, same
+            I/O process).
         policy: the restart budget.
         counters: the shared words (heartbeats read, restarts counted).
         worker_timeout: seconds without a heartbeat before a serving worker is killed.

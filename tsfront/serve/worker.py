@@ -1,15 +1,17 @@
 """One HTTP worker process of ``tsfront serve``: attach, load the model, serve with uvicorn.
 
 The worker is a spawned process (its own interpreter and GIL). It attaches to the I/O
-process (which returns once every engine registered), loads the model's text layer, binds
-the server's port (and ``--metrics-port``) with SO_REUSEPORT and serves the `ServeApp` with
-uvicorn (httptools parser, uvloop). It reports ``("ready", index, pid)`` or
+process (which returns once every engine registered), loads the model's text layer and
+serves the `ServeApp` with uvicorn (httptools parser, uvloop) on the listening sockets the
+master gave it (its place's socket of the server's port, and of ``--metrics-port``: see
+`tsfront.serve.ports`). It reports ``("ready", index, pid)`` or
 ``("failed", index, why)`` on the master's queue, and stores a heartbeat in the master's shared
 words (`ServeCounters`) every `heartbeat_interval` from its event loop: a loop that stops
 running stops the heartbeat, and the master kills the worker.
 
-SIGTERM drains it (`Drain`): it closes its listening sockets first (new connections go to
-the other workers, or are refused once every worker drains), answers 503 on the connections
+SIGTERM drains it (`Drain`): it closes its listening sockets first (the master closed its
+own copies before it sent the signal, so new connections go to the other workers, or are
+refused once every worker drains), answers 503 on the connections
 it still has, lets running requests finish for up to ``graceful_timeout`` seconds, then
 cancels the rest, which aborts their engine requests; a second SIGTERM cuts them at once.
 It dies with the master (PR_SET_PDEATHSIG) and stops by itself if its I/O process goes
@@ -34,7 +36,7 @@ from typing import Any
 from tsfront.serve.chatsettings import ChatSettings
 from tsfront.serve.edge import EdgeSettings
 
-__all__ = ["WorkerOptions", "listening_socket", "worker_main"]
+__all__ = ["WorkerOptions", "worker_main"]
 
 _PR_SET_PDEATHSIG = 1
 _WATCH_S = 0.5
@@ -65,23 +67,6 @@ class WorkerOptions:
     chat: ChatSettings = field(default_factory=ChatSettings)
     #: The address of the server's responses store process (None: a store in the worker).
     responses_store: str | None = None
-
-
-def listening_socket(host: str, port: int, *, listen: bool) -> socket.socket:
-    """A TCP socket bound with SO_REUSEPORT (and SO_REUSEADDR), listening if asked."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-        if listen:
-            sock.listen(2048)
-            sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _die_with_parent() -> None:
@@ -215,7 +200,12 @@ def _setup_edge(settings: EdgeSettings) -> tuple[Any, Any, Any]:
 
 
 async def _serve(
-    index: int, opts: WorkerOptions, events: Any, addresses: Any = None, counters: Any = None
+    index: int,
+    opts: WorkerOptions,
+    events: Any,
+    addresses: Any,
+    counters: Any,
+    sockets: list[socket.socket],
 ) -> int:
     import uvicorn
 
@@ -290,9 +280,8 @@ async def _serve(
 
     loop = asyncio.get_running_loop()
     server = Server(config)
-    sockets = [listening_socket(opts.host, opts.port, listen=True)]
-    if opts.metrics_port is not None:
-        sockets.append(listening_socket(opts.host, opts.metrics_port, listen=True))
+    for sock in sockets:
+        sock.setblocking(False)
     drain = Drain(server, app, sockets, opts.graceful_timeout)
 
     async def watch_io() -> None:
@@ -337,9 +326,15 @@ def _stop_starting(signum: int, frame: Any) -> None:
 
 
 def worker_main(
-    index: int, opts: WorkerOptions, events: Any, addresses: Any = None, counters: Any = None
+    index: int,
+    opts: WorkerOptions,
+    events: Any,
+    addresses: Any,
+    counters: Any,
+    sockets: list[socket.socket],
 ) -> None:
-    """Entry point of a spawned worker process."""
+    """Entry point of a spawned worker process; ``sockets``: its place's listening sockets
+    (the API port's, then ``--metrics-port``'s), which the master keeps open too."""
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the master, which stops us
     # Until it serves, SIGTERM stops it (nothing to drain); while it serves, SIGTERM drains
@@ -348,7 +343,7 @@ def worker_main(
     import uvloop
 
     try:
-        code = uvloop.run(_serve(index, opts, events, addresses, counters))
+        code = uvloop.run(_serve(index, opts, events, addresses, counters, sockets))
     except _Stopped:
         code = 0
     except BaseException as exc:
