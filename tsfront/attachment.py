@@ -81,8 +81,9 @@ class Attachment:
 
     # ------------------------------------------------------------------ attach
 
-    async def open(self, address: str, timeout: float | None) -> None:
-        """Attach to the I/O process at ``address`` and wait until every engine registered."""
+    async def open(self, address: str, timeout: float | None, *, registered: bool = True) -> None:
+        """Attach to the I/O process at ``address`` and, if ``registered``, wait until every
+        engine registered (`wait_registered`)."""
         try:
             name = control.socket_name(address)
         except ValueError as exc:
@@ -115,6 +116,18 @@ class Attachment:
         except BaseException:
             self.close()
             raise
+        if registered:
+            await self.wait_registered(timeout)
+
+    @property
+    def registered(self) -> bool:
+        """Whether every engine of the group registered (the I/O process sent the list)."""
+        fut = self._engines_ready
+        return fut.done() and not fut.cancelled() and fut.exception() is None
+
+    async def wait_registered(self, timeout: float | None) -> None:
+        """Wait until every engine registered (at once if they have); on a timeout or a
+        handshake failure the attachment is closed and the error raised."""
         try:
             if timeout is None:
                 timeout = self.config.handshake_timeout + 5.0

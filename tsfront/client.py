@@ -30,7 +30,7 @@ from tsfront.errors import (
     InvalidRequest,
     RidRecentlyAborted,
 )
-from tsfront.info import EngineInfo, EngineLoad, load_from_row
+from tsfront.info import STATE_NAMES, EngineInfo, EngineLoad, load_from_row
 from tsfront.ioproc import IOProcess
 from tsfront.ipc.hashes import group_block_tokens, packed_hashes
 from tsfront.metrics.recorder import monotonic_ns
@@ -77,16 +77,46 @@ class EngineClient:
         return await listener.accept()
 
     @classmethod
-    async def attach(cls, address: str, *, timeout: float | None = None) -> EngineClient:
+    async def attach(
+        cls, address: str, *, timeout: float | None = None, registered: bool = True
+    ) -> EngineClient:
         """Attach this process to a running I/O process (see `IOProcess.start`).
 
         Returns once every engine has registered; raises `HandshakeTimeout` if they do not
         within the I/O process's handshake timeout (or ``timeout`` seconds), `ClientClosed` if
-        no I/O process answers at ``address``.
+        no I/O process answers at ``address``. With ``registered=False`` it returns once the
+        I/O process answered: until `wait_registered` returns, `registered` is False,
+        `engines` and `load` are empty and `generate` raises `EngineUnavailable`, and
+        `registration` tells which ranks registered so far (a server answers its health
+        probes meanwhile).
         """
         att = Attachment(asyncio.get_running_loop())
-        await att.open(address, timeout)
+        await att.open(address, timeout, registered=registered)
         return cls(att, None)
+
+    async def wait_registered(self, timeout: float | None = None) -> None:
+        """Wait until every engine of the group registered (at once if they have); raises
+        `HandshakeTimeout` as `attach` does, and the client is then closed."""
+        await self._att.wait_registered(timeout)
+
+    @property
+    def registered(self) -> bool:
+        """Whether every engine of the group registered (`attach` returned, or
+        `wait_registered` did)."""
+        return self._att.registered
+
+    def registration(self) -> list[str]:
+        """Where each rank of the group (its decode group under disaggregated serving) stands
+        in the handshake, by rank, read from the engine table now: ``"absent"`` (it has not
+        dialed), ``"handshaking"``, ``"live"`` (registered), ``"stalled"`` or ``"dead"``."""
+        att = self._att
+        if att.closed or att.region is None:
+            raise ClientClosed("the client is closed")
+        words = att.region.engine_words
+        return [
+            STATE_NAMES.get(int(words[rank * shm.ENGINE_WORDS + shm.E_STATE]), "unknown")
+            for rank in range(att.config.num_engines)
+        ]
 
     # ------------------------------------------------------------------ requests
 
@@ -196,6 +226,8 @@ class EngineClient:
 
     def _context_limit(self, pin: int | None) -> int | None:
         att = self._att
+        if not att.engines:  # attached with registered=False, the group not registered yet
+            raise EngineUnavailable("the engines have not all registered yet; retry once they have")
         # The engine table's words (mapped while attached): a state is a Python int, read
         # with no array view or scalar per rank.
         words = cast(shm.Region, att.region).engine_words

@@ -41,3 +41,20 @@ def test_the_plugin_example_passes_and_prints_its_benchmark(tmp_path: Path) -> N
     assert bench["extra_info"]["tokens_per_round"] == 64 * 32
     assert 0 < bench["extra_info"]["us_per_token"] < 1e6
     print(f"example consumer: {bench['extra_info']['us_per_token']:.2f} us per token")
+
+
+def test_the_plugin_example_tears_its_rigs_down_without_a_word() -> None:
+    # With -s, what the rigs' processes write reaches the terminal: an orderly teardown says
+    # nothing (it used to report each simulated rank stopped first as a dead engine).
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(EXAMPLE), "-q", "-s", "-k", "not cost_per_token"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    assert re.search(r"^2 passed", done.stdout, re.M), out
+    for word in ("is dead", "WARNING", "ERROR", "Traceback"):
+        assert word not in out, out

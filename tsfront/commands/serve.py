@@ -4,12 +4,14 @@ The master process claims the port (refused, exit 2, if anything listens there: 
 `tsfront.serve.ports`), binding one listening SO_REUSEPORT socket per worker place, starts
 one I/O process (or uses ``--attach``'s) and spawns the workers; each attaches and serves
 HTTP on its place's socket, which the master keeps for the place's replacements. The
-master prints ``handshake: ADDR`` once the I/O process is bound (the engines dial it) and
-``listening: http://HOST:PORT`` once every engine registered and every worker listens, then
+master prints ``handshake: ADDR`` once the I/O process is bound (the engines dial it); the
+workers answer at once (``/liveness`` 200, ``/readiness`` and the API 503 while the engines
+load), and the master says on stderr every `PROGRESS_S` which ranks registered and which are
+missing; it prints ``listening: http://HOST:PORT`` once every engine registered, then
 supervises (`tsfront.serve.supervisor`): a worker that exits, is killed, or sends no heartbeat
 for ``--worker-timeout`` seconds (then the master SIGKILLs it) is replaced by a new one on the
-same port and I/O process, at once, then with a growing backoff; only its requests are lost
-(the I/O process aborts them on the engines when it sees the worker go). Past
+same listening socket and I/O process, at once, then with a growing backoff; only its
+requests are lost (the I/O process aborts them on the engines when it sees the worker go). Past
 ``--max-worker-restarts`` replacements in ``--worker-restart-window`` seconds the server stops
 and exits 1. SIGINT/SIGTERM drain: every worker closes its listening socket, finishes its
 running requests for up to ``--graceful-timeout`` seconds, then cuts the rest (their engine
@@ -28,6 +30,7 @@ import argparse
 import dataclasses
 import multiprocessing
 import multiprocessing.connection
+import os
 import queue
 import signal
 import sys
@@ -43,6 +46,7 @@ from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
 from tsfront.serve.edge import add_edge_arguments, edge_settings
 from tsfront.serve.store import DEFAULT_BYTES, DEFAULT_ITEMS
 from tsfront.serve.templates import add_template_arguments, template_options
+from tsfront.sigint import hold_sigint
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -53,6 +57,8 @@ __all__ = ["COMMAND", "arguments", "run"]
 
 #: Seconds the workers may take beyond the handshake timeout to attach and listen.
 READY_MARGIN_S = 30.0
+#: Seconds between two lines saying where the engines' handshake stands while they load.
+PROGRESS_S = float(os.environ.get("TSFRONT_SERVE_PROGRESS_S", "20"))
 #: Seconds workers get beyond the graceful timeout (or after a cut) before they are killed.
 STOP_GRACE_S = 5.0
 _WATCH_S = 0.2
@@ -192,17 +198,26 @@ def _wait_ready(
     io: IOProcess | None,
     stop: threading.Event,
     args: argparse.Namespace,
-    what: str = "ready",
+    url: str,
 ) -> bool:
-    """Wait until every worker says ``what`` (listens, or re-attached); False if told to stop
-    meanwhile."""
+    """Wait until every worker is ready (listens, and every engine registered); False if told
+    to stop meanwhile. Says once when the port answers, and every `PROGRESS_S` where the
+    engines' handshake stands."""
     deadline = time.monotonic() + args.handshake_timeout + READY_MARGIN_S
-    ready: dict[int, int] = {}
+    t0 = time.monotonic()
+    ready: set[int] = set()
+    listening: set[int] = set()
+    progress: dict[str, Any] | None = None  # the latest a worker reported
+    said = t0
     while len(ready) < len(procs):
         if stop.is_set():
             return False
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise Error("the workers did not attach and listen in time")
+        if progress is not None and now - said >= PROGRESS_S:
+            said = now
+            _note(_progress_line(progress, now - t0))
         try:
             kind, index, payload = events.get(timeout=_WATCH_S)
         except queue.Empty:
@@ -214,9 +229,43 @@ def _wait_ready(
             continue
         if kind == "failed":
             raise Error(f"worker {index} failed: {payload}")
-        if kind == what:
-            ready[index] = payload
+        if kind == "handshake":
+            raise Error(payload)  # the I/O process's own words: what to check, where
+        if kind == "engines":
+            progress = payload
+        elif kind == "listening":
+            listening.add(index)
+            if len(listening) == len(procs) and len(ready) < len(procs):
+                _note(
+                    f"{url} answers: /liveness 200; /readiness, /health and the API 503 "
+                    "until every engine registered"
+                )
+        elif kind == "ready":
+            ready.add(index)
     return True
+
+
+def _progress_line(progress: dict[str, Any], waited: float) -> str:
+    """Where the engines' handshake stands, for the operator (`PROGRESS_S`)."""
+    first = progress["first"]
+    registered, missing = [], []
+    for rank, state in enumerate(progress["states"]):
+        name = f"rank {rank} (engine {first + rank})"
+        if state in ("live", "stalled"):
+            registered.append(name)
+        else:
+            missing.append(name if state == "absent" else f"{name}: {state}")
+    address = progress["handshake"]
+    dial = ""
+    if address and address.startswith("tcp://"):
+        host, _, port = address[len("tcp://") :].rpartition(":")
+        dial = f" (TokenSpeed's --data-parallel-address {host} --data-parallel-rpc-port {port})"
+    return (
+        f"waiting for the engines ({waited:.0f}s of {progress['timeout']:g}s): registered: "
+        f"{', '.join(registered) or 'none'}; missing: {', '.join(missing) or 'none'}; "
+        f"they dial {address}{dial}; engines handshake once per start: restart any that "
+        "registered with an earlier frontend"
+    )
 
 
 def _stop_workers(procs: list, grace: float, signals: list[int], cut: bool = False) -> None:
@@ -229,8 +278,9 @@ def _stop_workers(procs: list, grace: float, signals: list[int], cut: bool = Fal
     limit = time.monotonic() + grace + STOP_GRACE_S
     while live:
         if cut or len(signals) > seen:
+            if not cut:  # a second signal (stopping on an error cuts without a word)
+                _note(f"cutting {len(live)} worker(s)' running requests now")
             cut, seen = False, len(signals)
-            _note(f"cutting {len(live)} worker(s)' running requests now")
             for proc in live:
                 proc.terminate()
             limit = min(limit, time.monotonic() + STOP_GRACE_S)
@@ -292,6 +342,24 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the server until SIGINT/SIGTERM; returns the exit status."""
+    # From the start: a stop at any moment of start-up is an orderly one (exit 0), never a
+    # KeyboardInterrupt in the middle of starting a process.
+    stop = threading.Event()
+    signals: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        signals.append(signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _run(args, stop, signals)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) -> int:
     from tsfront.ioproc import IOProcess
     from tsfront.serve.counters import ServeCounters
     from tsfront.serve.ports import PortInUse, claim_port
@@ -328,14 +396,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError("tsfront serve", str(exc)) from None
 
-    stop = threading.Event()
-    signals: list[int] = []
-
-    def on_signal(signum: int, frame: Any) -> None:
-        signals.append(signum)
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    if stop.is_set():  # a signal while the model loaded: nothing started yet
+        _note("stopped before starting")
+        return 0
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()
     places: list[Place] = []
@@ -395,6 +458,8 @@ def run(args: argparse.Namespace) -> int:
                     old.cancel_join_thread()
                     old.close()
                 addresses[index] = ctx.Queue()
+            # Ctrl-C held off while it starts: it ignores SIGINT first thing (ignore_sigint).
+            hold = hold_sigint()
             proc = ctx.Process(
                 target=worker_main,
                 args=(
@@ -407,18 +472,25 @@ def run(args: argparse.Namespace) -> int:
                 ),
                 name=f"tsfront-serve-{index}",
             )
-            proc.start()
+            try:
+                proc.start()
+            finally:
+                hold.release()
             return proc
 
         for index in range(args.workers):
             places.append(Place(index, spawn(index), since=time.monotonic()))
-        if not _wait_ready(events, [p.proc for p in places], io, stop, args):
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        if not _wait_ready(
+            events, [p.proc for p in places], io, stop, args, f"http://{host}:{port}"
+        ):
+            cut = False
+            _note("stopping before the engines registered")
             return 0
         now = time.monotonic()
         for place in places:
             place.move("ready", now)
             place.ready_ns = time.monotonic_ns()
-        host = f"[{args.host}]" if ":" in args.host else args.host
         _say(f"listening: http://{host}:{port}")
         if metrics_port is not None:
             _say(f"metrics: http://{host}:{metrics_port}/metrics")
@@ -498,17 +570,16 @@ def run(args: argparse.Namespace) -> int:
             store.stop()
         events.close()
         events.join_thread()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 COMMAND = Command(
     name="serve",
     help="serve the OpenAI API (completions, chat) from W worker processes",
     description="Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, "
-    "/health) from W worker processes on one port, for an engine group that dials "
-    "--handshake. Prints 'handshake: ADDR', then 'listening: http://HOST:PORT' once every "
-    "engine registered and every worker listens; SIGINT/SIGTERM stop it.",
+    "/health, /liveness, /readiness) from W worker processes on one port, for an engine "
+    "group that dials --handshake. Prints 'handshake: ADDR'; the port answers its probes at "
+    "once (/readiness 503 while the engines load); prints 'listening: http://HOST:PORT' once "
+    "every engine registered. SIGINT/SIGTERM stop it (exit 0).",
     arguments=arguments,
     run=run,
 )

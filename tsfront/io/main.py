@@ -75,9 +75,9 @@ def main() -> int:
             loop.close()
         return 2
     print(json.dumps(addresses), flush=True)
-    heap.settle()
     handover = False
     try:
+        heap.settle()
         loop.run()
     except _Handover:
         handover = True
@@ -91,5 +91,14 @@ def main() -> int:
     return 0
 
 
+def _main() -> int:
+    # A stop may land anywhere, also before `main` serves (while it reads its config or binds)
+    # or as it closes: it is an orderly end, never a traceback.
+    try:
+        return main()
+    except _Terminate:
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_main())

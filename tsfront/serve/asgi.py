@@ -3,9 +3,12 @@
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (and
 ``GET``/``DELETE /v1/responses/{id}``), ``GET /v1/models``, ``POST
 /v1/tokenize``, ``POST /v1/detokenize`` (also without ``/v1``, as vLLM serves them; counted as
-``other``), ``GET /health``, ``GET /metrics`` (when given a page to render, on ``metrics_port``
-only if one is set; rendered in a thread). While the worker drains (`draining`), ``/health``
-and new completions answer 503 with ``Connection: close``. With ``counters`` (and a
+``other``), ``GET /health``, ``GET /liveness`` and ``GET /readiness`` (the probes: the worker
+answers; every engine registered, one live, not draining), ``GET /metrics`` (when given a page
+to render, on ``metrics_port`` only if one is set; rendered in a thread). Until every engine
+registered (a `tsfront serve` worker serves while they load), the API routes answer 503 with
+``Retry-After`` (`LOADING_RETRY_AFTER_S`). While the worker drains (`draining`), ``/health``,
+``/readiness`` and new completions answer 503 with ``Connection: close``. With ``counters`` (and a
 gate, whose exchange sees each status), every response is counted by route and status in the
 server's shared words, once it is over (nothing per token). A streamed reply is sent as it is
 produced, one ``http.response.body`` message per event. While a request runs, a client that
@@ -30,6 +33,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, cast
 
+import msgspec
+
 from tsfront.serve.api import CUT_MESSAGE, ApiError, Final, OpenAIService, Reply, SSEReply
 from tsfront.serve.metrics import CONTENT_TYPE
 from tsfront.serve.responses import Responses, response_id_of
@@ -49,9 +54,15 @@ log = logging.getLogger("tsfront.serve")
 #: Largest request body accepted (a prompt of ~1M tokens as JSON ids fits).
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
+#: ``Retry-After`` of the API routes while the engines load (they take minutes).
+LOADING_RETRY_AFTER_S = 5
+#: The routes that answer while the engines load (everything else is a 503 then).
+_PROBES = frozenset({"health", "liveness", "readiness", "metrics"})
+
 _NOT_FOUND = ApiError(404, "no such route", kind="not_found_error").reply()
 _TOO_LARGE = ApiError(413, f"request body over {MAX_BODY_BYTES} bytes").reply()
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
+_JSON = msgspec.json.Encoder()
 _METRICS_HEADERS = [(b"content-type", CONTENT_TYPE)]
 
 
@@ -73,6 +84,8 @@ class ServeApp:
         metrics_port: serve ``/metrics`` on this local port only (and nothing else there).
         responses: the ``/v1/responses`` routes (`tsfront.serve.responses.Responses`, with the
             server's shared store); None: made over ``service`` with an in-process store.
+        loading: the service's client may still wait for its engines (attached with
+            ``registered=False``): until they registered the API routes answer 503.
     """
 
     def __init__(
@@ -88,6 +101,7 @@ class ServeApp:
         metrics: Callable[[], bytes] | None = None,
         metrics_port: int | None = None,
         responses: Responses | None = None,
+        loading: bool = False,
     ) -> None:
         if counters is not None and gate is None:
             raise ValueError("ServeApp counts responses through its gate: give gate= too")
@@ -117,8 +131,12 @@ class ServeApp:
             ("POST", "/tokenize"): "tokenize",
             ("POST", "/detokenize"): "detokenize",
             ("GET", "/health"): "health",
+            ("GET", "/liveness"): "liveness",
+            ("GET", "/readiness"): "readiness",
             ("GET", "/metrics"): "metrics",
         }
+        # Until the service's engines have all registered once (they never unregister).
+        self._loading = loading
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         kind = scope["type"]
@@ -173,6 +191,29 @@ class ServeApp:
             responses = self.responses = Responses(service, store)
         return responses
 
+    def _readiness(self, service: OpenAIService) -> Reply:
+        """``GET /readiness``: 200 once every engine registered, while one is live and the
+        worker does not drain; else 503 saying why (each rank's state while they load)."""
+        client = service.client
+        body: dict[str, Any] = {"ready": False, "worker": service.worker}
+        if self.draining:
+            body["reason"] = "the server is shutting down"
+            return Reply(503, _JSON.encode(body), _DRAINING.headers)
+        if client.closed:
+            body["reason"] = "the I/O process is gone"
+        elif not client.registered:
+            states = client.registration()
+            body["reason"] = _loading_text(states)
+            body["engines"] = [{"rank": r, "state": st} for r, st in enumerate(states)]
+        else:
+            engines = [{"rank": e.rank, "index": e.index, "state": e.state} for e in client.load()]
+            body["engines"] = engines
+            if any(e["state"] == "live" for e in engines):
+                body["ready"] = True
+                return Reply(200, _JSON.encode(body))
+            body["reason"] = "no engine is live"
+        return Reply(503, _JSON.encode(body), _LOADING_HEADERS)
+
     def cut(self) -> int:
         """End every generation request still running (the worker stops after its graceful
         timeout): a streamed response gets an error event and ``[DONE]``, one not started yet
@@ -220,8 +261,21 @@ class ServeApp:
         if route == "metrics" and self._metrics is None:
             route = None
         service = self.service
+        if route == "liveness":
+            worker = self._place if service is None else service.worker
+            await _send_reply(send, Reply(200, _JSON.encode({"live": True, "worker": worker})), ex)
+            return
         if route is None or service is None:
             await _send_reply(send, _NOT_FOUND if route is None else _unready(), ex)
+            return
+        if self._loading and route not in _PROBES:
+            if service.client.registered:
+                self._loading = False
+            else:
+                await _send_reply(send, _still_loading(service.client), ex)
+                return
+        if route == "readiness":
+            await _send_reply(send, self._readiness(service), ex)
             return
         if route not in _GENERATION:
             try:
@@ -386,6 +440,27 @@ async def _send_cut(send: Any, started: bool, ex: Exchange | None, ending: bytes
             await _send_reply(send, _DRAINING, ex)
     except OSError:
         pass  # the connection is gone too
+
+
+_LOADING_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"retry-after", str(LOADING_RETRY_AFTER_S).encode()),
+]
+
+
+def _loading_text(states: list[str]) -> str:
+    done = sum(1 for state in states if state == "live")
+    return f"the engines are loading: {done} of {len(states)} rank(s) registered"
+
+
+def _still_loading(client: EngineClient) -> Reply:
+    try:
+        why = _loading_text(client.registration())
+    except Exception:  # closed meanwhile
+        why = "the engines are not registered"
+    message = f"{why}; retry in a few seconds (GET /readiness answers 200 once they are)"
+    body = ApiError(503, message, kind="service_unavailable_error").reply().body
+    return Reply(503, body, _LOADING_HEADERS)
 
 
 def _unready() -> Reply:

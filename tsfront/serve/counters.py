@@ -28,7 +28,7 @@ __all__ = ["EDGE_EVENTS", "ROUTES", "STATUSES", "ServeCounters", "heartbeat_inte
 #: Routes counted (``other``: no such route).
 ROUTES = (
     "completions", "chat", "responses", "models", "tokenize", "detokenize", "health", "metrics",
-    "other",
+    "liveness", "readiness", "other",
 )  # fmt: skip
 #: What the HTTP edge refused or cut (`tsfront.serve.protocol.EdgeLimits.counts`): connections
 #: refused at the cap, idle ones evicted for a new one, header and body deadlines, 431s.

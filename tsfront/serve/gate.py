@@ -36,7 +36,7 @@ access_log = logging.getLogger("tsfront.serve.access")
 
 #: The routes a server with API keys answers without one: probes send none. ``/metrics`` is
 #: open too unless ``--protect-metrics``; every other path needs a key.
-OPEN_ROUTES = frozenset({"/health"})
+OPEN_ROUTES = frozenset({"/health", "/liveness", "/readiness"})
 #: Longest ``X-Request-Id`` taken from a client (characters of `_REQUEST_ID`).
 MAX_REQUEST_ID = 128
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,%d}" % MAX_REQUEST_ID)

@@ -43,6 +43,7 @@ from typing import Any
 import msgspec
 
 from tsfront.child import python_module
+from tsfront.sigint import hold_sigint, ignore_sigint
 
 __all__ = [
     "STORE_TIMEOUT_S",
@@ -298,7 +299,7 @@ def store_main(argv: list[str] | None = None) -> int:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     if os.getppid() != int(parent):
         return 0  # the parent died before PR_SET_PDEATHSIG took: nothing to serve
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the master
+    ignore_sigint()  # Ctrl-C goes to the master (held off by it while we started)
     asyncio.run(_serve(address.replace("@", "\0", 1), int(items), int(size), sys.stdout))
     return 0
 
@@ -317,14 +318,18 @@ class StoreProcess:
     ) -> StoreProcess:
         """Start the process (on ``address``, else a fresh one) and wait until it serves."""
         address = address or new_address()
-        proc = subprocess.Popen(
-            python_module(
-                "tsfront.serve.store",
-                address.replace("\0", "@", 1), str(items), str(size), str(os.getpid()),
-            ),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-        )  # fmt: skip
+        hold = hold_sigint()
+        try:
+            proc = subprocess.Popen(
+                python_module(
+                    "tsfront.serve.store",
+                    address.replace("\0", "@", 1), str(items), str(size), str(os.getpid()),
+                ),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+            )  # fmt: skip
+        finally:
+            hold.release()
         assert proc.stdout is not None
         ready = select.select([proc.stdout], [], [], timeout)[0]
         line = proc.stdout.readline() if ready else b""

@@ -1,13 +1,17 @@
 """One HTTP worker process of ``tsfront serve``: attach, load the model, serve with uvicorn.
 
-The worker is a spawned process (its own interpreter and GIL). It attaches to the I/O
-process (which returns once every engine registered), loads the model's text layer and
-serves the `ServeApp` with uvicorn (httptools parser, uvloop) on the listening sockets the
-master gave it (its place's socket of the server's port, and of ``--metrics-port``: see
-`tsfront.serve.ports`). It reports ``("ready", index, pid)`` or
-``("failed", index, why)`` on the master's queue, and stores a heartbeat in the master's shared
-words (`ServeCounters`) every `heartbeat_interval` from its event loop: a loop that stops
-running stops the heartbeat, and the master kills the worker.
+The worker is a spawned process (its own interpreter and GIL). It loads the model's text
+layer, attaches to the I/O process without waiting for the engines, and serves the
+`ServeApp` with uvicorn (httptools parser, uvloop) on the listening sockets the master gave
+it (its place's socket of the server's port, and of ``--metrics-port``: see
+`tsfront.serve.ports`) at once: while the engines load it answers ``/liveness`` 200 and
+``/readiness``, ``/health`` and the API routes 503 (`ServeApp`). On the master's queue it
+reports ``("listening", index, pid)``, where the engines' handshake stands whenever that
+changes (``("engines", index, {...})``), then ``("ready", index, pid)`` once every engine
+registered, or ``("handshake", index, why)`` if they did not in time, or ``("failed",
+index, why)``; and it stores a heartbeat in the master's shared words (`ServeCounters`)
+every `heartbeat_interval` from its event loop: a loop that stops running stops the
+heartbeat, and the master kills the worker.
 
 SIGTERM drains it (`Drain`): it closes its listening sockets first (the master closed its
 own copies before it sent the signal, so new connections go to the other workers, or are
@@ -35,6 +39,7 @@ from typing import Any
 
 from tsfront.serve.chatsettings import ChatSettings
 from tsfront.serve.edge import EdgeSettings
+from tsfront.sigint import ignore_sigint
 
 __all__ = ["WorkerOptions", "worker_main"]
 
@@ -226,7 +231,9 @@ async def _serve(
             _heartbeat(counters, index, heartbeat_interval(opts.worker_timeout), limits)
         )
     text = TextModel.load(opts.model)
-    client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout)
+    # Attached, not waiting for the engines: the worker serves its probes (and 503s) while
+    # they load; `_registration` reports their progress and, once they are in, ``ready``.
+    client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout, registered=False)
     service = OpenAIService(
         client,
         text,
@@ -247,6 +254,7 @@ async def _serve(
         place=index,
         metrics=page.render,
         metrics_port=opts.metrics_port,
+        loading=True,
     )
     heap.settle()
     config = uvicorn.Config(
@@ -267,15 +275,20 @@ async def _serve(
     )
     drain: Drain | None = None
 
+    listening = asyncio.Event()
+
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             if not self.should_exit:
-                events.put(("ready", index, os.getpid()))
+                events.put(("listening", index, os.getpid()))
+                listening.set()
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             # A signal handler (the main thread, between bytecodes): hand it to the loop.
-            if drain is not None:
+            # uvicorn takes SIGINT too: a Ctrl-C to the process group is the master's to
+            # answer (it drains every worker with SIGTERM), as before uvicorn ran.
+            if sig != signal.SIGINT and drain is not None:
                 loop.call_soon_threadsafe(drain.signal)
 
     loop = asyncio.get_running_loop()
@@ -302,10 +315,14 @@ async def _serve(
         server.should_exit = True
 
     watcher = asyncio.ensure_future(watch_io())
+    registering = asyncio.ensure_future(
+        _registration(client, index, opts.attach_timeout, events, listening, server)
+    )
     try:
         await server.serve(sockets=sockets)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # uvicorn restored _stop_starting
+        registering.cancel()
         watcher.cancel()
         if beating is not None:
             beating.cancel()
@@ -313,7 +330,53 @@ async def _serve(
             sock.close()
         await client.close()
         await store.close()
+    if registering.done() and not registering.cancelled() and not registering.result():
+        return 1  # the engines never registered (reported)
     return 1 if client.closed and not server.should_exit else 0
+
+
+async def _registration(
+    client: Any,
+    index: int,
+    timeout: float,
+    events: Any,
+    listening: asyncio.Event,
+    server: Any,
+) -> bool:
+    """Until every engine registered, report where each rank stands (``("engines", index,
+    {...})`` whenever it changes); then, once the worker listens too, ``("ready", index,
+    pid)``. A handshake that fails (or times out) is ``("handshake", index, why)`` and stops
+    the worker; returns whether the engines registered."""
+    from tsfront.errors import ClientClosed, Error
+
+    config = client.attachment.config
+    where = {
+        "handshake": client.attachment.addresses.get("handshake_address"),
+        "first": config.first_engine_index,
+        "timeout": config.handshake_timeout,
+    }
+    waiting = asyncio.ensure_future(client.wait_registered(timeout))
+    last = None
+    try:
+        while not waiting.done():
+            try:
+                states = client.registration()
+            except ClientClosed:
+                break
+            if states != last:
+                last = states
+                events.put(("engines", index, {**where, "states": states}))
+            await asyncio.wait({waiting}, timeout=_WATCH_S)
+        await waiting
+    except Error as exc:
+        events.put(("handshake", index, str(exc)))
+        server.should_exit = True
+        return False
+    finally:
+        waiting.cancel()
+    await listening.wait()
+    events.put(("ready", index, os.getpid()))
+    return True
 
 
 class _Stopped(BaseException):
@@ -336,17 +399,24 @@ def worker_main(
     """Entry point of a spawned worker process; ``sockets``: its place's listening sockets
     (the API port's, then ``--metrics-port``'s), which the master keeps open too."""
     _die_with_parent()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the master, which stops us
+    ignore_sigint()  # Ctrl-C goes to the master, which stops us (held off while we started)
     # Until it serves, SIGTERM stops it (nothing to drain); while it serves, SIGTERM drains
-    # (Server.handle_exit); after, it is ignored, so that the worker detaches cleanly.
+    # (Server.handle_exit); after, it is ignored, so that the worker detaches and exits
+    # cleanly. `_stop_starting` raises at most once (it ignores SIGTERM first), wherever the
+    # signal lands; the outer ``try`` catches it even inside the inner handlers, so that no
+    # stop is ever a traceback.
     signal.signal(signal.SIGTERM, _stop_starting)
-    import uvloop
-
     try:
-        code = uvloop.run(_serve(index, opts, events, addresses, counters, sockets))
+        try:
+            import uvloop
+
+            code = uvloop.run(_serve(index, opts, events, addresses, counters, sockets))
+        except _Stopped:
+            code = 0
+        except BaseException as exc:
+            events.put(("failed", index, f"{type(exc).__name__}: {exc}"))
+            code = 1
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except _Stopped:
         code = 0
-    except BaseException as exc:
-        events.put(("failed", index, f"{type(exc).__name__}: {exc}"))
-        code = 1
     sys.exit(code)

@@ -2,8 +2,9 @@
 
 `engine_rig` starts a real I/O process (``IOProcess.start``: its handshake on loopback TCP,
 its engine sockets on private abstract ipc names), a `SimGroup` of ranks dialing it, and one
-`EngineClient` attached to it; on the way out it closes every client, stops the ranks, then
-the I/O process, in that order, whatever the body did. `EngineRig.attach` attaches more
+`EngineClient` attached to it; on the way out it closes every client, stops the I/O process, then
+the ranks, in that order (the frontend first, as an orderly shutdown goes), whatever the body
+did. `EngineRig.attach` attaches more
 clients (closed with the rig). Nothing here imports pytest.
 """
 
@@ -96,8 +97,11 @@ async def engine_rig(
         clients.append(client)
         yield EngineRig(io, sim, client, cfg, clients, deadline)
     finally:
+        # In the order of an orderly shutdown: the frontend goes before its engines (ranks
+        # stopped first would send ENGINE_CORE_DEAD, which the I/O process reports as a
+        # death, on stderr, in every test).
         for c in reversed(clients):
             await c.close()
+        await asyncio.to_thread(io.stop)
         if sim is not None:
             await asyncio.to_thread(sim.stop)
-        await asyncio.to_thread(io.stop)
