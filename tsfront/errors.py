@@ -37,9 +37,9 @@ class MissingExtra(Error):
             except ImportError:
                 missing.append(module)
         if missing:
-            raise cls(
-                f"{what} needs {', '.join(missing)}, not installed: pip install 'tsfront[{extra}]'"
-            )
+            from tsfront.install import install_line
+
+            raise cls(f"{what} needs {', '.join(missing)}, not installed: {install_line(extra)}")
 
 
 class StateDirMismatch(ConfigError):

@@ -1,9 +1,10 @@
 """A user's suite with tsfront's pytest plugin: correctness on simulated ranks, cost per token
 on replayed frames, and the consumer behind a running ``tsfront serve``.
 
-Run: ``pytest examples/pytest_plugin`` (with ``tsfront[testing]`` installed). The benchmark
-prints pytest-benchmark's table; a round streams ``ROWS * STEPS`` tokens, so the time of a
-round divided by that is the consumer's cost per token (printed too, as ``extra_info``).
+Run: ``pytest examples/pytest_plugin`` (with tsfront's ``testing`` extra installed: ``pip
+install '.[testing]'`` in the checkout). The benchmark prints pytest-benchmark's table; a
+round streams ``ROWS * STEPS`` tokens, so the time of a round divided by that is the
+consumer's cost per token (printed too, as ``extra_info``).
 """
 
 from __future__ import annotations

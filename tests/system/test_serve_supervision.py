@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -517,7 +518,12 @@ def test_serve_without_the_serve_extra_exits_2_with_the_install_line_before_star
     )  # fmt: skip
     took = time.monotonic() - t0
     assert out.returncode == 2, out.stderr
-    assert "pip install 'tsfront[serve]'" in out.stderr
+    # The line names the checkout this tsfront was installed from, with its serve extra.
+    line = re.search(r"(\S+) -m pip install '(\S+)\[serve\]'", out.stderr)
+    assert line, out.stderr
+    assert Path(line.group(1)).samefile(sys.executable)
+    pyproject = (Path(line.group(2)) / "pyproject.toml").read_text()
+    assert "\nserve = [" in pyproject
     assert "uvicorn, httptools" in out.stderr
     assert "handshake:" not in out.stdout  # no I/O process was started
     assert "Traceback" not in out.stderr

@@ -57,3 +57,20 @@ def test_the_build_copies_every_package_and_the_type_information(tmp_path: Path)
     # Every module of every package, not only the packages.
     modules = {p.relative_to(tree) for p in (tree / "tsfront").rglob("*.py")}
     assert {p.relative_to(out) for p in (out / "tsfront").rglob("*.py")} == modules
+
+
+def test_every_install_line_in_the_docs_and_messages_works_from_a_checkout() -> None:
+    # tsfront is installed from its checkout, not a package index: `pip install 'tsfront[x]'`
+    # cannot work, `pip install '.[x]'` in the checkout (or the checkout's path) does.
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "README.md", *(root / "docs").glob("*.md"), *(root / "examples").rglob("*")]
+    files += list((root / "tsfront").rglob("*.py"))
+    bad = []
+    for path in files:
+        if path.is_file() and path.suffix in (".md", ".py"):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if re.search(r"pip install [^\n]*'tsfront\[", line):
+                    bad.append(f"{path.relative_to(root)}:{n}: {line.strip()}")
+    assert not bad, "\n".join(bad)

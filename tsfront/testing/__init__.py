@@ -7,7 +7,8 @@
 * :mod:`~tsfront.testing.serve` — `start_served` / `ServeProcess`: ``tsfront serve`` in a
   session of its own, with simulated ranks;
 * :mod:`~tsfront.testing.plugin` — the pytest plugin (entry point ``pytest11``, installed
-  with ``pip install 'tsfront[testing]'``): the above as fixtures. See docs/TESTING.md.
+  with ``pip install '.[testing]'`` in tsfront's checkout): the above as fixtures. See
+  docs/TESTING.md.
 
 Importing this package does not import pytest (only the plugin module does), and
 ``import tsfront`` never imports this package.

@@ -3,7 +3,7 @@
 Tokenizers and chat templates from a model folder, incremental detokenization per stream, and
 stop strings matched in the streamed text (the engine refuses stop strings, so the frontend
 matches them and aborts the request). ``tokenizers`` and ``jinja2`` come with the ``text``
-extra (``pip install 'tsfront[text]'``); :class:`StopMatcher` needs neither.
+extra (``pip install '.[text]'`` in tsfront's checkout); :class:`StopMatcher` needs neither.
 
 Per output chunk a worker does::
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from tsfront.install import install_line
 from tsfront.text.errors import TextDependencyMissing
-
-_EXTRA = "pip install 'tsfront[text]'"
 
 
 def require(module: str) -> ModuleType:
@@ -21,5 +20,6 @@ def require(module: str) -> ModuleType:
     except ImportError as e:
         top = module.split(".")[0]
         raise TextDependencyMissing(
-            f"tsfront.text needs the {top!r} package, which is not installed: {_EXTRA}"
+            f"tsfront.text needs the {top!r} package, which is not installed: "
+            + install_line("text")
         ) from e

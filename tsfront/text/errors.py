@@ -23,4 +23,5 @@ class TokenizerNotFound(TextError):
 
 
 class TextDependencyMissing(TextError, ImportError):
-    """``tokenizers`` or ``jinja2`` is not installed: ``pip install 'tsfront[text]'``."""
+    """``tokenizers`` or ``jinja2`` is not installed: the ``text`` extra brings them (the
+    message says how: `tsfront.install.install_line`)."""
