@@ -304,7 +304,7 @@ def test_second_generate_against_a_running_sim_says_engines_handshake_once(procs
 
 
 def test_demo_summary_labels_the_engines_last_load_report_and_its_age() -> None:
-    result = run_tsfront("demo", "--quiet", "--requests", "2", "--engines", "1")
+    result = run_tsfront("demo", "--quiet", "--requests", "2", "--num-engines", "1")
     assert result.returncode == 0, result.stderr
     rank = [line for line in result.stdout.splitlines() if line.startswith("  rank 0")]
     assert len(rank) == 1, result.stdout
@@ -419,3 +419,29 @@ def test_readme_test_model_commands_run_from_the_checkout(tmp_path: Path) -> Non
         assert result.returncode == 0, result.stderr
         folder = re.search(r"m\('/tmp/(\w+)'", line)
         assert folder and (tmp_path / folder.group(1) / "tokenizer.json").exists()
+
+
+# ---------------------------------------------------------------------- issue 40: first hour
+
+
+def test_every_command_that_waits_for_engines_waits_as_long_by_default() -> None:
+    for command in ("generate", "io", "serve", "sim"):
+        out = run_tsfront(command, "--help").stdout
+        text = " ".join(out.split())  # argparse wraps the help
+        # The option's help, not the usage line: "--handshake-timeout S <help ... 600 ...>".
+        match = re.search(r"--handshake-timeout \S+ ([a-z][^-]*)", text)
+        assert match and re.search(r"(default |\()600\b", match.group(1)), (command, text)
+
+
+def test_sim_handshake_timeout_names_the_address_it_dialled() -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing bound there
+    result = run_tsfront("sim", "--handshake", address, "--handshake-timeout", "0.5")
+    assert result.returncode == 1, result.stderr
+    assert f"no INIT within 0.5s from {address}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_readme_says_what_the_test_command_needs_and_takes() -> None:
+    text = " ".join(README.read_text().split("## What it is", 1)[0].split())
+    assert "C compiler" in text and "PyPI" in text
+    assert re.search(r"about 12 to 15 minutes", text), text

@@ -322,7 +322,15 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         "--max-new-tokens", type=int, default=10, metavar="M", help="tokens per request (10)"
     )
     parser.add_argument("--workers", type=int, default=2, metavar="W", help="worker processes (2)")
-    parser.add_argument("--engines", type=int, default=2, metavar="N", help="simulated ranks (2)")
+    parser.add_argument(
+        "--num-engines",
+        "--engines",
+        dest="engines",
+        type=int,
+        default=2,
+        metavar="N",
+        help="simulated ranks (2); the name of every other command's option (--engines too)",
+    )
     parser.add_argument(
         "--step-ms", type=float, default=20.0, metavar="MS", help="simulated decode step (20)"
     )

@@ -22,7 +22,7 @@ from typing import Any
 
 from tsfront.client import ClientListener, EngineClient
 from tsfront.commands.base import Command, CommandError, UsageError, one_line, progress
-from tsfront.commands.options import add_engine_arguments, config_from_args
+from tsfront.commands.options import HANDSHAKE_TIMEOUT_S, add_engine_arguments, config_from_args
 from tsfront.errors import Error, InvalidRequest
 from tsfront.stream import OutputChunk
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput, validate_request
@@ -329,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``tsfront generate`` options to ``parser``."""
-    add_engine_arguments(parser, handshake_timeout=60.0)
+    add_engine_arguments(parser, handshake_timeout=HANDSHAKE_TIMEOUT_S)
     req = parser.add_argument_group("requests")
     what = req.add_mutually_exclusive_group(required=True)
     what.add_argument(

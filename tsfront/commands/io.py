@@ -20,7 +20,7 @@ import sys
 
 from tsfront.client import EngineClient
 from tsfront.commands.base import Command, UsageError, progress
-from tsfront.commands.options import add_engine_arguments, config_from_args
+from tsfront.commands.options import HANDSHAKE_TIMEOUT_S, add_engine_arguments, config_from_args
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
 from tsfront.ioproc import IOProcess
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``tsfront io`` options to ``parser``."""
-    add_engine_arguments(parser, handshake_timeout=600.0)
+    add_engine_arguments(parser, handshake_timeout=HANDSHAKE_TIMEOUT_S)
     tune = parser.add_argument_group("I/O process")
     defaults = ClientConfig()
     tune.add_argument(

@@ -19,7 +19,11 @@ from tsfront.config import ClientConfig, LoadBalance, Routing
 from tsfront.errors import ConfigError
 from tsfront.io.addresses import check_endpoint
 
-__all__ = ["add_engine_arguments", "config_from_args", "endpoint"]
+__all__ = ["HANDSHAKE_TIMEOUT_S", "add_engine_arguments", "config_from_args", "endpoint"]
+
+#: ``--handshake-timeout``'s default in every command that waits for engines (``generate``,
+#: ``io``, ``serve``; ``sim`` waits as long for INIT): loading a real model takes minutes.
+HANDSHAKE_TIMEOUT_S = 600.0
 
 #: The ClientConfig fields the engine options set, by option dest.
 _FIELDS = {

@@ -39,7 +39,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tsfront.commands.base import Command, CommandError, InUse, MissingExtra, UsageError
-from tsfront.commands.options import add_engine_arguments, config_from_args
+from tsfront.commands.options import HANDSHAKE_TIMEOUT_S, add_engine_arguments, config_from_args
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
 from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
@@ -80,7 +80,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     )
     src = parser.add_argument_group("I/O process").add_mutually_exclusive_group(required=True)
     engines = add_engine_arguments(
-        parser, handshake_timeout=600.0, num_engines=1, handshake_in=src, load_balance=False
+        parser,
+        handshake_timeout=HANDSHAKE_TIMEOUT_S,
+        num_engines=1,
+        handshake_in=src,
+        load_balance=False,
     )
     src.add_argument(
         "--attach",

@@ -16,7 +16,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from tsfront.commands.base import Command, UsageError, one_line
-from tsfront.commands.options import endpoint
+from tsfront.commands.options import HANDSHAKE_TIMEOUT_S, endpoint
 
 if TYPE_CHECKING:
     from tsfront.sim.group import SimGroup
@@ -95,7 +95,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument("--instance-id", default="tsfront-sim", help="registration instance_id")
     model.add_argument(
-        "--handshake-timeout", type=float, default=600.0, help="seconds to wait for INIT (600)"
+        "--handshake-timeout",
+        type=float,
+        default=HANDSHAKE_TIMEOUT_S,
+        help=f"seconds to wait for INIT ({HANDSHAKE_TIMEOUT_S:g})",
     )
     model.add_argument(
         "--disaggregation-mode",

@@ -428,7 +428,14 @@ class SimEngine:
                 output_linger_ms=_OUTPUT_LINGER_MS,
             )
         except HandshakeTimeout:
-            log.error("engine %d: no INIT within the handshake timeout", self.engine_index)
+            log.error(
+                "engine %d: no INIT within %gs from %s: is a frontend bound there (tsfront "
+                "serve, io and generate print 'handshake: ADDR')? Frontends handshake each "
+                "rank once: one that already took this identity waits for a restarted rank",
+                self.engine_index,
+                opts.handshake_timeout_s,
+                endpoint.handshake_address,
+            )
             return "timeout"
         except HandshakeFailed as exc:
             log.error("engine %d: %s, exiting", self.engine_index, exc)
