@@ -69,11 +69,23 @@ SERVE_MODULES = ("tokenizers", "jinja2", "uvicorn", "httptools")
 def arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``tsfront serve`` options to ``parser``."""
     parser.add_argument(
+        "model_positional",
+        nargs="?",
+        metavar="MODEL",
+        help="the model folder, as vLLM's `vllm serve MODEL` (or --model / --model-path)",
+    )
+    parser.add_argument(
         "--model",
-        required=True,
+        "--model-path",
         metavar="DIR",
         help="model folder: tokenizer.json, tokenizer_config.json (chat template), "
-        "config.json / generation_config.json",
+        "config.json / generation_config.json (--model-path: SGLang's name)",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accepted for vLLM's command line: tsfront parses tool calls of tool_choice "
+        '"auto" whenever --tool-call-parser is given (which this flag then requires)',
     )
     parser.add_argument(
         "--served-model-name", metavar="NAME", help="the model's name in the API (default: DIR's)"
@@ -310,6 +322,14 @@ def _check(args: argparse.Namespace) -> None:
         return UsageError("tsfront serve", message)
 
     # A bad command line exits 2 pointing at --help, as every command's does.
+    if args.model_positional is not None:
+        if args.model is not None and args.model != args.model_positional:
+            raise bad(f"two models: {args.model_positional!r} and --model {args.model!r}")
+        args.model = args.model_positional
+    if args.model is None:
+        raise bad("give the model folder: tsfront serve MODEL (or --model MODEL)")
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise bad("--enable-auto-tool-choice needs --tool-call-parser NAME (the calls' format)")
     if not 1 <= args.workers <= 256:
         raise bad(f"--workers={args.workers}: must be between 1 and 256")
     if args.responses_store_items < 0 or args.responses_store_bytes < 0:

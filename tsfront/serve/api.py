@@ -352,7 +352,23 @@ class OpenAIService:
 
     def models(self) -> Reply:
         """``GET /v1/models``."""
-        card = {
+        return Reply(200, _JSON.encode({"object": "list", "data": [self._card()]}))
+
+    def model(self, model_id: str) -> Reply:
+        """``GET /v1/models/{id}``: the served model's card, or OpenAI's 404 for another id."""
+        if model_id != self.model_name:
+            body = {
+                "message": f"The model {model_id!r} does not exist; this server serves "
+                f"{self.model_name!r} (GET /v1/models)",
+                "type": "invalid_request_error",
+                "param": "model",
+                "code": "model_not_found",
+            }
+            return Reply(404, _JSON.encode({"error": body}), _JSON_HEADERS)
+        return Reply(200, _JSON.encode(self._card()), _JSON_HEADERS)
+
+    def _card(self) -> dict[str, Any]:
+        card: dict[str, Any] = {
             "id": self.model_name,
             "object": "model",
             "created": self._created,
@@ -361,7 +377,7 @@ class OpenAIService:
         limit = self._context_limit()
         if limit:
             card["max_model_len"] = limit
-        return Reply(200, _JSON.encode({"object": "list", "data": [card]}))
+        return card
 
     def health(self, extra: dict[str, Any] | None = None) -> Reply:
         """``GET /health``: 200 while at least one engine is live (``"live"``: a stalled or

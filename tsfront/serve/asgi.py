@@ -32,6 +32,7 @@ import asyncio
 import logging
 import os
 from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import unquote
 
 import msgspec
 
@@ -253,6 +254,8 @@ class ServeApp:
             stored_id = response_id_of(scope["path"])
             if stored_id is not None:
                 route = "stored"
+            elif scope["method"] == "GET" and scope["path"].startswith("/v1/models/"):
+                route = "model"  # GET /v1/models/{id}, as openai's models.retrieve asks
         if self._metrics_port is not None:
             server = scope.get("server")
             on_metrics_port = server is not None and server[1] == self._metrics_port
@@ -391,10 +394,12 @@ class ServeApp:
         if route == "metrics":
             page = await asyncio.to_thread(cast("Callable[[], bytes]", self._metrics))
             return Reply(200, page, _METRICS_HEADERS)
-        if self.draining and route != "models":
+        if self.draining and route not in ("models", "model"):
             return _DRAINING
         if route == "models":
             return service.models()
+        if route == "model":  # GET /v1/models/{id}
+            return service.model(unquote(scope["path"][len("/v1/models/") :]))
         if route == "stored":
             responses = self._responses_of(service)
             assert stored_id is not None
