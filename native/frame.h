@@ -46,6 +46,7 @@ enum {
     FIN_PREFILL_DEAD = 23,
     FIN_PREFILL_SEND_TIMEOUT = 24,
     FIN_PREFILL_ABORTED = 25,
+    FIN_ENGINE_STALLED = 26,
 };
 
 typedef struct {

@@ -130,6 +130,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "FIN_PREFILL_DEAD", FIN_PREFILL_DEAD);
     PyModule_AddIntConstant(m, "FIN_PREFILL_SEND_TIMEOUT", FIN_PREFILL_SEND_TIMEOUT);
     PyModule_AddIntConstant(m, "FIN_PREFILL_ABORTED", FIN_PREFILL_ABORTED);
+    PyModule_AddIntConstant(m, "FIN_ENGINE_STALLED", FIN_ENGINE_STALLED);
     PyModule_AddIntConstant(m, "ENGINE_BYTES", ENGINE_BYTES);
     PyModule_AddIntConstant(m, "ENGINE_WORDS", ENGINE_WORDS);
     PyModule_AddIntConstant(m, "HEADER_BYTES", HEADER_BYTES);

@@ -250,7 +250,8 @@ class EngineClient:
         least: int | None = None
         live = False
         for rank, limit in enumerate(limits):
-            # A stalled rank still takes some (SERVING_STATES).
+            # A stalled rank counts (SERVING_STATES): the I/O process answers for it, with
+            # EngineStalled when every live rank is stalled.
             if words[rank * shm.ENGINE_WORDS + shm.E_STATE] in shm.SERVING_STATES:
                 live = True
                 if limit and (least is None or limit < least):

@@ -199,13 +199,21 @@ class ClientConfig:
             is aborted on its engine and its stream ends with `DeadlineExceeded`;
             ``generate(..., deadline=...)`` overrides it per request.
         stall_timeout: seconds an engine with requests in flight may send no output frame
-            before the I/O process marks it *stalled* (``None``: never): no `LoadBalance`
-            policy places on it while it still holds requests, `EngineClient.load` and the
-            metrics say so, and its first output frame clears it. Its streams are not ended
-            (they end by their deadline, or when the engine dies). 30 s, the default, is
+            before the I/O process marks it *stalled* (``None``: never): no request is placed
+            (nor pinned) on it, `EngineClient.load` and the metrics say so, the I/O process
+            probes it with a one-token request of its own (again every ``stall_timeout``
+            while unanswered), and its first output frame clears it. 30 s, the default, is
             longer than any engine step should take (a chunked prefill sends rows for the
             other requests of each step); a false alarm (one huge unchunked prefill on an
-            otherwise idle rank) only steers new requests elsewhere until its first token.
+            otherwise idle rank) steers new requests elsewhere until its next output. While
+            every live engine is stalled, new requests end at once with `EngineStalled`
+            (retryable; ``/health`` answers 503 meanwhile).
+        stall_fail_timeout: seconds a stalled engine keeps its requests (counted from the
+            moment it was marked stalled) before their streams end with `EngineStalled` and
+            they are aborted on it (``None``: never; they then end only by their deadlines or
+            the engine's death). 300 s, the default, is far above any prefill a real engine
+            takes, long prompts in big batches included (a step that long is already a stall
+            of ``stall_timeout``), so only a rank that stopped stepping reaches it.
         prefix_index_blocks: `LoadBalance.PREFIX_AFFINITY` only: block hashes remembered per
             engine (least recently used go first; fewer if the engine's registered KV cache
             holds fewer blocks). At most 400 bytes each in the I/O process: the default, 8,192
@@ -244,6 +252,7 @@ class ClientConfig:
     load_ttl: float = 2.0
     request_deadline: float | None = None
     stall_timeout: float | None = 30.0
+    stall_fail_timeout: float | None = 300.0
     prefix_index_blocks: int = 8192
     prefix_block_tokens: int = 256
     affinity_abs_threshold: int = 8
@@ -303,6 +312,15 @@ class ClientConfig:
             raise ConfigError(
                 f"stall_timeout={self.stall_timeout!r}: must be None (no stall detection) or a "
                 "positive number of seconds"
+            )
+        if self.stall_fail_timeout is not None and not (
+            isinstance(self.stall_fail_timeout, (int, float))
+            and not isinstance(self.stall_fail_timeout, bool)
+            and self.stall_fail_timeout > 0
+        ):
+            raise ConfigError(
+                f"stall_fail_timeout={self.stall_fail_timeout!r}: must be None (a stalled "
+                "engine keeps its requests) or a positive number of seconds"
             )
         counts = (
             "max_workers",

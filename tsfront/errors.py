@@ -151,6 +151,16 @@ class IOProcessDied(StreamError):
     """The I/O process that carried the stream exited; the request's fate is unknown."""
 
 
+class EngineStalled(StreamError):
+    """The engine stopped stepping (connected, but no output for ``stall_timeout``) and the
+    request could not be served: it held the request for longer than
+    ``ClientConfig.stall_fail_timeout`` after it was marked stalled (the request was aborted
+    there and its slot freed), or it was the pinned rank, or every live engine was stalled
+    when the request was placed. Retry: the other ranks, or this one once it steps again,
+    serve it. ``engine_index`` is the stalled engine's, or ``None`` when every live engine
+    was."""
+
+
 class SendTimeout(StreamError):
     """The engine did not take the request within ``send_timeout``."""
 

@@ -68,9 +68,9 @@ class EngineLoad:
     is the engine's (see `EngineInfo`).
 
     ``state`` is ``"absent"``, ``"handshaking"``, ``"live"``, ``"stalled"`` or ``"dead"``;
-    ``alive`` is true for ``"live"`` and ``"stalled"`` (connected: a stalled engine holds
+    ``alive`` is true for ``"live"`` and ``"stalled"`` (connected: a stalled engine held
     requests but sent no output for ``ClientConfig.stall_timeout``, so new requests go to the
-    live ones; it is ``"live"`` again with its next output).
+    live ones and the I/O process probes it; it is ``"live"`` again with its next output).
     """
 
     index: int

@@ -39,6 +39,7 @@ from tsfront.ipc.codes import (
     FIN_DEADLINE,
     FIN_DUPLICATE,
     FIN_ENGINE_DEAD,
+    FIN_ENGINE_STALLED,
     FIN_IO_STOPPING,
     FIN_NO_ENGINE,
     FIN_PREFILL_ABORTED,
@@ -74,6 +75,9 @@ METRICS_OFFSET = 64
 #   orphan_aborts       rids of a predecessor I/O process, still decoding on an engine this one
 #                       took over, aborted there (once each; see tsfront.io.adoption)
 #   ring_submissions, zmq_submissions, bad_ring_records, ring_wakeups: see below
+#   stall_probes        probes the I/O process sent to stalled engines (tsfront.io.probes)
+#   stall_failures      times an engine stayed stalled for stall_fail_timeout (its requests
+#                       then end with EngineStalled; each request counts in the workers')
 IO_METRICS = (
     "handler_errors",
     "output_disconnects",
@@ -92,6 +96,8 @@ IO_METRICS = (
     "zmq_submissions",
     "bad_ring_records",
     "ring_wakeups",
+    "stall_probes",
+    "stall_failures",
 )
 IO_METRICS_OFFSET = 2048
 
@@ -236,6 +242,7 @@ __all__ = [
     "FIN_DEADLINE",
     "FIN_DUPLICATE",
     "FIN_ENGINE_DEAD",
+    "FIN_ENGINE_STALLED",
     "FIN_IO_STOPPING",
     "FIN_NO_ENGINE",
     "FIN_PREFILL_ABORTED",

@@ -22,6 +22,7 @@ from tsfront import _native, region
 from tsfront.errors import (
     DeadlineExceeded,
     EngineDied,
+    EngineStalled,
     IOProcessDied,
     PrefillFailed,
     SendTimeout,
@@ -187,6 +188,22 @@ def _stream_error(
     if code == region.FIN_ENGINE_DEAD:
         return EngineDied(
             f"request {rid!r}: {name} {engine} died while serving it; retry on another rank",
+            rid=rid,
+            engine_index=idx,
+            side=side,
+        )
+    if code == region.FIN_ENGINE_STALLED:
+        if engine < 0:
+            return EngineStalled(
+                f"request {rid!r}: every live {name} is stalled (connected, but no output for "
+                "stall_timeout), so none was given it; retry shortly",
+                rid=rid,
+                side=side,
+            )
+        return EngineStalled(
+            f"request {rid!r}: {name} {engine} is stalled (connected, but no output for "
+            "stall_timeout); the request was not served there (aborted on it, if it was sent); "
+            "retry, another rank takes it",
             rid=rid,
             engine_index=idx,
             side=side,

@@ -3,14 +3,16 @@
 `RecordingPorts` is what the shell (`tsfront.io.loop.IOLoop`) is to the core, minus the
 sockets: every send is a list entry the test reads; what ``send_add`` answers is
 ``add_status`` (`SENT`, `FULL`, `UNREACHABLE`); ``output[row]`` holds the frames still waiting
-in an engine's PULL, which ``drain_output`` applies as the shell does (``Writer.ingest``, then
-`IOCore.on_output`). `core_rig` builds the core; `bring_live` moves an engine to LIVE through
-the core's public events (HELLO, registration, its output connection), never by assignment.
+in an engine's PULL, which ``drain_output`` applies as the shell does (`IOCore.on_output_seen`
+once, then ``Writer.ingest`` and `IOCore.on_output` for each). `core_rig` builds the core;
+`bring_live` moves an engine to LIVE through the core's public events (HELLO, registration, its
+output connection), never by assignment.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import zmq
@@ -62,6 +64,8 @@ class RecordingPorts:
         assert core is not None
         frames = self.output.get(engine.row, [])
         taken, self.output[engine.row] = frames[:limit], frames[limit:]
+        if taken:
+            core.on_output_seen(engine, time.monotonic())  # once a drain, as the shell does
         for frame in taken:
             result = core.writer.ingest(frame, engine.index)
             core.on_output(engine, result, frame)

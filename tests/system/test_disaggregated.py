@@ -37,6 +37,7 @@ from tsfront import (
     EngineClient,
     EngineDied,
     EngineGroup,
+    EngineStalled,
     InvalidRequest,
     IOProcess,
     PrefillFailed,
@@ -83,6 +84,7 @@ async def pd_rig(
     decode_options: dict[str, Any] | None = None,
     prefill_ranks: dict[int, dict[str, Any]] | None = None,
     bootstrap_host: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> AsyncIterator[PDRig]:
     cfg = ClientConfig(
         routing=Routing.disaggregated(
@@ -95,6 +97,7 @@ async def pd_rig(
             decode=_group(num_decode, DECODE_BASE),
         ),
         handshake_timeout=DEADLINE,
+        **(config or {}),
     )
     io = await asyncio.to_thread(IOProcess.start, cfg)
     groups: list[SimGroup] = []
@@ -332,6 +335,39 @@ async def test_a_restarted_prefill_rank_handshakes_on_its_own_groups_socket_and_
             assert r.client.load()[0].alive
         finally:
             await asyncio.to_thread(again.stop)
+
+
+async def test_a_stalled_decode_rank_fails_its_streams_and_is_probed_by_a_pair_of_our_own():
+    config = {"stall_timeout": 1.0, "stall_fail_timeout": 1.0}
+    async with pd_rig(1, 2, config=config) as r:
+        stuck = 1
+        held = await r.client.generate(request("held", FOREVER, pin=stuck))
+        await next_chunk(held)
+        await in_thread(r.decode.engine(stuck).stall)
+        with pytest.raises(EngineStalled) as info:
+            await collect(held)
+        assert info.value.engine_index == stuck and info.value.side == "decode"
+        # A decode engine serves only a request with a bootstrap room: the probe is a pair,
+        # the same rid and room on a prefill engine and on the stalled decode engine.
+        r.decode.engine(stuck).resume()
+        await in_thread(r.decode.engine(stuck).wait_abort, "held", DEADLINE)
+
+        def probes(group: SimGroup, index: int) -> dict[str, int | None]:
+            return {
+                q.rid: q.bootstrap_room
+                for q in group.engine(index).requests()
+                if q.rid.startswith("tsfront-probe-")
+            }
+
+        deadline = time.monotonic() + DEADLINE
+        while r.client.load()[stuck].state != "live":
+            assert time.monotonic() < deadline, "the probe did not clear the stall"
+            await asyncio.sleep(0.01)
+        on_decode, on_prefill = probes(r.decode, stuck), probes(r.prefill, PREFILL_BASE)
+        assert on_decode and on_decode.items() <= on_prefill.items()
+        assert all(room is not None for room in on_decode.values())
+        tokens, _ = await collect(await r.client.generate(request("after", 3, pin=stuck)))
+        assert tokens == expected_tokens("after", 3)
 
 
 def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_decode():

@@ -6,8 +6,12 @@ heartbeats keep being answered, so nothing at the connection level notices). See
 sees it, over HTTP: ``/health`` and ``/metrics`` report the rank stalled, new requests all go
 to the other rank and complete, the frozen rank's stream ends with a timeout error event and
 ``[DONE]`` at the request timeout, and the rank, resumed, is placed on again. Then both ranks
-freeze: ``/health`` answers 503, requests are still placed (not refused) and end with 504.
-Every wait has a deadline.
+freeze: ``/health`` answers 503, new requests are refused at once with a retryable 503 (no
+client request tests a stalled rank), and those in flight end with 504 at the timeout. And
+with ``--stall-fail-timeout 1.5`` and no request timeout: the frozen rank's streamed and
+non-streamed requests end with a 503 saying to retry (an error event then ``[DONE]`` for the
+streamed one), the I/O process's probe (never a client's request) finds the rank stepping
+again, and it is placed on again. Every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from tsfront.sim import SimGroup
 DEADLINE = 15.0
 STALL_S = 1.0
 TIMEOUT_S = 3.0
+FAIL_S = 1.5
 
 
 def token_fn(rid: str, position: int) -> int:
@@ -201,7 +206,9 @@ def own_io(served) -> Iterator[tuple[str, SimGroup]]:
             group.stop()
 
 
-def test_every_rank_stalled_answers_503_on_health_and_504_after_the_timeout(own_io) -> None:
+def test_every_rank_stalled_answers_503_on_health_refuses_new_requests_and_504_after_the_timeout(
+    own_io,
+) -> None:
     url, group = own_io
     _wait("both ranks live", lambda: _states(url) == (200, ["live", "live"]))
     for rank in (0, 1):
@@ -221,37 +228,210 @@ def test_every_rank_stalled_answers_503_on_health_and_504_after_the_timeout(own_
             "both stalls", lambda: (s := _states(url))[1] == ["stalled", "stalled"] and s
         )
         assert status == 503
-        # Placed anyway (not refused with 503), and bounded by the request timeout; a streamed
-        # request that never got its first token gets the status too.
-        late = threading.Thread(target=one, args=("late", {**plain, "stream": True}))
-        late.start()
-        threads.append(late)
+        # A new request (a streamed one too, before its first token) is refused at once with
+        # a retryable 503: no client's request is what tests a stalled rank.
+        t0 = time.monotonic()
+        one("late", {**plain, "stream": True})
+        assert time.monotonic() - t0 < TIMEOUT_S
         for t in threads:
             t.join(DEADLINE)
     finally:
         for rank in (0, 1):
             group.engine(rank).resume()
-    for name in ("r0", "r1", "late"):
+    for name in ("r0", "r1"):
         r = results[name]
         assert r.status_code == 504, (name, r.text)
         error = r.json()["error"]
         assert error["type"] == "timeout_error" and "not finished within 3 s" in error["message"]
-    _wait("the stalls to clear", lambda: _requests_until_live(url, 0) and _states(url)[0] == 200)
+    late = results["late"]
+    assert late.status_code == 503 and late.headers["retry-after"]
+    error = late.json()["error"]
+    assert error["type"] == "service_unavailable_error"
+    assert "stalled" in error["message"] and "retry" in error["message"]
+    _wait("the stalls to clear", lambda: _states(url) == (200, ["live", "live"]))
 
 
-def test_stall_timeout_with_attach_is_refused_as_the_io_process_s() -> None:
+@pytest.fixture(scope="module")
+def bounded(served) -> Iterator[tuple[str, SimGroup]]:
+    """`tsfront serve` with its own I/O process, ``--stall-timeout 1 --stall-fail-timeout
+    1.5`` and no request timeout."""
+    model = served[3]
+    server = ServeProcess(
+        ["--model", model, "--handshake", "tcp://127.0.0.1:0", "--num-engines", "2",
+         "--workers", "1", "--port", "0", "--stall-timeout", str(STALL_S),
+         "--stall-fail-timeout", str(FAIL_S)]
+    )  # fmt: skip
+    group = None
+    try:
+        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
+        group = SimGroup(handshake, 2, token_fn=token_fn).start()
+        url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
+        yield url, group
+        assert server.stop() == 0
+    finally:
+        server.stop()
+        if group is not None:
+            group.stop()
+
+
+class _Call:
+    """One HTTP request on its own thread: its response (status, headers, SSE data lines or
+    JSON body) and when it ended."""
+
+    def __init__(self, url: str, body: dict) -> None:
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.lines: list[str] = []
+        self.body: dict = {}
+        self.ended = 0.0
+        self.closing = False
+        self.client: httpx.Client
+        self.started = threading.Event()  # the response began (streamed) or the request left
+        self.thread = threading.Thread(target=self._run, args=(url, body), daemon=True)
+        self.thread.start()
+
+    def _run(self, url: str, body: dict) -> None:
+        with (
+            httpx.Client(timeout=DEADLINE) as self.client,
+            self.client.stream("POST", f"{url}/v1/completions", json=body) as r,
+        ):
+            self.status, self.headers = r.status_code, dict(r.headers)
+            self.started.set()
+            try:
+                if body.get("stream"):
+                    for line in r.iter_lines():
+                        if line.startswith("data: "):
+                            self.lines.append(line[6:])
+                else:
+                    self.body = json.loads(r.read())
+            except httpx.HTTPError:
+                if not self.closing:
+                    raise
+        self.ended = time.monotonic()
+
+    def close(self) -> None:
+        """Leave the response unread: the client closes its connection."""
+        self.closing = True
+        self.client.close()
+        self.join(DEADLINE)
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the request did not end"
+
+
+def _client_rids(group: SimGroup, rank: int) -> list[str]:
+    return [q.rid for q in group.engine(rank).requests() if not q.rid.startswith("tsfront-probe-")]
+
+
+def test_a_silent_ranks_requests_end_with_a_retryable_503_and_the_probe_brings_it_back(
+    bounded,
+) -> None:
+    url, group = bounded
+    _wait("both ranks live", lambda: _states(url) == (200, ["live", "live"]))
+    long = {"prompt": "w5", "max_tokens": 20_000}
+    # A streamed request on each rank (least in flight), then a non-streamed one; the rank the
+    # non-streamed one landed on freezes, holding it and one streamed request.
+    before = [_adds(group, i) for i in (0, 1)]
+    first = _Call(url, {**long, "stream": True})
+    first.started.wait(DEADLINE)
+    first_rank = _rank_of(group, before)
+    before = [_adds(group, i) for i in (0, 1)]
+    second = _Call(url, {**long, "stream": True})
+    second.started.wait(DEADLINE)
+    assert _rank_of(group, before) == 1 - first_rank
+    before = [_adds(group, i) for i in (0, 1)]
+    whole = _Call(url, long)
+    stuck = _rank_of(group, before)
+    other = 1 - stuck
+    streamed, healthy = (first, second) if first_rank == stuck else (second, first)
+    _wait("tokens on both streams", lambda: streamed.lines and healthy.lines)
+    frozen = time.monotonic()
+    group.engine(stuck).stall()
+    status, states = _wait(
+        "/health to report the stall", lambda: (s := _states(url))[1][stuck] == "stalled" and s
+    )
+    assert status == 200 and states[other] == "live"
+    # Within the bound, both of the frozen rank's requests end with a 503 that says to retry:
+    # the streamed one with an error event and [DONE], the other with OpenAI's error object.
+    streamed.join(STALL_S + FAIL_S + DEADLINE)
+    whole.join(STALL_S + FAIL_S + DEADLINE)
+    for call in (streamed, whole):
+        assert STALL_S + FAIL_S - 0.05 <= call.ended - frozen < STALL_S + FAIL_S + 3.0
+    assert streamed.status == 200 and streamed.lines[-1] == "[DONE]"
+    event = json.loads(streamed.lines[-2])["error"]
+    assert event["code"] == 503 and "stalled" in event["message"]
+    assert "retry" in event["message"]
+    assert whole.status == 503 and whole.headers["retry-after"]
+    error = whole.body["error"]
+    assert {"message", "type", "param", "code"} <= set(error)
+    assert error["type"] == "service_unavailable_error"
+    assert "stalled" in error["message"] and "retry" in error["message"]
+    # The other rank's stream goes on; /health still says the frozen rank is stalled; new
+    # requests all go to the other rank.
+    seen = len(healthy.lines)
+    _wait("the healthy stream to go on", lambda: len(healthy.lines) > seen)
+    assert healthy.thread.is_alive()
+    assert _states(url)[1][stuck] == "stalled"
+    results = [
+        httpx.post(f"{url}/v1/completions", json={"prompt": "w5", "max_tokens": 2}, timeout=5)
+        for _ in range(4)
+    ]
+    assert [r.status_code for r in results] == [200] * 4
+    # Resumed: the probe of the I/O process (no client request is sent) finds it stepping.
+    held = _client_rids(group, stuck)
+    group.engine(stuck).resume()
+    _wait("the probe to clear the stall", lambda: _states(url)[1][stuck] == "live")
+    assert _client_rids(group, stuck) == held  # only what it held before it froze
+    assert len(group.engine(stuck).requests()) > len(held)  # and the probe
+    assert set(group.engine(stuck).aborts()) >= set(held)  # aborted there
+    # Placed on again.
+    adds = _adds(group, stuck)
+    _wait("a request on the resumed rank", lambda: _post_small(url) and _adds(group, stuck) > adds)
+    healthy.close()
+
+
+def _post_small(url: str) -> bool:
+    r = httpx.post(f"{url}/v1/completions", json={"prompt": "w5", "max_tokens": 2}, timeout=5)
+    assert r.status_code == 200
+    return True
+
+
+@pytest.mark.parametrize("flag", ["--stall-timeout", "--stall-fail-timeout"])
+def test_stall_options_with_attach_are_refused_as_the_io_process_s(flag: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tsfront", "serve", "--model", "unused", "--attach",
-         "unix:@nothing", "--stall-timeout", "5"],
+         "unix:@nothing", flag, "5"],
         capture_output=True, text=True, timeout=DEADLINE,
     )  # fmt: skip
     assert out.returncode == 2
-    assert "--stall-timeout belongs to the I/O process" in out.stderr
+    assert f"{flag} belongs to the I/O process" in out.stderr
+
+
+@pytest.mark.parametrize("command", ["io", "generate"])
+def test_the_stall_options_are_every_engine_commands_and_checked_there(command: str) -> None:
+    shown = subprocess.run(
+        [sys.executable, "-m", "tsfront", command, "--help"],
+        capture_output=True, text=True, timeout=DEADLINE,
+    )  # fmt: skip
+    assert "--stall-timeout" in shown.stdout and "--stall-fail-timeout" in shown.stdout
+    extra = ["--num-engines", "1"] + (["--input-ids", "1"] if command == "generate" else [])
+    out = subprocess.run(
+        [sys.executable, "-m", "tsfront", command, "--handshake", "tcp://127.0.0.1:0",
+         *extra, "--stall-fail-timeout", "-1"],
+        capture_output=True, text=True, timeout=DEADLINE,
+    )  # fmt: skip
+    assert out.returncode == 2 and "--stall-fail-timeout=-1: must be >= 0" in out.stderr
 
 
 @pytest.mark.parametrize(
     ("flag", "value", "says"),
-    [("--request-timeout", "0", "must be > 0"), ("--stall-timeout", "-1", "must be >= 0")],
+    [
+        ("--request-timeout", "0", "must be > 0"),
+        ("--stall-timeout", "-1", "must be >= 0"),
+        ("--stall-fail-timeout", "-1", "must be >= 0"),
+        ("--stall-fail-timeout", "nan", "must be >= 0"),
+    ],
 )
 def test_bad_timeouts_are_usage_errors(flag: str, value: str, says: str) -> None:
     out = subprocess.run(

@@ -1,4 +1,5 @@
-"""The engine lifecycle (`tsfront.io.engines`): walked from its one table, pair by pair."""
+"""The engine lifecycle (`tsfront.io.engines`): walked from its one table, pair by pair; and
+the stall condition of a live engine, walked from its own (`STALL_TRANSITIONS`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from support.io_core import bring_live, core_rig
 
 from tsfront.io.engines import (
     DOWN,
+    STALL_TRANSITIONS,
     TRANSITIONS,
     Engine,
     EngineEvent,
     EngineState,
     InvalidTransition,
+    Stall,
+    StallEvent,
 )
 from tsfront.ipc.codes import ENGINE_DEAD, ENGINE_HANDSHAKING, ENGINE_LIVE, ENGINE_STALLED
 
@@ -94,10 +98,58 @@ def test_what_workers_see_of_each_state():
         S.DEAD: ENGINE_DEAD,
     }
     engine = _engine_in(S.LIVE)
-    engine.stalled_since = 5.0
+    engine.stall_move(StallEvent.SILENT, 5.0)
     assert engine.published_state == ENGINE_STALLED and engine.live  # a condition of LIVE
+    engine.stall_move(StallEvent.EXPIRED)
+    assert engine.published_state == ENGINE_STALLED and not engine.placeable
     engine.apply(E.OUTPUT_LOST)
-    assert engine.stalled_since == 0.0 and engine.published_state == ENGINE_DEAD
+    assert engine.stall is Stall.STEPPING and engine.stalled_since == 0.0
+    assert engine.published_state == ENGINE_DEAD
+
+
+def _stalled_engine(stall: Stall) -> Engine:
+    """A live engine brought to ``stall`` along the stall table itself."""
+    paths = {
+        Stall.STEPPING: [],
+        Stall.STALLED: [StallEvent.SILENT],
+        Stall.ABANDONED: [StallEvent.SILENT, StallEvent.EXPIRED],
+    }
+    engine = _engine_in(S.LIVE)
+    for event in paths[stall]:
+        engine.stall_move(event, 1.0)
+    assert engine.stall is stall
+    return engine
+
+
+@pytest.mark.parametrize(("stall", "event"), list(itertools.product(Stall, StallEvent)), ids=str)
+def test_every_stall_pair_moves_as_its_table_says_or_is_refused(stall, event):
+    engine = _stalled_engine(stall)
+    if (stall, event) in STALL_TRANSITIONS:
+        assert engine.stall_move(event, 2.0) is STALL_TRANSITIONS[(stall, event)]
+        target = STALL_TRANSITIONS[(stall, event)]
+        assert engine.stall is target
+        # Placed on only while stepping; published stalled otherwise; since when, kept.
+        assert engine.placeable is (target is Stall.STEPPING)
+        assert (engine.published_state == ENGINE_STALLED) is (target is not Stall.STEPPING)
+        assert (engine.stalled_since == 0.0) is (target is Stall.STEPPING)
+    else:
+        with pytest.raises(InvalidTransition, match=event.value):
+            engine.stall_move(event, 2.0)
+        assert engine.stall is stall
+
+
+def test_a_stall_ends_only_by_output_or_by_leaving_live_and_the_deadline_fires_once():
+    # From a stall there is no way back but output (or DOWN); the deadline (EXPIRED) is a move
+    # of STALLED alone, so it cannot fail an engine's requests twice.
+    for stall in (Stall.STALLED, Stall.ABANDONED):
+        back = {e for (s, e), t in STALL_TRANSITIONS.items() if s is stall and t is Stall.STEPPING}
+        assert back == {StallEvent.OUTPUT, StallEvent.DOWN}
+    assert [s for (s, e) in STALL_TRANSITIONS if e is StallEvent.EXPIRED] == [Stall.STALLED]
+    # Leaving LIVE, by any event of the lifecycle, clears it.
+    for death in (E.OUTPUT_LOST, E.INPUT_UNREACHABLE, E.CORE_DEAD):
+        engine = _stalled_engine(Stall.ABANDONED)
+        engine.apply(death)
+        assert engine.stall is Stall.STEPPING
 
 
 def test_a_taken_over_engine_is_inherited_until_it_says_hello():

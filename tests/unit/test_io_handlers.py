@@ -18,6 +18,7 @@ from support.io_core import bring_live, core_rig
 
 from tsfront import ClientConfig, _native, control
 from tsfront.io.core import Record
+from tsfront.io.engines import StallEvent
 from tsfront.io.loop import DRAIN, IOLoop, WorkerConn
 from tsfront.io.outputs import OutputPort
 from tsfront.io.poll import READ, WRITE
@@ -288,7 +289,7 @@ def test_an_engine_row_is_published_word_by_word_and_clamped_into_u32():
         engine.tail = (5, 6, 7, 2**40)
         engine.tail_at = 0x1_2345_6789 / 1000
         engine.requests_total = 2**33 + 9
-        engine.stalled_since = 1.0
+        engine.stall_move(StallEvent.SILENT, 1.0)
         core.publish_engine(engine)
         row = [int(w) for w in core.region.engines[engine.row]]
         assert row[E_STATE] == ENGINE_STALLED

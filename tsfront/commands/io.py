@@ -77,7 +77,6 @@ async def _main(args: argparse.Namespace) -> int:
         slots_per_worker=args.slots_per_worker,
         send_timeout=args.send_timeout,
         heartbeat_timeout=args.heartbeat_timeout,
-        stall_timeout=args.stall_timeout or None,
         state_dir=args.state_dir,
     )
     loop = asyncio.get_running_loop()
@@ -174,13 +173,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=defaults.heartbeat_timeout,
         help=f"seconds of silence before an engine is dead ({defaults.heartbeat_timeout:g})",
-    )
-    tune.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=defaults.stall_timeout,
-        help="seconds an engine with requests in flight may send no output before it is "
-        f"marked stalled and new requests go elsewhere ({defaults.stall_timeout:g}; 0: never)",
     )
     tune.add_argument(
         "--state-dir",

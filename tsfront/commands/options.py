@@ -2,10 +2,11 @@
 
 `add_engine_arguments` declares them (``--handshake``, ``--num-engines``,
 ``--first-engine-index``, ``--handshake-timeout``, ``--input-address``, ``--output-address``,
-``--load-balance``); every address is judged while the command line is parsed, by
-`tsfront.io.addresses.check_endpoint` (through `endpoint`), so a malformed one is a usage
-error (exit 2) before anything loads or binds. `config_from_args` turns them into a
-`ClientConfig`, naming the option (not the config field) in what `ClientConfig` refuses.
+``--load-balance``, ``--stall-timeout``, ``--stall-fail-timeout``); every address is judged
+while the command line is parsed, by `tsfront.io.addresses.check_endpoint` (through
+`endpoint`), so a malformed one is a usage error (exit 2) before anything loads or binds.
+`config_from_args` turns them into a `ClientConfig` (a stall option's 0 is None, "never"),
+naming the option (not the config field) in what `ClientConfig` refuses.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ _FIELDS = {
     "num_engines": "num_engines",
     "first_engine_index": "first_engine_index",
     "handshake_timeout": "handshake_timeout",
+}
+#: Those whose 0 on the command line is the config's None ("never").
+_ZERO_IS_NEVER = {
+    "stall_timeout": "stall_timeout",
+    "stall_fail_timeout": "stall_fail_timeout",
 }
 
 
@@ -120,6 +126,25 @@ def add_engine_arguments(
             default=LoadBalance.LEAST_IN_FLIGHT.value,
             help="placement of unpinned requests; default least_in_flight",
         )
+    defaults = ClientConfig()
+    group.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=defaults.stall_timeout,
+        metavar="S",
+        help="seconds a rank with requests in flight may send no output before it is marked "
+        "stalled: nothing more is placed on it and it is probed with a one-token request of "
+        f"the frontend's own until it answers; default {defaults.stall_timeout:g} (0: never)",
+    )
+    group.add_argument(
+        "--stall-fail-timeout",
+        type=float,
+        default=defaults.stall_fail_timeout,
+        metavar="S",
+        help="seconds a stalled rank keeps its requests before they end with a retryable "
+        "EngineStalled error (HTTP 503) and are aborted on it; default "
+        f"{defaults.stall_fail_timeout:g} (0: never)",
+    )
     return group
 
 
@@ -131,6 +156,14 @@ def config_from_args(args: argparse.Namespace, **overrides: object) -> ClientCon
     reported as ``--field-name``).
     """
     values: dict[str, Any] = {field: getattr(args, dest) for dest, field in _FIELDS.items()}
+    for dest, field in _ZERO_IS_NEVER.items():
+        seconds = getattr(args, dest)
+        if not seconds >= 0:  # NaN too
+            raise UsageError(
+                f"tsfront {args.command}",
+                f"--{dest.replace('_', '-')}={seconds:g}: must be >= 0 seconds (0: never)",
+            )
+        values[field] = seconds or None
     if getattr(args, "load_balance", None) is not None:
         values["routing"] = Routing.aggregated(LoadBalance(args.load_balance))
     values.update(overrides)

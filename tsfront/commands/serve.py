@@ -117,14 +117,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="requests one worker may have in flight; one more is answered 503 (2048)",
     )
-    engines.add_argument(
-        "--stall-timeout",
-        type=float,
-        default=ClientConfig().stall_timeout,
-        metavar="S",
-        help="seconds a rank with requests in flight may send no output before it is marked "
-        "stalled: new requests go to the other ranks and /health reports it (30; 0: never)",
-    )
     http = parser.add_argument_group("HTTP")
     http.add_argument(
         "--request-timeout",
@@ -346,10 +338,12 @@ def _check(args: argparse.Namespace) -> None:
         raise bad(f"--request-timeout={args.request_timeout:g}: must be > 0 seconds")
     if not args.stall_timeout >= 0:
         raise bad(f"--stall-timeout={args.stall_timeout:g}: must be >= 0 (0: never)")
-    if args.attach is not None and args.stall_timeout != ClientConfig().stall_timeout:
-        raise bad(
-            "--stall-timeout belongs to the I/O process: give it to `tsfront io` with --attach"
-        )
+    if not args.stall_fail_timeout >= 0:
+        raise bad(f"--stall-fail-timeout={args.stall_fail_timeout:g}: must be >= 0 (0: never)")
+    for option in ("stall_timeout", "stall_fail_timeout"):
+        if args.attach is not None and getattr(args, option) != getattr(ClientConfig(), option):
+            flag = "--" + option.replace("_", "-")
+            raise bad(f"{flag} belongs to the I/O process: give it to `tsfront io` with --attach")
     if not args.worker_timeout > 0:
         raise bad(f"--worker-timeout={args.worker_timeout:g}: must be above 0 seconds")
     if not args.graceful_timeout >= 0:
@@ -400,7 +394,6 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
             max_workers=args.workers,
             slots_per_worker=args.slots_per_worker,
             state_dir=args.state_dir,
-            stall_timeout=args.stall_timeout or None,
         )
     try:
         edge = edge_settings(args)

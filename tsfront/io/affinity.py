@@ -25,14 +25,15 @@ An engine's entries are dropped when it dies or says HELLO again (a new process 
 cache). The index is approximate: it does not know what the engine itself evicted, nor the
 tokens it generated; a wrong guess costs one prefill, never a wrong answer.
 
-Policy (`AffinityRouter.choose`): the live engines holding the longest matched prefix are the
-candidates (every live engine if none matches a block); the least loaded of them (requests in
-flight, ties rotated) is chosen, unless it carries more than ``abs_threshold`` requests more than
-the least loaded live engine *and* more than ``rel_threshold`` times as many: then the least
-loaded engine is chosen (counted in ``fallbacks``). A prefix shared by every conversation (a
-system prompt) draws new conversations to the engine holding it until that engine is
-imbalanced; the engine that takes the next one then holds it too, and from then on those
-engines tie on it and load decides among them.
+Policy (`AffinityRouter.choose`): the placeable engines (live, not stalled) holding the longest
+matched prefix are the candidates (every placeable engine if none matches a block); the least
+loaded of them (requests in flight, ties rotated) is chosen, unless it carries more than
+``abs_threshold`` requests more than the least loaded placeable engine *and* more than
+``rel_threshold`` times as many: then the least loaded engine is chosen (counted in
+``fallbacks``). A prefix shared by every conversation (a system prompt) draws new
+conversations to the engine holding it until that engine is imbalanced; the engine that takes
+the next one then holds it too, and from then on those engines tie on it and load decides
+among them.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from tsfront import _native
-from tsfront.io.engines import Engine, EngineState
+from tsfront.io.engines import STEPPING, Engine, EngineState
 from tsfront.ipc.hashes import (
     DEFAULT_GRANULARITY,
     MAX_BLOCKS,
@@ -211,7 +212,7 @@ class AffinityRouter:
         self, engines: Sequence[Engine], payload: object, packed: zmq.Frame | bytes | None = None
     ) -> Engine | None:
         """The engine for this ADD payload (``packed``: its block hashes from the worker, if
-        sent), or None if no engine is live; records the prompt in the chosen engine's
+        sent), or None if no engine is placeable; records the prompt in the chosen engine's
         index."""
         n = len(engines)
         if n > len(self.index.lru):
@@ -219,27 +220,17 @@ class AffinityRouter:
             self._granularity += [0] * (n - len(self._granularity))
         start = self._turn % n
         self._turn += 1
-        live = 0
+        live = 0  # the placeable engines (live and not stalled), as a mask
         least: Engine | None = None
-        stalled = 0  # live engines that are stalled with requests in flight (not placeable)
-        least_stalled: Engine | None = None
         for k in range(n):
             e = engines[(start + k) % n]
-            if e.state is not LIVE:
+            if e.state is not LIVE or e.stall is not STEPPING:
                 continue
-            if e.placeable:
-                live |= 1 << e.row
-                if least is None or e.in_flight < least.in_flight:
-                    least = e
-            else:
-                stalled |= 1 << e.row
-                if least_stalled is None or e.in_flight < least_stalled.in_flight:
-                    least_stalled = e
+            live |= 1 << e.row
+            if least is None or e.in_flight < least.in_flight:
+                least = e
         if least is None:
-            # Every live engine is stalled: place on them anyway (see tsfront.io.routing).
-            live, least = stalled, least_stalled
-        if least is None:
-            return None
+            return None  # none is live, or every live one is stalled (see tsfront.io.routing)
         hashes = self.hashes(payload, packed)
         depth, holders = self.index.match(hashes, live)
         chosen = least

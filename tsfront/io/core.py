@@ -33,12 +33,17 @@ from tsfront.io.engines import (
     AGGREGATED,
     DECODE,
     PREFILL,
+    STEPPING,
     Engine,
     EngineEvent,
     EngineState,
     PendingSend,
+    Probe,
+    Stall,
+    StallEvent,
     stalled_after,
 )
+from tsfront.io.probes import probe_add, probe_rid
 from tsfront.io.routing import Router
 from tsfront.ipc.codes import (
     E_IN_FLIGHT,
@@ -56,6 +61,7 @@ from tsfront.ipc.codes import (
     FIN_DEADLINE,
     FIN_DUPLICATE,
     FIN_ENGINE_DEAD,
+    FIN_ENGINE_STALLED,
     FIN_IO_STOPPING,
     FIN_NO_ENGINE,
     FIN_RID_ABORTED,
@@ -180,6 +186,8 @@ class PrefillHalf(Protocol):
     def forget(self, record: Record, *, abort: bool) -> None: ...
     def kill(self, engine: Engine) -> None: ...
     def fail_code(self, code: int) -> int: ...
+    def probe(self, probe: Probe, payload: bytes, at: int) -> bytes | None: ...
+    def forget_probe(self, probe: Probe) -> None: ...
 
 
 class Record:
@@ -287,10 +295,13 @@ class IOCore:
         self.adopter: Adopter | None = None
         self.prefill: PrefillHalf | None = None
         # Stall detection (`stalled_after`), applied at the end of a turn once every
-        # `stall_every` seconds: nothing per frame but a clock reading per drain.
+        # `stall_every` seconds: nothing per frame but a clock reading per drain. The probes
+        # out on stalled engines, by rid (a worker's ADD reusing one is refused).
         self.stall_timeout = config.stall_timeout
+        self.stall_fail_timeout = config.stall_fail_timeout
         self.stall_every = min(STALL_CHECK_S, (config.stall_timeout or 4.0) / 4)
         self.stall_check_at = 0.0
+        self.probes: dict[bytes, Engine] = {}
 
     # ------------------------------------------------------------------ accounts
 
@@ -315,7 +326,7 @@ class IOCore:
     def on_output_seen(self, engine: Engine, now: float) -> None:
         """The engine's output port had a frame this turn (once a drain: the stall rule's clock)."""
         engine.output_at = now
-        if engine.stalled_since:
+        if engine.stall is not STEPPING:
             self.unstall(engine, "it sent output")
 
     def on_output(self, engine: Engine, result: IngestResult | None, frame: bytes) -> None:
@@ -386,11 +397,19 @@ class IOCore:
             # is behind this ADD (a worker flushes aborts once per loop iteration). Forget the
             # old request now, which queues that ABORT, rather than crossing streams.
             self.forget(slot, abort=True)
+        if self.probes and rid in self.probes:
+            # The rid of a probe of ours: the engine's rows for it must reach no slot.
+            self.writer.bind(rid, slot, ticket, False, FIN_DUPLICATE, -1)
+            self.writer.finish(slot, FIN_DUPLICATE, -1)
+            return
         engine: Engine | None
+        stalled: Engine | None = None  # the stalled engine it was pinned to
         if pin >= 0:
             engine = self.serving[pin] if pin < len(self.serving) else None
             if engine is not None and not engine.live:
                 engine = None
+            if engine is not None and engine.stall is not STEPPING:
+                stalled, engine = engine, None  # only the I/O process's probe goes there
             if engine is not None and self.affinity is not None:
                 self.affinity.note(engine, payload, hashes)
         else:
@@ -403,12 +422,7 @@ class IOCore:
             )
             return  # the rid is in flight already; the slot now says so
         if engine is None:
-            log.info(
-                "refused request %r: no live engine%s",
-                rid.decode("utf-8", "replace"),
-                f" at rank {pin}" if pin >= 0 else "",
-            )
-            self.writer.finish(slot, FIN_NO_ENGINE, -1)
+            self.refuse(slot, rid, pin, stalled)
             return
         if engine.aborted and engine.aborted.age(rid, time.monotonic()) is not None:
             # The engine would drop it silently (it remembers aborted rids for 300 s), and
@@ -434,6 +448,20 @@ class IOCore:
                 return  # ended already
             out = filled
         self.send_add(engine, slot, record, out, expires)
+
+    def refuse(self, slot: int, rid: bytes, pin: int, stalled: Engine | None) -> None:
+        """End a request no engine may take: its pinned rank is stalled, or every live engine
+        is (`EngineStalled`: retry; a client's request is never what tests a stalled engine),
+        or no engine is live (`StreamRejected`)."""
+        if stalled is None and pin < 0 and any(e.live for e in self.serving):
+            code, at, why = FIN_ENGINE_STALLED, -1, "every live engine is stalled"
+        elif stalled is not None:
+            code, at, why = FIN_ENGINE_STALLED, stalled.index, f"engine {stalled.index} is stalled"
+        else:
+            code, at = FIN_NO_ENGINE, -1
+            why = "no live engine" + (f" at rank {pin}" if pin >= 0 else "")
+        log.info("refused request %r: %s", rid.decode("utf-8", "replace"), why)
+        self.writer.finish(slot, code, at)
 
     def send_add(
         self,
@@ -581,6 +609,7 @@ class IOCore:
             return
         log.warning("engine %d is dead: %s", engine.index, reason)
         self.stats.engine_died(engine.row)
+        self.forget_probe(engine)  # its ABORT queued, as the requests' are, in case it is back
         engine.apply(event)
         engine.dead_reason = reason
         if engine.role == PREFILL and self.prefill is not None:
@@ -777,33 +806,112 @@ class IOCore:
     # ------------------------------------------------------------------ stalls
 
     def check_stalls(self, now: float, timeout: float) -> None:
-        """Apply the stall rule to the serving group's live engines."""
+        """Apply the stall rule to the serving group's live engines, and move each stalled one
+        on (`tsfront.io.engines.STALL_TRANSITIONS`): its requests failed once it has been
+        stalled for ``stall_fail_timeout``, its probe sent, or superseded when unanswered
+        for ``timeout``."""
         # The engines requests are placed on; a prefill engine's place is fixed by the
         # request's bootstrap room, so its stall would change nothing.
+        fail_after = self.stall_fail_timeout
         for e in self.serving:
-            if e.stalled_since or not e.live:
-                continue  # cleared only by an output frame, a death or a new handshake
-            if stalled_after(e.in_flight, e.output_at, e.busy_since, now, timeout):
-                e.stalled_since = now
-                self.stats.engine_stalled(e.row)
-                self.dirty.add(e.row)
-                log.warning(
-                    "engine %d is stalled: %d request(s) in flight and no output for %.1fs; "
-                    "placing new requests elsewhere until it sends output",
-                    e.index,
-                    e.in_flight,
-                    now - max(e.output_at, e.busy_since),
-                )
+            if not e.live:
+                continue
+            if e.stall is STEPPING:
+                if not stalled_after(e.in_flight, e.output_at, e.busy_since, now, timeout):
+                    continue
+                self.mark_stalled(e, now)
+            elif (
+                e.stall is Stall.STALLED
+                and fail_after is not None
+                and now - e.stalled_since >= fail_after
+            ):
+                self.abandon(e, now)
+            if e.probe is None or now - e.probe.sent_at >= timeout:
+                self.send_probe(e, now)
+
+    def mark_stalled(self, engine: Engine, now: float) -> None:
+        """The stall rule fired: nothing more is placed on the engine."""
+        engine.stall_move(StallEvent.SILENT, now)
+        self.stats.engine_stalled(engine.row)
+        self.dirty.add(engine.row)
+        log.warning(
+            "engine %d is stalled: %d request(s) in flight and no output for %.1fs; placing new "
+            "requests elsewhere and probing it until it sends output%s",
+            engine.index,
+            engine.in_flight,
+            now - max(engine.output_at, engine.busy_since),
+            ""
+            if self.stall_fail_timeout is None
+            else f"; its requests fail in {self.stall_fail_timeout:g}s unless it does",
+        )
+
+    def abandon(self, engine: Engine, now: float) -> None:
+        """The engine has been stalled for ``stall_fail_timeout``: every request it holds ends
+        with `EngineStalled` (its slot finished once, here) and is aborted on it."""
+        engine.stall_move(StallEvent.EXPIRED)
+        # A stall is rare enough to find its requests by a scan, as a death does.
+        slots = [s for s, r in self.records.items() if r.engine is engine]
+        for slot in slots:
+            self.fail(slot, FIN_ENGINE_STALLED, engine.index)
+        self.count("stall_failures")
+        self.dirty.add(engine.row)
+        log.warning(
+            "engine %d: stalled for %.1fs (stall_fail_timeout): %d request(s) ended with "
+            "EngineStalled and aborted on it; still probing it",
+            engine.index,
+            now - engine.stalled_since,
+            len(slots),
+        )
+
+    def send_probe(self, engine: Engine, now: float) -> None:
+        """Send the stalled engine a probe of our own (`tsfront.io.probes`), superseding (and
+        aborting) the one it has out; if its input does not take it, the next check tries
+        again."""
+        self.forget_probe(engine)
+        rid = probe_rid(engine.index)
+        payload, at = probe_add(rid)
+        probe = Probe(rid, now)
+        if self.prefill is not None:
+            filled = self.prefill.probe(probe, payload, at)
+            if filled is None:
+                return  # no prefill engine took its half: the next check tries again
+            payload = filled
+        status = self.ports.send_add(engine, payload)
+        if status != SENT:
+            if self.prefill is not None:
+                self.prefill.forget_probe(probe)
+            if status == UNREACHABLE and not engine.input_pending:
+                self.lost(engine, EngineEvent.INPUT_UNREACHABLE, "input connection unreachable")
+            return
+        engine.input_pending = False
+        engine.probe = probe
+        self.probes[rid] = engine
+        self.count("stall_probes")
+        log.info("engine %d: probe %s sent", engine.index, rid.decode())
+
+    def forget_probe(self, engine: Engine) -> None:
+        """Abort the probe the engine has out, if any (it was answered, superseded, or the
+        engine is gone); a probe that already ended makes this ABORT one the engine forgets
+        after 300 s, harmless, since a probe's rid is never used again."""
+        probe = engine.probe
+        if probe is None:
+            return
+        engine.probe = None
+        self.probes.pop(probe.rid, None)
+        self.queue_abort(engine, probe.rid)
+        if self.prefill is not None:
+            self.prefill.forget_probe(probe)
 
     def unstall(self, engine: Engine, why: str) -> None:
-        """The stalled engine sent output: it is placed on again."""
+        """The stalled engine sent output: it is placed on again, its probe aborted."""
         log.warning(
             "engine %d is no longer stalled (%s after %.1fs)",
             engine.index,
             why,
             time.monotonic() - engine.stalled_since,
         )
-        engine.stalled_since = 0.0
+        self.forget_probe(engine)
+        engine.stall_move(StallEvent.OUTPUT)
         self.dirty.add(engine.row)
 
     # ------------------------------------------------------------------ workers
@@ -961,18 +1069,21 @@ class IOCore:
         """How long the shell's poll may wait for the next event."""
         if self.writer.spilling():
             return 1
-        aborts = False
+        aborts = stalled = False
         for e in self.engines:  # a loop, not any() over a generator: once a turn
             if e.backlog:
                 return 1
             if e.aborts:
                 aborts = True
+            if e.stall is not STEPPING:
+                stalled = True
         if aborts:
             return 10  # ABORTs the socket did not take (e.g. an input still reconnecting)
         if self.state == "handshaking" or self.adopting:
             return max(0, min(1000, int((self.deadline - now) * 1000) + 1))
-        if self.records and self.stall_timeout is not None:
-            # Requests in flight: turn in time for the next stall check.
+        if (self.records or stalled) and self.stall_timeout is not None:
+            # Requests in flight, or a stalled engine to probe: turn in time for the next
+            # stall check.
             return max(0, min(1000, int((self.stall_check_at - now) * 1000) + 1))
         return 1000
 
@@ -987,5 +1098,6 @@ class IOCore:
         self.records.clear()
         self.writer.wake()
         for e in self.engines:
+            self.forget_probe(e)
             if e.aborts and e.live:
                 self.send_aborts(e)

@@ -16,7 +16,10 @@ engines, its sockets bound by the shell as every group's are. This class adds, p
   `PrefillFailed`); the decode engine's frames take the usual native path, unchanged.
 
 A failure on either side ends the stream with a code naming the side and aborts the other
-side; an abort goes to both.
+side; an abort goes to both. The probe of a stalled decode engine (`tsfront.io.probes`) is a
+pair too, since a decode engine serves only a request with a room: its prefill half goes to
+a live prefill engine with a room of its own, its rows there are not ours (consumed like an
+aborted request's), and superseding the probe aborts both halves.
 """
 
 from __future__ import annotations
@@ -28,8 +31,8 @@ from typing import TYPE_CHECKING, cast
 import msgspec
 
 from tsfront.errors import WireDecodeError
-from tsfront.io.core import EngineGroup, IOCore, Record
-from tsfront.io.engines import DECODE, PREFILL, Engine, EngineEvent
+from tsfront.io.core import SENT, EngineGroup, IOCore, Record
+from tsfront.io.engines import DECODE, PREFILL, Engine, EngineEvent, Probe
 from tsfront.ipc.codes import (
     FIN_PREFILL_ABORTED,
     FIN_PREFILL_DEAD,
@@ -111,6 +114,30 @@ class Disaggregated:
         if core.records.get(slot) is not record:
             return None  # the prefill engine was found unreachable: the request ended
         return filled
+
+    def probe(self, probe: Probe, payload: bytes, at: int) -> bytes | None:
+        """Send the prefill half of a probe of a stalled decode engine (``payload`` with nil
+        bootstrap fields at byte ``at``); the decode half's payload, or None if no prefill
+        engine took it (the next stall check tries again)."""
+        chosen = self._choose()
+        if chosen is None:
+            return None
+        engine, room = chosen
+        host = self.spec.bootstrap_host or engine.peer_host or _host(self.spec.handshake_address)
+        filled = fill_bootstrap(payload, at, host, self.spec.bootstrap_port, room)
+        if self.core.ports.send_add(engine, filled) != SENT:
+            return None  # a full or unreachable prefill input: its own requests find out
+        probe.prefill, probe.room = engine, room
+        self.rooms.add(room)
+        return filled
+
+    def forget_probe(self, probe: Probe) -> None:
+        """The probe was answered or superseded: its prefill half is aborted, its room free."""
+        if probe.prefill is None:
+            return
+        self.rooms.discard(probe.room)
+        self.core.queue_abort(probe.prefill, probe.rid)
+        probe.prefill = None
 
     def _choose(self) -> tuple[Engine, int] | None:
         # The room decides the prefill rank (TokenSpeed's rule); a room whose rank is down is

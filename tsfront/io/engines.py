@@ -25,14 +25,23 @@ change it, and a pair the table does not hold is a bug (`InvalidTransition`). Th
 `published` maps each state to the engine table's word (`tsfront.ipc.codes`): ADOPTING is
 published HANDSHAKING, LOST is published DEAD.
 
-A LIVE engine may also be *stalled* (`Engine.stalled_since` set): it holds requests and has
-sent no output frame for ``stall_timeout`` seconds (`stalled_after` is the rule; the I/O core
-applies it about once a second, never per frame). It stays LIVE (its sockets are up, its
-streams go on, ABORTs still reach it) and is published as ``ENGINE_STALLED``. The policies do
-not place on it while it holds requests (`placeable`); with none left it takes one at a time,
-the probe that shows whether it recovered. Any output frame from it clears the stall; so do
-its death and a new handshake. The stall is a condition, not a state: it changes nothing of
-where the lifecycle may go.
+A LIVE engine may also be *stalled*: it holds requests and has sent no output frame for
+``stall_timeout`` seconds (`stalled_after` is the rule; the I/O core applies it about once a
+second, never per frame). A stall is a condition of a LIVE engine, not a state of its
+connection: it stays LIVE (its sockets are up, ABORTs still reach it) and is published as
+``ENGINE_STALLED``. Its moves are a second table, `STALL_TRANSITIONS` ((`Stall`,
+`StallEvent`) → `Stall`; `Engine.stall_move` is the only way to change it):
+
+* STEPPING --SILENT--> STALLED: the stall rule fired. Nothing is placed on it any more (nor
+  pinned to it); the I/O process sends it a *probe* of its own (`tsfront.io.probes`), since a
+  client's request must never be what tests a stuck rank;
+* STALLED --EXPIRED--> ABANDONED: ``stall_fail_timeout`` passed since it was marked: its
+  requests end with `EngineStalled` and are aborted on it (so a stall has a deadline, and
+  ABANDONED has none: nothing of a client's is left on it);
+* STALLED / ABANDONED --OUTPUT--> STEPPING: any output frame (the probe's or a request's):
+  placed on again, its probe aborted if still out;
+* any --DOWN--> STEPPING: it left LIVE (a death, a lost connection) or said HELLO: the
+  condition goes with the process it was of.
 
 An engine taken over from a predecessor is *inherited* for as long as it is that same process
 (no INIT sent to it since): its rows for rids this I/O process never bound are the
@@ -138,6 +147,51 @@ _PUBLISHED = {
 _PUBLISHED_BY_ID = {id(state): word for state, word in _PUBLISHED.items()}
 
 
+class Stall(enum.Enum):
+    """Whether a LIVE engine steps (see the module's second table)."""
+
+    STEPPING = "stepping"  # it sends output (or holds nothing): placed on
+    STALLED = "stalled"  # silent with requests for stall_timeout: probed, its requests kept
+    ABANDONED = "abandoned"  # stalled past stall_fail_timeout: its requests failed; probed
+
+
+class StallEvent(enum.Enum):
+    """What can happen to a LIVE engine's stepping."""
+
+    SILENT = "silent"  # the stall rule: requests in flight, no output for stall_timeout
+    EXPIRED = "expired"  # stall_fail_timeout passed since it was marked stalled
+    OUTPUT = "output"  # an output frame came from it
+    DOWN = "down"  # it left LIVE, or a new process said HELLO
+
+
+T, V = Stall, StallEvent
+#: Every move of the stall condition: (stall, event) → stall. A pair not here cannot happen.
+STALL_TRANSITIONS: dict[tuple[Stall, StallEvent], Stall] = {
+    (T.STEPPING, V.SILENT): T.STALLED,
+    (T.STEPPING, V.DOWN): T.STEPPING,
+    (T.STALLED, V.EXPIRED): T.ABANDONED,
+    (T.STALLED, V.OUTPUT): T.STEPPING,
+    (T.STALLED, V.DOWN): T.STEPPING,
+    (T.ABANDONED, V.OUTPUT): T.STEPPING,
+    (T.ABANDONED, V.DOWN): T.STEPPING,
+}
+del T, V
+
+STEPPING = Stall.STEPPING  # a module global: read per engine on the placement path
+
+
+@dataclass
+class Probe:
+    """The one request of its own the I/O process has out on a stalled engine: its rid
+    (``tsfront.io.probes``: never bound to a slot, so its rows reach no worker), when it was
+    sent, and under disaggregated serving its prefill half (engine and bootstrap room)."""
+
+    rid: bytes
+    sent_at: float
+    prefill: Engine | None = None
+    room: int = 0
+
+
 class InvalidTransition(Exception):
     """An event that the engine's state does not allow (a bug of the caller)."""
 
@@ -193,11 +247,13 @@ class Engine:
     inherited: bool = False
     input_pending: bool = False
     # Stall detection: when the engine last sent an output frame, when it last went from no
-    # request in flight to one, and since when it is stalled (0.0: it is not); see
-    # `stalled_after` and `placeable`.
+    # request in flight to one, its stall condition (`STALL_TRANSITIONS`), since when it is
+    # not STEPPING (0.0 while it is), and the probe it has out; see `stalled_after`.
     output_at: float = 0.0
     busy_since: float = 0.0
+    stall: Stall = Stall.STEPPING
     stalled_since: float = 0.0
+    probe: Probe | None = None
 
     def can(self, event: EngineEvent) -> bool:
         """Whether ``event`` is a move of the engine's current state."""
@@ -217,8 +273,25 @@ class Engine:
         elif event is EngineEvent.HELLO:
             self.inherited = self.input_pending = False  # a new process
         if self.state is not EngineState.LIVE:
-            self.stalled_since = 0.0  # a stall is a condition of a live engine only
+            self.stall_move(StallEvent.DOWN)  # a stall is a condition of a live engine only
         return self.state
+
+    def stall_move(self, event: StallEvent, now: float = 0.0) -> Stall:
+        """Move the stall condition along `STALL_TRANSITIONS` (``now``: when, for SILENT);
+        the new condition. Raises `InvalidTransition` for a pair the table does not hold.
+        Back to STEPPING, the probe is forgotten here: the caller aborts it first."""
+        try:
+            self.stall = STALL_TRANSITIONS[(self.stall, event)]
+        except KeyError:
+            raise InvalidTransition(
+                f"engine {self.index}: {event.value} while {self.stall.value}"
+            ) from None
+        if event is StallEvent.SILENT:
+            self.stalled_since = now
+        elif self.stall is Stall.STEPPING:
+            self.stalled_since = 0.0
+            self.probe = None
+        return self.stall
 
     @property
     def live(self) -> bool:
@@ -229,7 +302,7 @@ class Engine:
     def published_state(self) -> int:
         """The engine table's state word: its state's, or ENGINE_STALLED for a stalled live
         engine."""
-        if self.stalled_since and self.state is EngineState.LIVE:
+        if self.stall is not STEPPING and self.state is EngineState.LIVE:
             return ENGINE_STALLED
         return self.state.published
 
@@ -241,9 +314,9 @@ class Engine:
 
     @property
     def placeable(self) -> bool:
-        """Whether a `LoadBalance` policy may choose this engine: live, and not stalled with
-        requests still in flight (a stalled engine holding none takes one: the probe)."""
-        return self.state is EngineState.LIVE and not (self.stalled_since and self.in_flight)
+        """Whether a client's request may go to this engine: live and not stalled (a stalled
+        engine takes only the I/O process's own probe)."""
+        return self.state is EngineState.LIVE and self.stall is STEPPING
 
     def tail_fresh(self, ttl: float, now: float | None = None) -> bool:
         """Whether the load tail is recent enough to route on (and carries data)."""

@@ -1,10 +1,10 @@
 """Placement of unpinned requests: the `LoadBalance` policies, pure functions of engine state.
 
-Ties are broken by rotating the scan start, so no policy favours rank 0. Every policy
-prefers a `placeable` engine (live, and not stalled with requests in flight: see
-`tsfront.io.engines`); only when every live engine is stalled does it place on one of those
-anyway (the least loaded, under the policy's own rule), so that a false alarm on every rank
-never refuses service: the request's deadline bounds what a truly stuck rank costs.
+Ties are broken by rotating the scan start, so no policy favours rank 0. Every policy places
+only on a `placeable` engine (live and not stalled: see `tsfront.io.engines`): a client's
+request is never what tests a stalled engine (the I/O process probes it with its own), so
+when every live engine is stalled there is no choice, and the I/O core ends the request at
+once with `EngineStalled` (retryable) rather than leave it on a rank that may never answer.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from tsfront.config import ClientConfig, LoadBalance
 from tsfront.io.affinity import AffinityRouter
-from tsfront.io.engines import Engine, EngineState
+from tsfront.io.engines import STEPPING, Engine, EngineState
 
 if TYPE_CHECKING:
     import zmq
@@ -51,7 +51,8 @@ class Router:
         hashes: zmq.Frame | bytes | None = None,
     ) -> Engine | None:
         """The engine for the next request (its ADD ``payload``, and the prompt's packed block
-        hashes if the worker sent them), or None if no engine is live."""
+        hashes if the worker sent them), or None if no engine is placeable (none is live, or
+        every live one is stalled)."""
         if self.affinity is not None:
             return self.affinity.choose(engines, payload, hashes)
         n = len(engines)
@@ -65,30 +66,18 @@ class Router:
                 if engines[i].placeable:
                     self._next = i + 1
                     return engines[i]
-            for k in range(n):  # every live engine is stalled
-                i = (self._next + k) % n
-                if engines[i].state is LIVE:
-                    self._next = i + 1
-                    return engines[i]
             return None
         now = time.monotonic()
         best: Engine | None = None
         best_key: tuple = ()
         for k in range(n):
             e = engines[(start + k) % n]
-            # Inline `not e.placeable`: a stalled engine still holding requests is skipped.
-            if e.state is not LIVE or (e.stalled_since and e.in_flight):
+            # Inline `not e.placeable`: a stalled engine is skipped.
+            if e.state is not LIVE or e.stall is not STEPPING:
                 continue
             key = self._key(e, now)
             if best is None or key < best_key:
                 best, best_key = e, key
-        if best is None:  # every live engine is stalled (or none is live)
-            for k in range(n):
-                e = engines[(start + k) % n]
-                if e.state is LIVE:
-                    key = self._key(e, now)
-                    if best is None or key < best_key:
-                        best, best_key = e, key
         return best
 
     def _key(self, e: Engine, now: float) -> tuple:

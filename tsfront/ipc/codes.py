@@ -35,7 +35,8 @@ ENGINE_LIVE: Final = 2
 ENGINE_DEAD: Final = 3
 # A live engine that holds requests and sent no output frame for ``stall_timeout``.
 ENGINE_STALLED: Final = 4
-#: The published states an engine serves in (pins and context limits accept both).
+#: The published states of a connected engine (context limits count both; a request placed
+#: or pinned on a stalled one is the I/O process's to refuse, with FIN_ENGINE_STALLED).
 SERVING_STATES: Final = (ENGINE_LIVE, ENGINE_STALLED)
 
 # End codes from the engine (its finish reason).
@@ -57,6 +58,9 @@ FIN_DEADLINE: Final = 22
 FIN_PREFILL_DEAD: Final = 23
 FIN_PREFILL_SEND_TIMEOUT: Final = 24
 FIN_PREFILL_ABORTED: Final = 25
+# The engine holding it stalled for longer than stall_fail_timeout (or every live engine, or
+# the pinned one, was stalled when it was placed): retry.
+FIN_ENGINE_STALLED: Final = 26
 
 #: Every name above the C also defines.
 SHARED_WITH_NATIVE: Final = (
@@ -93,6 +97,7 @@ SHARED_WITH_NATIVE: Final = (
     "FIN_PREFILL_DEAD",
     "FIN_PREFILL_SEND_TIMEOUT",
     "FIN_PREFILL_ABORTED",
+    "FIN_ENGINE_STALLED",
 )
 
 

@@ -80,6 +80,7 @@ FINISH_REASONS = (
     "StreamRejected",
     "DeadlineExceeded",
     "PrefillFailed",
+    "EngineStalled",
     "StreamError",
 )
 

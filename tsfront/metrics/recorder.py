@@ -41,6 +41,7 @@ _ERROR_REASON = {
     shm.FIN_PREFILL_DEAD: "EngineDied",
     shm.FIN_PREFILL_SEND_TIMEOUT: "SendTimeout",
     shm.FIN_PREFILL_ABORTED: "PrefillFailed",
+    shm.FIN_ENGINE_STALLED: "EngineStalled",
 }
 _FIN_LOCAL = min(_ERROR_REASON)  # codes from here on are local ends, below are the engine's
 # The engine's finish codes → reason (tsfront.region.FINISH_REASONS).
