@@ -72,9 +72,9 @@ class Rig:
             g.max_engines,
         )
         self.next_local = 0
-        # The origin of `turn`: a second ahead, so that every ADD of a test (made at once,
-        # with the real clock) is before it.
-        self.t0 = time.monotonic() + 1.0
+        # The origin of `turn`: the latest ADD (each one moves it), so that the engine's busy
+        # time, read from the real clock, is never after it however slow the machine is.
+        self.t0 = time.monotonic()
 
     def add(self, rid: str, pin: int = -1, payload: bytes | None = None) -> int:
         """A worker's ADD of ``rid``; its local slot."""
@@ -84,10 +84,11 @@ class Rig:
         self.reader.expect(local, ticket)
         header = SUBMIT_HEADER.pack(local, ticket, pin, 0, 0.0, 0) + rid.encode()
         self.core.on_add(self.worker, header, zmq.Frame(payload or f"ADD {rid}".encode()))
+        self.t0 = time.monotonic()
         return local
 
     def turn(self, after: float) -> None:
-        """One end of turn, ``after`` seconds after the rig was made."""
+        """One end of turn, ``after`` seconds after the latest ADD (or the rig's making)."""
         self.core.end_of_turn(self.t0 + after)
 
     def ends(self) -> dict[int, tuple[int, int]]:
