@@ -79,3 +79,28 @@ def test_a_text_event_is_the_same_bytes_in_each_second(
         assert fmt.created == int(now)
         assert parse(fmt.head(0) + b'"t"' + fmt.tail)["created"] == int(now)
         assert fmt.id[len("chatcmpl-") :].isalnum() and fmt.id == fmt.id.lower()
+
+
+def test_parsed_output_holding_a_lone_surrogate_is_encoded_not_raised() -> None:
+    # The parsers never give one (they write a decoded surrogate back as its escape); the
+    # encoders of what carries their output still may not raise on one (issue 36, item 6).
+    from tsfront.serve.formats import encode_json
+    from tsfront.serve.parsing import Pieces
+    from tsfront.serve.responses import ResponsesFormat, ResponsesRequest
+    from tsfront.text.tools import CallArgs, CallStart
+
+    lone = "a\ud800b"
+    assert json.loads(encode_json({"k": [lone, "é", 1]})) == {"k": [lone, "é", 1]}
+    assert encode_json({"k": "é"}) == '{"k":"é"}'.encode()  # the usual bytes otherwise
+    calls = [CallStart(0, "call_1", lone), CallArgs(0, '{"x":"' + lone + '"}')]
+    pieces = Pieces(reasoning=lone, content=lone, calls=calls)
+    chat = ChatFormat("m", None, 1, False)
+    events = [parse(e + b"\n\n") for e in chat.pieces(0, pieces).split(b"\n\n") if e]
+    deltas = [e["choices"][0]["delta"] for e in events]
+    assert deltas[0] == {"reasoning_content": lone} and deltas[1] == {"content": lone}
+    assert deltas[2]["tool_calls"][0]["function"]["name"] == lone
+    assert deltas[3]["tool_calls"][0]["function"]["arguments"] == '{"x":"' + lone + '"}'
+    responses = ResponsesFormat("m", None, ResponsesRequest())
+    for block in responses.pieces(0, pieces).split(b"\n\n"):
+        if block:
+            json.loads(block.split(b"\ndata: ", 1)[1])

@@ -25,13 +25,17 @@ choice an `tsfront.serve.parsing.OutputParser`: its chunks' text becomes reasoni
 and tool-call deltas (the task path, never the push path); ``response_format``,
 ``structured_outputs`` and a constrained ``tool_choice`` become one engine grammar
 (`tsfront.serve.structured`). An engine abort after the output began ends the response with
-an error (502), never with ``finish_reason: "abort"``.
+an error (502), never with ``finish_reason: "abort"``. The parse step (the parsers and the
+response shape of what they give) runs inside one boundary: whatever it raises on a model's
+output ends the response with a 502 error (streamed: an error event, then the stream's end),
+and the engine request is aborted (`_unparseable`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import secrets
 import time
@@ -77,6 +81,8 @@ if TYPE_CHECKING:
     from tsfront.text.stop import StopSet
 
 __all__ = ["ApiError", "OpenAIService", "Reply", "SSEReply"]
+
+log = logging.getLogger("tsfront.serve")
 
 #: Most completions one request may fan out to (prompts x n); each takes a worker slot.
 MAX_CHOICES = 64
@@ -240,6 +246,20 @@ def _aborted(ch: Choice) -> ApiError:
         502,
         f"the engine aborted the request after {ch.tokens} tokens (the engine's log says why); "
         "retry it",
+        kind="server_error",
+    )
+
+
+def _unparseable(exc: Exception) -> ApiError:
+    """The parse step's boundary: the server could not turn the model's output into a
+    response (a parser, or the response shape, raised on it). 502, as for an engine that
+    answered garbage: not the client's fault, and a retry may be answered differently. The
+    traceback goes to the server's log (a bug to report)."""
+    log.error("the model's output could not be parsed into a response", exc_info=exc)
+    return ApiError(
+        502,
+        f"the server could not parse the model's output into a response "
+        f"({type(exc).__name__}; the server's log has the details); retry it",
         kind="server_error",
     )
 
@@ -1113,14 +1133,18 @@ class OpenAIService:
         aborted = [ch for ch in choices if ch.finish == ABORT]
         if aborted:
             raise _aborted(aborted[0])
-        for ch, text in zip(choices, texts, strict=True):
-            if ch.parser is not None:
-                if ch.parser.has_reasoning:  # fed chunk by chunk (`_gather`)
-                    ch.parser.finish(length=ch.finish == "length")
-                else:
-                    ch.parser.whole(text, length=ch.finish == "length")
-                ch.settle()
-        return Reply(200, fmt.whole(choices, texts))
+        try:
+            for ch, text in zip(choices, texts, strict=True):
+                if ch.parser is not None:
+                    if ch.parser.has_reasoning:  # fed chunk by chunk (`_gather`)
+                        ch.parser.finish(length=ch.finish == "length")
+                    else:
+                        ch.parser.whole(text, length=ch.finish == "length")
+                    ch.settle()
+            body = fmt.whole(choices, texts)
+        except Exception as exc:  # the parse step's boundary
+            raise _unparseable(exc) from None
+        return Reply(200, body)
 
     async def _gather(self, plan: _Plan, ch: Choice, first: OutputChunk | None) -> str:
         parts: list[str] = []
@@ -1138,7 +1162,11 @@ class OpenAIService:
                     except StopAsyncIteration:
                         break
                 if thinks is not None:
-                    thinks.feed(ch.text(chunk), len(chunk.output_ids))
+                    text = ch.text(chunk)
+                    try:
+                        thinks.feed(text, len(chunk.output_ids))
+                    except Exception as exc:  # the parse step's boundary
+                        raise _unparseable(exc) from None
                 else:
                     parts.append(ch.text(chunk))
                 if logprobs is not None and chunk.output_token_logprobs_val:
@@ -1255,20 +1283,24 @@ class OpenAIService:
                     except StopAsyncIteration:
                         break
                 text = ch.text(chunk)
-                if ch.finish is not None:
-                    if ch.finish == ABORT:
-                        last = _abort_event(fmt, ch)
-                        break
-                    events = pieces(index, parser.feed(text, len(chunk.output_ids)))
-                    events += pieces(index, parser.finish(length=ch.finish == "length"))
-                    ch.settle()
-                    if events:
-                        yield events
-                    last = fmt.last(ch, "", None)
+                if ch.finish == ABORT:
+                    last = _abort_event(fmt, ch)
                     break
-                events = pieces(index, parser.feed(text, len(chunk.output_ids)))
+                try:  # the parse step's boundary
+                    events = pieces(index, parser.feed(text, len(chunk.output_ids)))
+                    if ch.finish is not None:
+                        events += pieces(index, parser.finish(length=ch.finish == "length"))
+                        ch.settle()
+                        last = fmt.last(ch, "", None)
+                except Exception as exc:
+                    stream.abort()
+                    err = _unparseable(exc)
+                    last = fmt.error_event(err, err.status, err.kind)
+                    break
                 if events:
                     yield events
+                if ch.finish is not None:
+                    break
                 chunk = None
         except StreamError as exc:
             last = fmt.error_event(exc)

@@ -7,10 +7,17 @@ rarer events (the first chat delta, logprobs, usage, errors) are built as dicts 
 with msgspec. A response's id is 96 bits from `secrets` (`tsfront.ids`: a client may fetch
 a response by its id), and the envelope after the id (object, time, model) is made once per
 second.
+
+What carries parsed model output (reasoning, content, tool calls) is encoded by `encode_json`,
+which never raises on a lone surrogate. (The detokenizer's text holds none: it decodes bytes
+with replacement characters; only a parser decoding an escape such as ``"\\ud800"`` could
+make one, and the parsers write those back as escapes. The per-token path of plain text
+encodes with msgspec directly.)
 """
 
 from __future__ import annotations
 
+import json
 import time
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -26,9 +33,19 @@ if TYPE_CHECKING:
     from tsfront.serve.parsing import Pieces
     from tsfront.stream import OutputChunk
 
-__all__ = ["ChatFormat", "CompletionFormat", "Format"]
+__all__ = ["ChatFormat", "CompletionFormat", "Format", "encode_json"]
 
 _JSON = msgspec.json.Encoder()
+
+
+def encode_json(obj: Any) -> bytes:
+    """``obj`` (dicts, lists, strings, numbers) as JSON; a string holding a lone surrogate,
+    which UTF-8 cannot hold, is written as its ``\\uXXXX`` escape instead of raising (then
+    every non-ASCII character is escaped: the same JSON, in ASCII)."""
+    try:
+        return _JSON.encode(obj)
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 class Format:
@@ -79,7 +96,7 @@ class Format:
         }
         if self.include_usage:
             body["usage"] = None
-        return b"data: " + _JSON.encode(body) + b"\n\n"
+        return b"data: " + encode_json(body) + b"\n\n"
 
     def usage(self, choices: list) -> dict[str, Any]:
         """The ``usage`` object of a response (a prompt fanned out n times counts once)."""
@@ -283,7 +300,7 @@ class ChatFormat(Format):
         if pieces.reasoning:
             events.append(self._delta(index, {"reasoning_content": pieces.reasoning}))
         if pieces.content:
-            events.append(self.head(index) + _JSON.encode(pieces.content) + self.tail)
+            events.append(self.head(index) + encode_json(pieces.content) + self.tail)
         for delta in pieces.calls:
             if type(delta) is CallStart:
                 call: dict[str, Any] = {
@@ -303,7 +320,7 @@ class ChatFormat(Format):
         return self.event({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
 
     def whole(self, choices: list, texts: list[str]) -> bytes:
-        return _JSON.encode(
+        return encode_json(
             {
                 "id": self.id,
                 "object": self.object_whole,

@@ -21,6 +21,11 @@ with the number of tokens it came from; a delta inside the section (or opening i
 whole, and the delta that closes it counts the share of its characters up to the end of the
 close tag (exact when it is one token, as a stream's deltas are unless a slow reader made the
 stream coalesce them).
+
+Blank content held back is kept as the deltas it came in and joined once, so a long run of it
+costs time linear in its length. The parsers never raise on any output (tsfront.text's rule);
+`tsfront.serve.api` still runs this step inside one boundary that turns an exception into a
+clean error (``_unparseable``).
 """
 
 from __future__ import annotations
@@ -83,7 +88,7 @@ class OutputParser:
         self._parallel = parallel
         #: Whether the response reports ``reasoning_content`` (a reasoning parser runs).
         self.has_reasoning = reasoning is not None
-        self._blank = ""  # blank content held back
+        self._blank: list[str] = []  # blank content held back, as it came
         self._content: list[str] = []  # all content given out (for `whole`)
         self._thought: list[str] = []
         self._calls: dict[int, list[Any]] = {}  # index -> [id, name, argument parts]
@@ -140,7 +145,7 @@ class OutputParser:
                 elif type(delta) is CallStart:
                     if delta.index and not self._parallel:
                         continue
-                    self._blank = ""  # blanks before a call are not content
+                    self._blank.clear()  # blanks before a call are not content
                     self._calls[delta.index] = [delta.id, delta.name, []]
                     out.calls.append(delta)
                 elif type(delta) is CallArgs:
@@ -150,20 +155,22 @@ class OutputParser:
                         out.calls.append(delta)
         if final and self._blank and not (self._calls or self._thought):
             # Only blanks and nothing else at all: that is the answer.
-            out.content += self._blank
-            self._content.append(self._blank)
-            self._blank = ""
+            blank = "".join(self._blank)
+            self._blank.clear()
+            out.content += blank
+            self._content.append(blank)
         return out
 
     def _add_content(self, out: Pieces, text: str) -> None:
         if not text:
             return
-        if not self._content and not text.strip():
-            self._blank += text
+        if not self._content and text.isspace():
+            self._blank.append(text)
             return
         if self._blank:
-            text = self._blank + text
-            self._blank = ""
+            self._blank.append(text)
+            text = "".join(self._blank)
+            self._blank.clear()
         self._content.append(text)
         out.content += text
 

@@ -29,7 +29,7 @@ import msgspec
 
 from tsfront.ids import item_id as _item_id
 from tsfront.serve.api import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
-from tsfront.serve.formats import Format
+from tsfront.serve.formats import Format, encode_json
 from tsfront.serve.limits import Refused, check_json, check_metadata, decode_error
 from tsfront.serve.offload import text_chars
 from tsfront.serve.record import SHARED_OWNER
@@ -433,7 +433,7 @@ class Responses:
         response = fmt.response
         if response is None:
             return
-        blob = _JSON.encode(
+        blob = encode_json(
             {"response": response, "messages": [*conversation, fmt.assistant_message()]}
         )
         try:
@@ -489,6 +489,7 @@ class ResponsesFormat(Format):
         #: The output items so far (streamed: as they open).
         self.items: list[dict[str, Any]] = []
         self._open: dict[str, Any] | None = None  # the item being streamed
+        self._texts: list[str] = []  # its text deltas, joined once when it closes
         self._calls: dict[int, dict[str, Any]] = {}
         #: The final response object, once known.
         self.response: dict[str, Any] | None = None
@@ -508,7 +509,7 @@ class ResponsesFormat(Format):
     def _event(self, kind: str, body: dict[str, Any]) -> bytes:
         body = {"type": kind, "sequence_number": self.seq, **body}
         self.seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + _JSON.encode(body) + b"\n\n"
+        return b"event: " + kind.encode() + b"\ndata: " + encode_json(body) + b"\n\n"
 
     def opening(self, index: int) -> bytes | None:
         shell = self._object("in_progress", [], None)
@@ -598,7 +599,7 @@ class ResponsesFormat(Format):
         status = "incomplete" if ch.finish == "length" else "completed"
         self.items = items
         self.response = self._object(status, items, ch)
-        return _JSON.encode(self.response)
+        return encode_json(self.response)
 
     def error_event(  # type: ignore[override]
         self, exc: Exception, status: int | None = None, kind: str | None = None
@@ -722,7 +723,7 @@ class ResponsesFormat(Format):
                     },
                 )
             )
-        item["content"][0]["text"] += text
+        self._texts.append(text)
         body: dict[str, Any] = {
             "item_id": item["id"],
             "output_index": len(self.items) - 1,
@@ -757,6 +758,8 @@ class ResponsesFormat(Format):
             )
         else:
             part = item["content"][0]
+            part["text"] += "".join(self._texts)
+            self._texts.clear()
             kind = (
                 "response.output_text.done"
                 if item["type"] == "message"

@@ -25,6 +25,10 @@ Parsers (the tags are the same, ``<think>`` and ``</think>``):
 The section is the first one only: after ``</think>`` everything is content, a later
 ``<think>`` included. Text that could be the start of a tag is held back, so a tag split across
 deltas never shows in either field; blank text before an opening ``<think>`` is dropped.
+
+Cost: linear in the output, whatever it is. What is held back is at most a tag's length but
+for the blanks before the output opens (or not) its section: those are kept as the deltas they
+came in, never joined or re-read per delta.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ class ReasoningParser:
     start = START
     end = END
 
-    __slots__ = ("_buf", "_initial", "_state")
+    __slots__ = ("_blanks", "_buf", "_initial", "_state")
 
     def __init__(self, *, starts_in_reasoning: bool = False, enabled: bool = True) -> None:
         if not enabled:
@@ -81,6 +85,8 @@ class ReasoningParser:
             self._state = _REASONING if starts_in_reasoning else _BEFORE
         self._initial = self._state
         self._buf = ""
+        # _BEFORE: the blank deltas before anything else (content if no section opens).
+        self._blanks: list[str] = []
 
     @property
     def in_reasoning(self) -> bool:
@@ -94,12 +100,27 @@ class ReasoningParser:
             return "", text
         if state == _REASONING and not self._buf and "<" not in text:
             return text, ""
+        if state == _BEFORE and not self._buf and text.isspace():
+            self._blanks.append(text)
+            return "", ""
         self._buf += text
         return self._advance(False)
 
     def finish(self) -> tuple[str, str]:
         """At the end of the stream: the held-back text, in the field it belongs to."""
+        if self._blanks and not self._buf:
+            # Only blanks: the output's content.
+            return "", self._take_blanks("")
         return self._advance(True)
+
+    def _take_blanks(self, text: str) -> str:
+        """The blanks held before ``text``, joined once, then ``text``."""
+        if not self._blanks:
+            return text
+        self._blanks.append(text)
+        joined = "".join(self._blanks)
+        self._blanks.clear()
+        return joined
 
     def _advance(self, final: bool) -> tuple[str, str]:
         reasoning: list[str] = []
@@ -107,16 +128,20 @@ class ReasoningParser:
         buf = self._buf
         while buf:
             if self._state == _BEFORE:
+                # buf: from the first delta with a non-blank on (the blanks before it are in
+                # _blanks), so at most that delta and a tag's length.
                 stripped = buf.lstrip()
                 if stripped.startswith(self.start):
                     buf = stripped[len(self.start) :]
+                    self._blanks.clear()
                     self._state = _REASONING
                     continue
                 if stripped and (final or not self.start.startswith(stripped)):
                     self._state = _CONTENT
+                    buf = self._take_blanks(buf)
                     continue
                 if final:
-                    content.append(buf)
+                    content.append(self._take_blanks(buf))
                     buf = ""
                 break
             if self._state == _REASONING:

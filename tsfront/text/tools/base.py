@@ -38,11 +38,17 @@ so it equals the concatenated deltas of every split by construction.
 
 Cost: while no call is in progress and nothing is held, :meth:`ToolParser.feed` returns at
 once for a delta in which no marker's first character occurs (``str`` membership, in C).
+Whatever the text, a stream costs time linear in its length: held text is kept as the deltas
+it came in, and an undecided call is given to the format again only when a new delta brings
+what it waits for (a :class:`Wait`: an end marker, a non-blank character, its bracketed value
+closing, the end of a name); a delta longer than :data:`STEP` characters is taken in slices of
+that size, so what is copied after each call is bounded too.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -60,6 +66,7 @@ __all__ = [
     "ToolCall",
     "ToolCallError",
     "ToolParser",
+    "Wait",
     "assemble",
     "call_from_object",
     "canonical_arguments",
@@ -68,6 +75,12 @@ __all__ = [
     "skip_blank",
     "tool_parameters",
 ]
+
+# `str.isspace`'s characters (both are Py_UNICODE_ISSPACE), skipped in C.
+_BLANKS = re.compile(r"\s*")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+#: The longest slice of a delta :meth:`ToolParser.feed` works on at once (see the module doc).
+STEP = 1024
 
 
 class ToolCallError(TextError):
@@ -140,14 +153,27 @@ def loads_json(text: str) -> Any:
         raise ValueError("JSON nested too deeply") from exc
 
 
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
 def canonical_arguments(arguments: Any) -> str | None:
-    """The compact JSON text of an arguments object, or ``None`` if it is not a JSON object."""
+    """The compact JSON text of an arguments object, or ``None`` if it is not a JSON object.
+
+    Non-ASCII characters are kept, but a surrogate code point (what the model's escape
+    ``"\\ud800"`` decodes to: no UTF-8 text can hold one) is written as its ``\\uXXXX``
+    escape, so the text is the model's JSON and can be sent.
+    """
     if not isinstance(arguments, dict):
         return None
     try:
-        return json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, RecursionError):
         return None
+    if not text.isascii():
+        # Only inside a string can a surrogate be; there its escape means the same.
+        text = _SURROGATE.sub(_escape, text)
+    return text
 
 
 def call_from_object(
@@ -161,7 +187,8 @@ def call_from_object(
     if not isinstance(obj, dict):
         return None
     name = obj.get("name")
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str) or not name or _SURROGATE.search(name):
+        # (A name with a lone surrogate, decoded from its escape, names no function.)
         return None
     args: Any = None
     for key in keys:
@@ -181,10 +208,8 @@ def call_from_object(
 
 def skip_blank(buf: str, i: int) -> int:
     """The index of the first non-whitespace character of ``buf`` at or after ``i``."""
-    n = len(buf)
-    while i < n and buf[i].isspace():
-        i += 1
-    return i
+    match = _BLANKS.match(buf, i)
+    return i if match is None else match.end()
 
 
 def tool_parameters(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
@@ -199,15 +224,71 @@ def tool_parameters(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict
     return out
 
 
-class Balance:
-    """Incremental matcher of one bracketed value (JSON, or Python literals with ``python``).
+class Wait:
+    """What an undecided call waits for before its format can decide more.
 
-    :meth:`scan` continues where the previous call stopped, so a value streamed over many
-    deltas is scanned once. Strings are skipped (with backslash escapes); Python's
-    triple-quoted strings are not understood.
+    :meth:`ready` is given each new delta of the call, in order, and says whether the format's
+    ``_take`` may now decide more; it keeps what it needs to say so of the next delta. This
+    base waits for any text (a format that set no wait).
     """
 
-    __slots__ = ("depth", "escape", "pos", "quote", "quotes", "start")
+    __slots__ = ()
+
+    def ready(self, text: str) -> bool:
+        """Whether ``text``, the call's next delta, may let the format decide more."""
+        return bool(text)
+
+
+class _Marker(Wait):
+    """Waits for ``marker`` (which may begin in the ``carry``, the text before)."""
+
+    __slots__ = ("carry", "marker")
+
+    def __init__(self, marker: str, carry: str) -> None:
+        self.marker = marker
+        self.carry = carry
+
+    def ready(self, text: str) -> bool:
+        window = self.carry + text
+        if self.marker in window:
+            return True
+        self.carry = window[max(0, len(window) - len(self.marker) + 1) :]
+        return False
+
+
+class _Blank(Wait):
+    """Waits for a character that is not whitespace."""
+
+    __slots__ = ()
+
+    def ready(self, text: str) -> bool:
+        return bool(text) and not text.isspace()
+
+
+class _Outside(Wait):
+    """Waits for a character that ``pattern`` (a negated class) finds: the end of a run."""
+
+    __slots__ = ("pattern",)
+
+    def __init__(self, pattern: re.Pattern[str]) -> None:
+        self.pattern = pattern
+
+    def ready(self, text: str) -> bool:
+        return self.pattern.search(text) is not None
+
+
+_BLANK = _Blank()
+
+
+class Balance(Wait):
+    """Incremental matcher of one bracketed value (JSON, or Python literals with ``python``).
+
+    :meth:`scan` continues where the previous call stopped, and as a :class:`Wait` it scans
+    each new delta of the call, so a value streamed over many deltas is scanned once. Strings
+    are skipped (with backslash escapes); Python's triple-quoted strings are not understood.
+    """
+
+    __slots__ = ("depth", "end", "escape", "pos", "quote", "quotes", "start")
 
     _OPEN = frozenset("{[(")
     _CLOSE = frozenset("}])")
@@ -219,14 +300,24 @@ class Balance:
         self.quote = ""
         self.escape = False
         self.quotes = "\"'" if python else '"'
+        self.end = -1
 
     def scan(self, buf: str) -> int:
         """The end (exclusive) of the value that starts at ``start``, or -1 if not yet closed."""
+        return self._scan(buf, 0)
+
+    def ready(self, text: str) -> bool:
+        return self._scan(text, self.pos) >= 0
+
+    def _scan(self, text: str, offset: int) -> int:
+        # ``text`` starts at position ``offset`` of the call's text; scanning resumes at pos.
+        if self.end >= 0:
+            return self.end
         depth, quote, escape = self.depth, self.quote, self.escape
         quotes, opens, closes = self.quotes, self._OPEN, self._CLOSE
-        i, n = self.pos, len(buf)
+        i, n = self.pos - offset, len(text)
         while i < n:
-            c = buf[i]
+            c = text[i]
             i += 1
             if quote:
                 if escape:
@@ -242,9 +333,10 @@ class Balance:
             elif c in closes:
                 depth -= 1
                 if depth <= 0:
-                    self.pos, self.depth, self.quote, self.escape = i, depth, quote, escape
-                    return i
-        self.pos, self.depth, self.quote, self.escape = i, depth, quote, escape
+                    self.end = offset + i
+                    self.pos, self.depth, self.quote, self.escape = self.end, depth, quote, escape
+                    return self.end
+        self.pos, self.depth, self.quote, self.escape = offset + i, depth, quote, escape
         return -1
 
 
@@ -260,7 +352,10 @@ class ToolParser:
     A format sets ``name``, ``markers`` (strings that open a call anywhere in the text),
     ``leading`` (characters that open a call only as the first non-blank text of the output,
     or after a call, e.g. ``"{"`` for Llama-3 JSON) and implements :meth:`_take`; it may
-    override :meth:`_unfinished`, :meth:`_unclosed` and :meth:`_new_id`.
+    override :meth:`_unfinished`, :meth:`_unclosed` and :meth:`_new_id`. While ``_take``
+    cannot decide, it says what it waits for through the helpers it uses
+    (:meth:`find_resumed`, :meth:`balanced_end`, :meth:`blank_end`, :meth:`wait_outside`);
+    it is asked again only when a delta brings that (or any text, if it said nothing).
 
     Args:
         tools: the request's OpenAI ``tools`` (function schemas; formats that type their
@@ -279,9 +374,13 @@ class ToolParser:
         self._prefixes = frozenset(m[:k] for m in markers for k in range(1, len(m)))
         self._first = "".join(dict.fromkeys(m[0] for m in markers))
         self._first_after = "".join(dict.fromkeys(self._first + self.leading))
-        self._buf = ""
+        self._buf = ""  # the text held back (from the call's start, in a call)
+        self._more: list[str] = []  # deltas held after _buf that _wait found nothing in
         self._in_call = False
         self._begin = bool(self.leading)
+        # What the held text waits for (None: any text). Blanks, at the start of a format
+        # with leading characters.
+        self._wait: Wait | None = _BLANK if self._begin else None
         self._section = False
         self._count = 0
         self._balance: Balance | None = None
@@ -306,6 +405,23 @@ class ToolParser:
                     break
             else:
                 return [Content(text)] if text and not self._section else []
+        if len(text) > STEP:
+            # A long text (a whole output) in slices, so what each call leaves to re-read is
+            # bounded; each slice takes the path below.
+            out: list[Delta] = []
+            for i in range(0, len(text), STEP):
+                out += self.feed(text[i : i + STEP])
+            return _joined(out)
+        wait = self._wait
+        if wait is not None:  # (only then can deltas be held in _more)
+            more = self._more
+            if not wait.ready(text):
+                more.append(text)  # nothing to decide in it: held as it came, never re-read
+                return []
+            if more:
+                more.append(text)
+                text = "".join(more)
+                more.clear()
         self._buf += text
         return self._advance(False)
 
@@ -320,6 +436,9 @@ class ToolParser:
         if self._finished:
             return []
         self._finished = True
+        if self._more:
+            self._buf += "".join(self._more)
+            self._more.clear()
         out = self._advance(True)
         rest, self._buf = self._buf, ""
         if rest:
@@ -364,20 +483,40 @@ class ToolParser:
     def _new_id(self) -> str:
         return random_call_id()
 
+    # -- helpers for _take: each, when it finds the call undecided, says what it waits for --
+
     def find_resumed(self, buf: str, marker: str, start: int) -> int:
         """``buf.find(marker, start)`` for the call being read, resumed where the previous
-        search failed, so a long call is searched once, not once per delta."""
+        search failed, so a long call is searched once, not once per delta. Not found: the
+        call waits for ``marker``."""
         i = buf.find(marker, max(start, self._searched))
         if i < 0:
             self._searched = max(start, len(buf) - len(marker) + 1)
+            self._wait = _Marker(marker, buf[self._searched :])
         return i
 
     def balanced_end(self, buf: str, start: int, *, python: bool = False) -> int:
-        """End of the bracketed value at ``buf[start]``, scanned incrementally; -1 if open."""
+        """End of the bracketed value at ``buf[start]``, scanned incrementally; -1 if open
+        (the call waits for the value to close)."""
         bal = self._balance
         if bal is None or bal.start != start:
             bal = self._balance = Balance(start, python=python)
-        return bal.scan(buf)
+        end = bal.scan(buf)
+        if end < 0:
+            self._wait = bal
+        return end
+
+    def blank_end(self, buf: str, start: int) -> int:
+        """:func:`skip_blank`; at the end of ``buf``, the call waits for a non-blank."""
+        i = skip_blank(buf, start)
+        if i >= len(buf):
+            self._wait = _BLANK
+        return i
+
+    def wait_outside(self, pattern: re.Pattern[str]) -> None:
+        """The call waits for a character ``pattern`` (a negated class) finds: a name or an
+        id that reaches the end of the text so far may go on."""
+        self._wait = _Outside(pattern)
 
     # -- the machinery ----------------------------------------------------------------------
 
@@ -401,13 +540,15 @@ class ToolParser:
         while self._buf:
             buf = self._buf
             if self._in_call:
+                self._wait = None
                 taken = self._take(buf, final)
                 if taken is None:
-                    break
+                    break  # self._wait: what the helpers _take used said it waits for
                 n, calls = taken
                 n = max(n, 1)
                 self._buf = buf[n:]
                 self._in_call = False
+                self._wait = None
                 self._balance = None
                 self._searched = 0
                 if calls is None:
@@ -418,8 +559,10 @@ class ToolParser:
             if self._begin:
                 stripped = buf.lstrip()
                 if not stripped:
+                    self._wait = _BLANK
                     break
                 self._begin = False
+                self._wait = None
                 if stripped[0] in self.leading:
                     self._in_call = True
                     continue
@@ -461,6 +604,25 @@ class ToolParser:
             if tail[-k:] in self._prefixes:
                 return k
         return 0
+
+
+def _joined(out: list[Delta]) -> list[Delta]:
+    """``out`` with each run of `Content` deltas as one (joined once, not per piece)."""
+    if len(out) < 2:
+        return out
+    joined: list[Delta] = []
+    run: list[str] = []
+    for d in out:
+        if type(d) is Content:
+            run.append(d.text)
+            continue
+        if run:
+            joined.append(Content("".join(run)))
+            run = []
+        joined.append(d)
+    if run:
+        joined.append(Content("".join(run)))
+    return joined
 
 
 def assemble(deltas: Sequence[Delta], incomplete: bool = False) -> Parsed:

@@ -25,7 +25,6 @@ from tsfront.text.tools.base import (
     call_from_object,
     canonical_arguments,
     loads_json,
-    skip_blank,
     tool_parameters,
 )
 
@@ -93,7 +92,7 @@ class RequiredToolParser(ToolParser):
     leading = "["
 
     def _take(self, buf: str, final: bool) -> Take:
-        i = skip_blank(buf, 0)
+        i = self.blank_end(buf, 0)
         end = self.balanced_end(buf, i)
         if end < 0:
             return None
@@ -123,7 +122,7 @@ class NamedToolParser(ToolParser):
         return NamedToolParser(self.tools_given, self.function)
 
     def _take(self, buf: str, final: bool) -> Take:
-        i = skip_blank(buf, 0)
+        i = self.blank_end(buf, 0)
         end = self.balanced_end(buf, i)
         if end < 0:
             return None

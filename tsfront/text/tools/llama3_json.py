@@ -14,7 +14,7 @@ answer is held back until its object closes (it cannot be told from a call befor
 
 from __future__ import annotations
 
-from tsfront.text.tools.base import Take, ToolParser, call_from_object, loads_json, skip_blank
+from tsfront.text.tools.base import Take, ToolParser, call_from_object, loads_json
 
 __all__ = ["Llama3JsonParser"]
 
@@ -30,7 +30,7 @@ class Llama3JsonParser(ToolParser):
 
     def _take(self, buf: str, final: bool) -> Take:
         tagged = buf.startswith(TAG)
-        i = skip_blank(buf, len(TAG) if tagged else 0)
+        i = self.blank_end(buf, len(TAG) if tagged else 0)
         if i >= len(buf):
             return None
         if buf[i] != "{":

@@ -26,7 +26,6 @@ from tsfront.text.tools.base import (
     canonical_arguments,
     loads_json,
     random_call_id,
-    skip_blank,
 )
 
 __all__ = ["MistralParser"]
@@ -36,6 +35,9 @@ ARGS = "[ARGS]"
 CALL_ID = "[CALL_ID]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _ID = re.compile(r"[A-Za-z0-9]+")
+# What ends a name, an id (the characters the two above do not take).
+_AFTER_NAME = re.compile(r"[^A-Za-z0-9_.\-]")
+_AFTER_ID = re.compile(r"[^A-Za-z0-9]")
 
 
 class MistralParser(ToolParser):
@@ -53,7 +55,7 @@ class MistralParser(ToolParser):
         return given if len(given) == 9 and given.isalnum() else random_call_id(9, "")
 
     def _take(self, buf: str, final: bool) -> Take:
-        i = skip_blank(buf, len(TOOL_CALLS))
+        i = self.blank_end(buf, len(TOOL_CALLS))
         if i >= len(buf):
             return None
         if buf[i] in "[{":
@@ -74,6 +76,9 @@ class MistralParser(ToolParser):
         if name is None:
             return len(TOOL_CALLS), None
         j = name.end()
+        if j == len(buf):
+            self.wait_outside(_AFTER_NAME)
+            return None
         call_id = ""
         if buf.startswith(CALL_ID, j):
             k = j + len(CALL_ID)
@@ -81,6 +86,7 @@ class MistralParser(ToolParser):
             if ident is None:
                 return None if k == len(buf) else (j, None)
             if ident.end() == len(buf):
+                self.wait_outside(_AFTER_ID)
                 return None
             call_id, j = ident.group(), ident.end()
         elif j < len(buf) and CALL_ID.startswith(buf[j:]):
@@ -89,7 +95,7 @@ class MistralParser(ToolParser):
             j += len(ARGS)
         elif ARGS.startswith(buf[j:]):
             return None
-        j = skip_blank(buf, j)
+        j = self.blank_end(buf, j)
         if j >= len(buf):
             return None
         if buf[j] != "{":

@@ -18,7 +18,7 @@ import ast
 import re
 from typing import Any
 
-from tsfront.text.tools.base import Take, ToolParser, canonical_arguments, skip_blank
+from tsfront.text.tools.base import Take, ToolParser, canonical_arguments
 
 __all__ = ["PythonicParser", "parse_call_list"]
 
@@ -29,12 +29,16 @@ _CALL_PREFIX = re.compile(r"\[(?:[A-Za-z_][\w.]*(?:\(.*)?)?\Z", re.DOTALL)
 
 
 def _dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return None if base is None else f"{base}.{node.attr}"
-    return None
+    # A loop, not a recursion: the parser builds attribute chains far deeper than the
+    # interpreter's recursion limit (``a.a.…(2,000 times).f``).
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
 
 
 def parse_call_list(text: str) -> list[tuple[str, str]] | None:
@@ -57,10 +61,10 @@ def parse_call_list(text: str) -> list[tuple[str, str]] | None:
             if kw.arg is None:
                 return None
             try:
-                args[kw.arg] = ast.literal_eval(kw.value)
+                args[kw.arg] = _jsonable(ast.literal_eval(kw.value))
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 return None
-        arguments = canonical_arguments(_jsonable(args))
+        arguments = canonical_arguments(args)
         if arguments is None:
             return None
         calls.append((name, arguments))
@@ -93,7 +97,7 @@ class PythonicParser(ToolParser):
                     return None if calls is None else (len(buf), calls)
                 return None
             return end + len(END), parse_call_list(buf[len(START) : end])
-        i = skip_blank(buf, 0)
+        i = self.blank_end(buf, 0)
         end = self.balanced_end(buf, i, python=True)
         if end < 0:
             return None

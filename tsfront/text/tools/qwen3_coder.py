@@ -41,9 +41,11 @@ END = "</tool_call>"
 FUNCTION = "<function="
 FUNCTION_END = "</function>"
 
-_FUNCTION_RE = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|\Z)", re.DOTALL)
+# A name stops at "<" too: a name never holds one, and a search that tried each of many
+# "<function=" without ">" would otherwise read to the end of the line from each (quadratic).
+_FUNCTION_RE = re.compile(r"<function=([^<>\n]*)>(.*?)(?:</function>|\Z)", re.DOTALL)
 _PARAM_RE = re.compile(
-    r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|\Z)", re.DOTALL
+    r"<parameter=([^<>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|\Z)", re.DOTALL
 )
 _STRINGS = ("string", "str", "text", "varchar", "char", "enum")
 _INTS = ("int", "uint", "long", "short", "unsigned")
