@@ -1,5 +1,5 @@
 /*
- * push.c: the drain's common case in one native pass (tsfront/stream.py `deliver_all`).
+ * push.c: the drain's common case in one native pass (tsfront/client/stream.py `deliver_all`).
  *
  * A streamed token of a response on the push path's native step (tsfront/serve/push.py) used
  * to go: the drain's loop, the stream's weak reference, `RequestStream.deliver` and its checks,

@@ -1,6 +1,6 @@
 /*
  * push.h: the drain's native dispatch of pushed plain tokens (tsfront/serve/push.py's
- * `Pusher` base, tsfront/stream.py's `deliver_all`).
+ * `Pusher` base, tsfront/client/stream.py's `deliver_all`).
  */
 #ifndef TSFRONT_PUSH_H
 #define TSFRONT_PUSH_H

@@ -151,7 +151,7 @@ static int submitter_put(Submitter *self, uint32_t kind, const Py_buffer *a, con
 }
 
 /* The worker rings once per loop turn that published a record, at the end of it
- * (tsfront.attachment), not once per record. */
+ * (tsfront.client.attachment), not once per record. */
 static PyObject *submitter_ring(Submitter *self, PyObject *noargs) {
     self->rings++;
     return PyBool_FromLong(doorbell(self));

@@ -717,7 +717,7 @@ static PyObject *writer_reset_worker(Writer *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* Counters the workers can read (header + 64: u64 words, see tsfront/region.py METRICS). */
+/* Counters the workers can read (header + 64: u64 words, see tsfront/ipc/region.py METRICS). */
 #define METRICS_OFF 64
 static void publish_stats(Writer *self) {
     _Atomic uint64_t *m = (_Atomic uint64_t *)(self->r.base + METRICS_OFF);

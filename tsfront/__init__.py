@@ -11,7 +11,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tsfront.client import ClientListener, EngineClient
+    from tsfront.client.engine_client import ClientListener, EngineClient
+    from tsfront.client.info import EngineInfo, EngineLoad
+    from tsfront.client.stream import OutputChunk, RequestStream
     from tsfront.config import ClientConfig, EngineGroup, LoadBalance, Routing
     from tsfront.errors import (
         Busy,
@@ -38,9 +40,7 @@ if TYPE_CHECKING:
         StreamRejected,
         WireDecodeError,
     )
-    from tsfront.info import EngineInfo, EngineLoad
-    from tsfront.ioproc import IOProcess
-    from tsfront.stream import OutputChunk, RequestStream
+    from tsfront.process.ioproc import IOProcess
 
 # Each public name's module, imported on first use (PEP 562): ``import tsfront`` (and so
 # every ``tsfront`` command before it parses its line) stays light, and a Ctrl-C while a
@@ -49,28 +49,28 @@ _WHERE = {
     "Busy": "tsfront.errors",
     "ClientClosed": "tsfront.errors",
     "ClientConfig": "tsfront.config",
-    "ClientListener": "tsfront.client",
+    "ClientListener": "tsfront.client.engine_client",
     "ConfigError": "tsfront.errors",
     "DeadlineExceeded": "tsfront.errors",
     "DuplicateRequest": "tsfront.errors",
-    "EngineClient": "tsfront.client",
+    "EngineClient": "tsfront.client.engine_client",
     "EngineDied": "tsfront.errors",
     "EngineGroup": "tsfront.config",
-    "EngineInfo": "tsfront.info",
-    "EngineLoad": "tsfront.info",
+    "EngineInfo": "tsfront.client.info",
+    "EngineLoad": "tsfront.client.info",
     "EngineStalled": "tsfront.errors",
     "EngineUnavailable": "tsfront.errors",
     "Error": "tsfront.errors",
     "HandshakeError": "tsfront.errors",
     "HandshakeTimeout": "tsfront.errors",
-    "IOProcess": "tsfront.ioproc",
+    "IOProcess": "tsfront.process.ioproc",
     "IOProcessDied": "tsfront.errors",
     "InvalidRequest": "tsfront.errors",
     "LoadBalance": "tsfront.config",
-    "OutputChunk": "tsfront.stream",
+    "OutputChunk": "tsfront.client.stream",
     "PrefillFailed": "tsfront.errors",
     "PromptTooLong": "tsfront.errors",
-    "RequestStream": "tsfront.stream",
+    "RequestStream": "tsfront.client.stream",
     "RidRecentlyAborted": "tsfront.errors",
     "Routing": "tsfront.config",
     "SendTimeout": "tsfront.errors",

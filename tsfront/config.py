@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from tsfront.errors import ConfigError
-from tsfront.io.addresses import MAX_PORT, check_endpoint, split_tcp
+from tsfront.wire.addresses import MAX_PORT, check_endpoint, split_tcp
 
 
 class LoadBalance(enum.Enum):

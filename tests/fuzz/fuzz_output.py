@@ -14,7 +14,7 @@ import atheris
 with atheris.instrument_imports():
     from tsfront import _native
     from tsfront.errors import WireDecodeError
-    from tsfront.region import Geometry, Region
+    from tsfront.ipc.region import Geometry, Region
     from tsfront.wire import decode_output, decode_ready_message, decode_registration
 
 GEOMETRY = Geometry(num_workers=2, slots_per_worker=4, ring_capacity=16, max_engines=2)

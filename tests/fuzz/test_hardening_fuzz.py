@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from tsfront import _native
 from tsfront.errors import WireDecodeError
-from tsfront.region import Geometry, Region
+from tsfront.ipc.region import Geometry, Region
 from tsfront.wire import (
     BatchTokenIDOutSlim,
     decode_abort,

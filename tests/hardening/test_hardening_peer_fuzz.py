@@ -325,7 +325,7 @@ def marker_frame(probe: str, k: int) -> bytes:
 REPLAY = """
 import json, sys
 from tsfront import _native
-from tsfront.region import Geometry, Region
+from tsfront.ipc.region import Geometry, Region
 saved = json.load(open(sys.argv[1]))
 frames = [bytes.fromhex(h) for h in saved["frames"]]
 rids = saved["rids"]

@@ -27,7 +27,8 @@ from support.core_fixtures import (
 )
 from support.raw_engine import RawEngine, raw_rig
 
-from tsfront import ClientConfig, EngineClient, HandshakeTimeout, IOProcess, control
+from tsfront import ClientConfig, EngineClient, HandshakeTimeout, IOProcess
+from tsfront.ipc import channel
 from tsfront.testing import private_addresses
 from tsfront.wire import (
     BatchTokenIDOutSlim,
@@ -214,13 +215,13 @@ async def test_garbage_on_the_submit_and_control_sockets(zctx):
         sub.connect(_submit_address(r.io.address))
         for _ in range(2000):
             sub.send_multipart(_garbage(rng, rng.randrange(1, 5)))
-        name = control.socket_name(r.io.address)
+        name = channel.socket_name(r.io.address)
         for payload in (
             rng.randbytes(1000),
             b"\xff\xff\xff\x7f",  # a length over the limit
             b"\x05\x00\x00\x00" + b"\xc1" * 5,  # undecodable msgpack
-            control.pack({"op": "attach"}),  # no eventfd
-            control.pack({"op": "nonsense", "x": 1}),
+            channel.pack({"op": "attach"}),  # no eventfd
+            channel.pack({"op": "nonsense", "x": 1}),
             b"",  # connect and leave
         ):
             c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -21,8 +21,8 @@ from tsfront import ClientConfig, _native
 from tsfront.io.core import SENT, IOCore
 from tsfront.io.engines import Engine
 from tsfront.ipc.control import ToWorker
+from tsfront.ipc.region import Geometry, Region
 from tsfront.metrics.recorder import IOStats
-from tsfront.region import Geometry, Region
 from tsfront.wire import EngineRegistration, encode_hello, encode_registration
 
 

@@ -1,4 +1,4 @@
-"""Stand-ins for what `tsfront.serve.push.Pusher` and `tsfront.stream.RequestStream` use of
+"""Stand-ins for what `tsfront.serve.push.Pusher` and `tsfront.client.stream.RequestStream` use of
 their neighbours, shared by the drain's tests (tests/unit/test_native_push.py and
 tests/system/test_serve_native.py)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tsfront.stream import RequestStream
+from tsfront.client.stream import RequestStream
 from tsfront.text.detok import TableDetokenizer
 
 

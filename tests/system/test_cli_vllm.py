@@ -14,7 +14,7 @@ import subprocess
 import openai
 import pytest
 
-from tsfront.child import python_module
+from tsfront.process.child import python_module
 from tsfront.sim import SimGroup
 from tsfront.testing.serve import ServeProcess
 

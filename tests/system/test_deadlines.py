@@ -22,8 +22,8 @@ from support.raw_engine import raw_rig
 from tsfront import ClientConfig, ConfigError, DeadlineExceeded, InvalidRequest
 from tsfront.io.core import SENT, Record
 from tsfront.io.engines import PendingSend
+from tsfront.ipc.region import FIN_DEADLINE, FIN_SEND_TIMEOUT
 from tsfront.ipc.submit import SUBMIT_HEADER, ticket_base
-from tsfront.region import FIN_DEADLINE, FIN_SEND_TIMEOUT
 
 
 def _slots_free(client) -> bool:

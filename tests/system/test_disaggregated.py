@@ -377,7 +377,7 @@ def test_a_prefill_send_that_times_out_ends_with_a_prefill_error_and_aborts_deco
     from tsfront.io.core import FULL, Record
     from tsfront.io.disagg import Disaggregated
     from tsfront.io.engines import PendingSend
-    from tsfront.region import FIN_PREFILL_SEND_TIMEOUT
+    from tsfront.ipc.region import FIN_PREFILL_SEND_TIMEOUT
 
     cfg = ClientConfig(
         routing=Routing.disaggregated(prefill=_group(1, 0), decode=_group(1, 0)),

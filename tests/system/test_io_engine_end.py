@@ -21,8 +21,8 @@ from support.core_fixtures import (
 from support.raw_engine import RawEngine, raw_rig
 
 from tsfront import EngineDied, IOProcessDied
-from tsfront.region import FIN_ENGINE_DEAD, FIN_IO_STOPPING
-from tsfront.stream import RequestStream
+from tsfront.client.stream import RequestStream
+from tsfront.ipc.region import FIN_ENGINE_DEAD, FIN_IO_STOPPING
 
 BURST = [101, 102, 103, 104, 105]
 

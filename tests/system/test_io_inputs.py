@@ -12,10 +12,10 @@ from collections.abc import Callable
 import pytest
 import zmq
 
-from tsfront.io.addresses import split_tcp
 from tsfront.io.core import FULL, SENT, UNREACHABLE
 from tsfront.io.inputs import InputPort
 from tsfront.io.poll import READ, WRITE, Poll
+from tsfront.wire.addresses import split_tcp
 from tsfront.wire.zmtp import GREETING, command, frame
 
 DEADLINE = 10.0

@@ -17,8 +17,8 @@ import zmq
 
 from tsfront.errors import ConfigError
 from tsfront.io import outputs
-from tsfront.io.addresses import split_tcp
 from tsfront.io.outputs import OutputPort
+from tsfront.wire.addresses import split_tcp
 from tsfront.wire.zmtp import GREETING, command, frame
 
 ACCEPTED, DISCONNECTED = int(zmq.EVENT_ACCEPTED), int(zmq.EVENT_DISCONNECTED)

@@ -37,11 +37,11 @@ from support.hardening import io_rig, wait_state
 from test_cli import TSFRONT, Proc
 
 from tsfront import EngineClient, errors
+from tsfront.ipc.region import Geometry, Region
 from tsfront.metrics import asgi_app, registry
 from tsfront.metrics.layout import E2E_BUCKETS, FINISH_REASONS, TOKEN_BUCKETS
 from tsfront.metrics.recorder import Recorder
 from tsfront.metrics.snapshot import read_metrics
-from tsfront.region import Geometry, Region
 from tsfront.sim import SimGroup
 
 P = "tsfront:"

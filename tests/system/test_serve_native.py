@@ -39,9 +39,9 @@ from support.serve_fixtures import post_stream, read_chunked, start_served
 import tsfront.serve.push as push
 from tsfront import _native
 from tsfront.bench.standins import TransportCycle
+from tsfront.client.stream import OutputChunk, RequestStream, deliver_all
 from tsfront.serve.push import Pusher
 from tsfront.serve.transport import ConnectionTransport
-from tsfront.stream import OutputChunk, RequestStream, deliver_all
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
 DEADLINE = 30.0

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from support.serve_fixtures import serve_children, start_served
 
-from tsfront.child import python_module
+from tsfront.process.child import python_module
 from tsfront.testing.serve import Served
 
 DEADLINE = 30.0

@@ -25,7 +25,7 @@ import httpx
 import pytest
 from support.serve_fixtures import ServeProcess
 
-from tsfront.child import python_module
+from tsfront.process.child import python_module
 from tsfront.sim import SimGroup
 
 DEADLINE = 30.0

@@ -1,5 +1,6 @@
 """Every tsfront child process started from a command line goes through
-`tsfront.child.python_module`, which keeps the working directory off its ``sys.path`` (``-P``).
+`tsfront.process.child.python_module`, which keeps the working directory off its
+``sys.path`` (``-P``).
 
 The behaviour itself (a decoy ``tsfront/`` in the working directory is not imported) is run in
 tests/system/test_serve_responses_local.py with the store process."""
@@ -10,7 +11,7 @@ import ast
 import pathlib
 import sys
 
-from tsfront.child import python_module
+from tsfront.process.child import python_module
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "tsfront"
 
@@ -30,7 +31,7 @@ def test_no_module_builds_a_python_m_command_line_of_its_own() -> None:
     # put the working directory first on the child's sys.path.
     found = []
     for path in sorted(ROOT.rglob("*.py")):
-        if path.name == "child.py" and path.parent == ROOT:
+        if path == ROOT / "process" / "child.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Constant) and node.value == "-m":

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tsfront.client import EngineClient
+from tsfront.client.engine_client import EngineClient
+from tsfront.client.info import EngineInfo
 from tsfront.errors import EngineUnavailable
-from tsfront.info import EngineInfo
-from tsfront.region import E_STATE, ENGINE_DEAD, ENGINE_LIVE, ENGINE_STALLED, Geometry, Region
+from tsfront.ipc.region import E_STATE, ENGINE_DEAD, ENGINE_LIVE, ENGINE_STALLED, Geometry, Region
 
 GEOMETRY = Geometry(num_workers=1, slots_per_worker=4, ring_capacity=64, max_engines=8)
 

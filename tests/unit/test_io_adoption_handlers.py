@@ -11,7 +11,7 @@ from tsfront import ClientConfig, _native
 from tsfront.io.adoption import Adoption
 from tsfront.io.core import IOCore, Record
 from tsfront.io.state import SavedEngine
-from tsfront.region import ENGINE_DEAD, ENGINE_HANDSHAKING, ENGINE_LIVE, FIN_DUPLICATE
+from tsfront.ipc.region import ENGINE_DEAD, ENGINE_HANDSHAKING, ENGINE_LIVE, FIN_DUPLICATE
 from tsfront.wire import ENGINE_CORE_DEAD, EngineRegistration
 
 

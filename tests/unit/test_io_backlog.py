@@ -8,8 +8,8 @@ from support.io_core import bring_live, core_rig
 
 from tsfront.io.core import FULL, SENT, Record
 from tsfront.io.engines import PendingSend
+from tsfront.ipc.region import FIN_SEND_TIMEOUT
 from tsfront.ipc.submit import SUBMIT_HEADER, ticket_base
-from tsfront.region import FIN_SEND_TIMEOUT
 
 
 class _Finishes:

@@ -16,14 +16,15 @@ import zmq
 from support.core_fixtures import DEADLINE
 from support.io_core import bring_live, core_rig
 
-from tsfront import ClientConfig, _native, control
+from tsfront import ClientConfig, _native
 from tsfront.io.core import Record
 from tsfront.io.engines import StallEvent
 from tsfront.io.loop import DRAIN, IOLoop, WorkerConn
 from tsfront.io.outputs import OutputPort
 from tsfront.io.poll import READ, WRITE
+from tsfront.ipc import channel
 from tsfront.ipc.control import Failed, ToWorker
-from tsfront.region import (
+from tsfront.ipc.region import (
     E_IN_FLIGHT,
     E_INDEX,
     E_KV_ACTIVE,
@@ -222,7 +223,7 @@ def test_control_messages_larger_than_the_socket_buffer_arrive_whole_and_in_orde
         assert loop.send(conn, message)
     assert conn.out  # the socket took only part of it: the rest waits, whole
     assert loop.poller.masks[conn.sock.fileno()] & WRITE
-    reader = control.MessageReader(peer, ToWorker)
+    reader = channel.MessageReader(peer, ToWorker)
     received: list[object] = []
     deadline = time.monotonic() + DEADLINE
     while len(received) < len(sent) and time.monotonic() < deadline:

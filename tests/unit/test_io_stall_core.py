@@ -19,8 +19,7 @@ from tsfront.io.core import FULL, SENT, UNREACHABLE
 from tsfront.io.disagg import Disaggregated
 from tsfront.io.engines import Stall
 from tsfront.io.probes import PROBE_PREFIX
-from tsfront.ipc.submit import SUBMIT_HEADER, ticket_base
-from tsfront.region import (
+from tsfront.ipc.region import (
     E_STATE,
     ENGINE_LIVE,
     ENGINE_STALLED,
@@ -28,6 +27,7 @@ from tsfront.region import (
     FIN_ENGINE_STALLED,
     FIN_NO_ENGINE,
 )
+from tsfront.ipc.submit import SUBMIT_HEADER, ticket_base
 from tsfront.wire import (
     BatchTokenIDOutSlim,
     decode_abort,

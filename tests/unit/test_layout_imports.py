@@ -113,11 +113,11 @@ def test_the_cycle_finder_finds_a_circle_and_only_a_circle() -> None:
 def test_the_graph_sees_every_form_of_import() -> None:
     edges = graph()
     # `from tsfront import _native, control` (a module named in a from-import) ...
-    assert "tsfront.control" in edges["tsfront.attachment"]
+    assert "tsfront.ipc.channel" in edges["tsfront.client.attachment"]
     # ... `from tsfront.io.engines import Engine` (a name of a module) ...
     assert "tsfront.io.engines" in edges["tsfront.io.routing"]
     # ... and `from tsfront import IOProcess` (a name of the package).
-    assert "tsfront.ioproc" in edges["tsfront"]
+    assert "tsfront.process.ioproc" in edges["tsfront"]
 
 
 def test_no_import_circle_in_tsfront_but_the_listed_ones() -> None:
@@ -135,25 +135,76 @@ def test_the_shared_protocol_takes_part_in_no_circle() -> None:
 
 
 def test_ipc_imports_nothing_of_the_processes() -> None:
-    # The shared protocol is the bottom layer: the processes import it, never the reverse.
-    allowed = ("tsfront.ipc", "tsfront.wire", "tsfront.errors", "tsfront._native")
+    # What the processes share is the bottom layer: they import it, never the reverse. (The
+    # region places the metrics area where tsfront.metrics.layout says.)
+    allowed = (
+        "tsfront.ipc",
+        "tsfront.wire",
+        "tsfront.errors",
+        "tsfront._native",
+        "tsfront.metrics.layout",
+    )
     for name, targets in graph().items():
         if name.startswith("tsfront.ipc"):
             wrong = sorted(t for t in targets if not t.startswith(allowed))
             assert not wrong, f"{name} imports {wrong}"
 
 
-def test_the_worker_side_imports_nothing_of_the_io_process() -> None:
+def test_the_worker_side_and_the_io_process_import_nothing_of_each_other() -> None:
+    # The tree is the picture of docs/DESIGN.md: the I/O process (tsfront.io), the worker side
+    # (tsfront.client) and what they share (tsfront.ipc); the two sides meet only there.
     edges = graph()
-    for name in (
-        "tsfront.attachment",
-        "tsfront.slots",
-        "tsfront.client",
-        "tsfront.stream",
-        "tsfront.control",
-    ):
-        wrong = sorted(t for t in edges[name] if t.startswith("tsfront.io."))
+    sides = {"tsfront.client": "tsfront.io", "tsfront.io": "tsfront.client"}
+    checked = 0
+    for name, targets in edges.items():
+        for side, other in sides.items():
+            if name == side or name.startswith(side + "."):
+                checked += 1
+                wrong = sorted(t for t in targets if t == other or t.startswith(other + "."))
+                assert not wrong, f"{name} imports {wrong}"
+    assert checked >= 20  # both packages were found
+
+
+def test_the_process_leaves_import_only_the_leaves() -> None:
+    # How processes are started and live: nothing of the processes' own code.
+    allowed = ("tsfront.process", "tsfront.config", "tsfront.errors")
+    found = [name for name in graph() if name.startswith("tsfront.process.")]
+    assert len(found) >= 4
+    for name in found:
+        wrong = sorted(t for t in graph()[name] if not t.startswith(allowed))
         assert not wrong, f"{name} imports {wrong}"
+
+
+def test_the_leaves_import_nothing_of_the_processes() -> None:
+    # config, errors, ids, install: every process may import them, so they import none.
+    sides = ("tsfront.io", "tsfront.client", "tsfront.serve", "tsfront.commands")
+    for leaf in ("tsfront.config", "tsfront.errors", "tsfront.ids", "tsfront.install"):
+        wrong = sorted(t for t in graph()[leaf] if t.startswith(sides))
+        assert not wrong, f"{leaf} imports {wrong}"
+
+
+def test_the_package_root_holds_only_the_leaves() -> None:
+    # Everything else lives in the package of the process it runs in (issue 40's layout).
+    root = sorted(p.name for p in ROOT.glob("*.py"))
+    assert root == [
+        "__init__.py",
+        "__main__.py",
+        "config.py",
+        "errors.py",
+        "ids.py",
+        "install.py",
+    ]
+
+
+def test_no_two_modules_share_a_name_across_the_processes_packages() -> None:
+    # One name, one thing: io, client, ipc and process hold no two modules of the same name.
+    seen: dict[str, str] = {}
+    for package in ("io", "client", "ipc", "process"):
+        for path in (ROOT / package).glob("*.py"):
+            if path.name == "__init__.py":
+                continue
+            assert path.name not in seen, f"{package}/{path.name} and {seen[path.name]}"
+            seen[path.name] = f"{package}/{path.name}"
 
 
 # Entry points (``python -m ...``): they start the commands, nothing imports them.
@@ -175,9 +226,12 @@ def test_the_stream_knows_its_slot_table_only_by_its_protocol() -> None:
     # (they import it), so the worker side reads top-down: client -> attachment -> slots ->
     # stream.
     edges = graph()
-    assert not {"tsfront.attachment", "tsfront.slots", "tsfront.client"} & edges["tsfront.stream"]
-    assert "tsfront.stream" in edges["tsfront.slots"]
-    assert "tsfront.slots" in edges["tsfront.attachment"]
+    assert (
+        not {"tsfront.client.attachment", "tsfront.client.slots", "tsfront.client.engine_client"}
+        & edges["tsfront.client.stream"]
+    )
+    assert "tsfront.client.stream" in edges["tsfront.client.slots"]
+    assert "tsfront.client.slots" in edges["tsfront.client.attachment"]
 
 
 def test_the_io_core_imports_neither_its_shell_nor_the_classes_it_calls_back() -> None:

@@ -1,4 +1,4 @@
-"""The drain's native pass (``tsfront._native.push_batch`` via `tsfront.stream.deliver_all`)
+"""The drain's native pass (``tsfront._native.push_batch`` via `tsfront.client.stream.deliver_all`)
 against the Python path it stands in for (`RequestStream.deliver` → `Pusher.__call__`).
 
 Two identical worlds of streams, each parked in a real reader task on a real `Pusher` with the
@@ -27,9 +27,10 @@ from hypothesis import strategies as st
 from support.push_fixtures import LoggingOwner, PlainChoice
 
 import tsfront.serve.push as push
-from tsfront import _native, region
+from tsfront import _native
+from tsfront.client.stream import RequestStream, deliver_all
+from tsfront.ipc import region
 from tsfront.serve.push import Pusher
-from tsfront.stream import RequestStream, deliver_all
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
 _EURO = "€".encode()

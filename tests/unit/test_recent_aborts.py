@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tsfront.aborts import RecentAborts
+from tsfront.ipc.aborts import RecentAborts
 from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
 
 

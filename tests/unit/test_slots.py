@@ -1,4 +1,4 @@
-"""The worker's slot table (`tsfront.slots.SlotTable`) through its public methods.
+"""The worker's slot table (`tsfront.client.slots.SlotTable`) through its public methods.
 
 A real event loop, a recording stand-in for the native reader (`expect` / `release`) and a
 recording sender for the abort batches: every slot in use, a full submission queue, a stream
@@ -15,10 +15,10 @@ import time
 import pytest
 from support.core_fixtures import wait_until
 
+from tsfront.client.slots import SlotTable
 from tsfront.errors import StreamError
 from tsfront.ipc.codes import FIN_LENGTH
 from tsfront.ipc.submit import ABORT_ENTRY
-from tsfront.slots import SlotTable
 
 SLOTS = 4
 TICKET_BASE = 7 << 40

@@ -46,13 +46,13 @@ from tsfront.bench import baselines, replay
 from tsfront.bench.cpu import cpu_ns, cpu_stat_ns
 from tsfront.bench.replay import make_rids, stamp_age_ns
 from tsfront.bench.standins import NullOwner
-from tsfront.sigint import hold_sigint, ignore_sigint
+from tsfront.process.sigint import hold_sigint, ignore_sigint
 
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnContext
 
-    from tsfront.client import EngineClient
-    from tsfront.stream import RequestStream
+    from tsfront.client.engine_client import EngineClient
+    from tsfront.client.stream import RequestStream
     from tsfront.wire import TokenizedGenerateReqInput
 
 
@@ -151,7 +151,7 @@ def worker_main(conn: Connection, address: str, use_uvloop: bool) -> None:
 
 
 async def _worker(conn: Connection, address: str) -> None:
-    from tsfront.client import EngineClient
+    from tsfront.client.engine_client import EngineClient
 
     client = await EngineClient.attach(address, timeout=60)
     att = client.attachment
@@ -294,10 +294,10 @@ def deliver_ns_per_token(rows: int, steps: int = 2000, *, consumers: bool = True
 
 
 async def _deliver_ns_per_token(rows: int, steps: int, consumers: bool) -> dict:
+    from tsfront.client.stream import RequestStream
+    from tsfront.ipc.region import Geometry, Region
     from tsfront.metrics.layout import W_GENERATION_TOKENS
     from tsfront.metrics.recorder import Recorder, monotonic_ns
-    from tsfront.region import Geometry, Region
-    from tsfront.stream import RequestStream
     from tsfront.wire import encode_output
 
     g = Geometry(num_workers=1, slots_per_worker=rows, ring_capacity=256, max_engines=1)
@@ -484,7 +484,7 @@ class Session:
         use_uvloop: bool,
     ) -> None:
         from tsfront.config import ClientConfig
-        from tsfront.ioproc import IOProcess
+        from tsfront.process.ioproc import IOProcess
 
         self.rows, self.nw, self.nr = rows, workers, ranks
         self.mp = multiprocessing.get_context("spawn")

@@ -141,8 +141,8 @@ def _figures(sim: SimGroup, p: RoutingParams, wall: float, finished: int) -> dic
 async def _replay_tsfront(
     trace: list[list[list[int]]], p: RoutingParams, policy: LoadBalance, ideal: bool
 ) -> dict:
-    from tsfront.client import EngineClient
-    from tsfront.ioproc import IOProcess
+    from tsfront.client.engine_client import EngineClient
+    from tsfront.process.ioproc import IOProcess
     from tsfront.sim import SimGroup
     from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 

@@ -45,7 +45,7 @@ from typing import IO, Any, NamedTuple, cast
 
 from tsfront.bench.cpu import TICK_NS, cpu_ns
 from tsfront.bench.smg import find_smg, free_port, handshake_port, launch_command
-from tsfront.child import python_module
+from tsfront.process.child import python_module
 
 __all__ = ["PRESETS", "ServeParams", "run_serve"]
 

@@ -23,7 +23,7 @@ import urllib.request
 from typing import cast
 
 from tsfront.config import ClientConfig
-from tsfront.ioproc import IOProcess
+from tsfront.process.ioproc import IOProcess
 
 __all__ = ["main"]
 
@@ -36,7 +36,7 @@ def _say(line: str) -> None:
 async def _aiohttp(args: argparse.Namespace, address: str) -> None:
     from aiohttp import web
 
-    from tsfront.client import EngineClient
+    from tsfront.client.engine_client import EngineClient
     from tsfront.serve.api import OpenAIService, Reply, SSEReply
     from tsfront.text import TextModel
 

@@ -1,7 +1,7 @@
 """What the in-process measures stand in for: a stream's slot table and uvicorn's request cycle.
 
-`NullOwner` is the slot table a `tsfront.stream.RequestStream` reports to, with nothing to free
-or abort (the throughput suite's worker-side measure, the push micro-benchmark).
+`NullOwner` is the slot table a `tsfront.client.stream.RequestStream` reports to, with nothing
+to free or abort (the throughput suite's worker-side measure, the push micro-benchmark).
 `TransportCycle` is what `tsfront.serve.push.Pusher` and the drain's native pass read of
 uvicorn's `RequestResponseCycle`, over a real connection's transport; a measure (or a test)
 makes `Pusher` take it for uvicorn's by patching ``tsfront.serve.push._cycle_types``.
@@ -13,7 +13,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tsfront.stream import RequestStream
+    from tsfront.client.stream import RequestStream
 
 __all__ = ["NullOwner", "TransportCycle"]
 

@@ -26,12 +26,12 @@ import sys
 import time
 from typing import Any, cast
 
-from tsfront.client import EngineClient
+from tsfront.client.engine_client import EngineClient
 from tsfront.commands.base import Command, UsageError, progress
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
-from tsfront.ioproc import IOProcess
-from tsfront.sigint import hold_sigint, ignore_sigint
+from tsfront.process.ioproc import IOProcess
+from tsfront.process.sigint import hold_sigint, ignore_sigint
 
 __all__ = ["COMMAND", "arguments", "run"]
 

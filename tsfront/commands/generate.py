@@ -20,11 +20,11 @@ import sys
 import time
 from typing import Any
 
-from tsfront.client import ClientListener, EngineClient
+from tsfront.client.engine_client import ClientListener, EngineClient
+from tsfront.client.stream import OutputChunk
 from tsfront.commands.base import Command, CommandError, UsageError, one_line, progress
 from tsfront.commands.options import HANDSHAKE_TIMEOUT_S, add_engine_arguments, config_from_args
 from tsfront.errors import Error, InvalidRequest
-from tsfront.stream import OutputChunk
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput, validate_request
 
 __all__ = ["COMMAND", "arguments", "parse_ids", "parse_requests", "run"]

@@ -18,12 +18,12 @@ import json
 import signal
 import sys
 
-from tsfront.client import EngineClient
+from tsfront.client.engine_client import EngineClient
 from tsfront.commands.base import Command, UsageError, progress
 from tsfront.commands.options import HANDSHAKE_TIMEOUT_S, add_engine_arguments, config_from_args
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
-from tsfront.ioproc import IOProcess
+from tsfront.process.ioproc import IOProcess
 
 __all__ = ["COMMAND", "arguments", "run"]
 

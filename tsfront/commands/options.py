@@ -3,7 +3,7 @@
 `add_engine_arguments` declares them (``--handshake``, ``--num-engines``,
 ``--first-engine-index``, ``--handshake-timeout``, ``--input-address``, ``--output-address``,
 ``--load-balance``, ``--stall-timeout``, ``--stall-fail-timeout``); every address is judged
-while the command line is parsed, by `tsfront.io.addresses.check_endpoint` (through
+while the command line is parsed, by `tsfront.wire.addresses.check_endpoint` (through
 `endpoint`), so a malformed one is a usage error (exit 2) before anything loads or binds.
 `config_from_args` turns them into a `ClientConfig` (a stall option's 0 is None, "never"),
 naming the option (not the config field) in what `ClientConfig` refuses.
@@ -18,7 +18,7 @@ from typing import Any
 from tsfront.commands.base import UsageError
 from tsfront.config import ClientConfig, LoadBalance, Routing
 from tsfront.errors import ConfigError
-from tsfront.io.addresses import check_endpoint
+from tsfront.wire.addresses import check_endpoint
 
 __all__ = ["HANDSHAKE_TIMEOUT_S", "add_engine_arguments", "config_from_args", "endpoint"]
 

@@ -42,16 +42,16 @@ from tsfront.commands.base import Command, CommandError, InUse, MissingExtra, Us
 from tsfront.commands.options import HANDSHAKE_TIMEOUT_S, add_engine_arguments, config_from_args
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
+from tsfront.process.sigint import hold_sigint
 from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
 from tsfront.serve.edge import add_edge_arguments, edge_settings
 from tsfront.serve.store import DEFAULT_BYTES, DEFAULT_ITEMS
 from tsfront.serve.templates import add_template_arguments, template_options
-from tsfront.sigint import hold_sigint
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
 
-    from tsfront.ioproc import IOProcess
+    from tsfront.process.ioproc import IOProcess
 
 __all__ = ["COMMAND", "arguments", "run"]
 
@@ -378,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) -> int:
-    from tsfront.ioproc import IOProcess
+    from tsfront.process.ioproc import IOProcess
     from tsfront.serve.counters import ServeCounters
     from tsfront.serve.ports import PortInUse, claim_port
     from tsfront.serve.store import StoreProcess

@@ -20,7 +20,7 @@ Orphans: rows of an adopted engine process for rids this I/O process never bound
 engine are requests of its predecessor, still decoding (a rid bound here to another engine is
 one too: those rows never reach its slot). Each such rid (its row not a finishing one) is
 aborted on that engine once and remembered with the other aborts of that engine
-(`tsfront.aborts.RecentAborts`), so that an ADD reusing it within the engine's 300 s abort
+(`tsfront.ipc.aborts.RecentAborts`), so that an ADD reusing it within the engine's 300 s abort
 memory is refused with `StreamRejected` instead of being dropped by the engine unanswered.
 """
 

@@ -68,6 +68,7 @@ from tsfront.ipc.codes import (
     FIN_SEND_TIMEOUT,
 )
 from tsfront.ipc.control import EngineEntry, Engines, EngineUpdate, Failed, ToWorker
+from tsfront.ipc.region import IO_METRICS
 from tsfront.ipc.submit import (
     ABORT_ENTRY,
     SUBMIT_HEADER,
@@ -75,7 +76,6 @@ from tsfront.ipc.submit import (
     next_serial,
     ticket_of_attach,
 )
-from tsfront.region import IO_METRICS
 from tsfront.wire import decode_ready_message, decode_registration, encode_abort, encode_init
 
 if TYPE_CHECKING:
@@ -85,8 +85,8 @@ if TYPE_CHECKING:
     from tsfront.config import ClientConfig
     from tsfront.config import EngineGroup as GroupConfig
     from tsfront.io.state import StateDir
+    from tsfront.ipc.region import Region
     from tsfront.metrics.recorder import IOStats
-    from tsfront.region import Region
 
 log = logging.getLogger("tsfront.io")
 

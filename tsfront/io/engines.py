@@ -60,7 +60,7 @@ from functools import cached_property
 
 import zmq
 
-from tsfront.aborts import RecentAborts
+from tsfront.ipc.aborts import RecentAborts
 from tsfront.ipc.codes import (
     ENGINE_ABSENT,
     ENGINE_DEAD,

@@ -11,7 +11,7 @@ import stat
 from collections.abc import Callable, Iterator
 
 from tsfront.errors import ConfigError
-from tsfront.io.addresses import split_tcp
+from tsfront.wire.addresses import split_tcp
 
 __all__ = ["MAX_CONNECTIONS", "Warn", "accepted", "bind_listener", "log_warning"]
 

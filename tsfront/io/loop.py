@@ -30,10 +30,9 @@ from typing import cast
 
 import zmq
 
-from tsfront import _native, control
+from tsfront import _native
 from tsfront.config import ClientConfig
 from tsfront.errors import WireDecodeError
-from tsfront.io.addresses import advertised, bind_socket, output_address_for
 from tsfront.io.adoption import Adoption
 from tsfront.io.core import SENT, EngineGroup, IOCore, Worker
 from tsfront.io.disagg import Disaggregated
@@ -42,11 +41,13 @@ from tsfront.io.inputs import InputPort
 from tsfront.io.outputs import OutputPort
 from tsfront.io.poll import READ, WRITE, Poll
 from tsfront.io.state import StateDir
+from tsfront.ipc import channel
 from tsfront.ipc.control import Attach, Attached, Failed, ToIO, ToWorker
+from tsfront.ipc.region import Geometry, Region
 from tsfront.ipc.submit import SUBMIT_ABORT, SUBMIT_ADD, ticket_base
 from tsfront.metrics.recorder import IOStats
-from tsfront.region import Geometry, Region
 from tsfront.wire import ABORT, ADD
+from tsfront.wire.addresses import advertised, bind_socket, output_address_for
 
 log = logging.getLogger("tsfront.io")
 
@@ -84,7 +85,7 @@ class WorkerConn:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
-        self.reader = control.MessageReader(sock, ToIO)
+        self.reader = channel.MessageReader(sock, ToIO)
         self.out = bytearray()
         self.worker: Worker | None = None
 
@@ -212,8 +213,8 @@ class IOLoop:
         self.submit.bind(submit)
         self.submit_address = submit
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        address = f"{control.ADDRESS_PREFIX}tsfront-{self.token}"
-        listener.bind(control.socket_name(address))
+        address = f"{channel.ADDRESS_PREFIX}tsfront-{self.token}"
+        listener.bind(channel.socket_name(address))
         listener.listen(128)
         listener.setblocking(False)
         self._listener = listener
@@ -631,7 +632,7 @@ class IOLoop:
         number = conn.worker.number if conn.worker is not None else None
         try:
             messages = conn.reader.feed()
-        except control.ControlError as exc:
+        except channel.ControlError as exc:
             self.warn("bad-control", "worker %s: %s; detaching it", number, exc)
             self.detach(conn)
             return
@@ -706,7 +707,7 @@ class IOLoop:
         """Queue one control message and send what the socket takes now; False if the
         connection was dropped. Never blocks: what does not fit waits in ``conn.out`` and
         goes when the socket is writable, so a message is never torn."""
-        data = control.pack(message)
+        data = channel.pack(message)
         if conn.out:
             conn.out += data  # behind what is already waiting (fds only ride the first)
         else:

@@ -15,10 +15,11 @@ import os
 import signal
 import sys
 
-from tsfront import _native, heap
+from tsfront import _native
 from tsfront.config import ClientConfig
 from tsfront.io.loop import IOLoop, Stop
-from tsfront.sigint import ignore_sigint
+from tsfront.process import heap
+from tsfront.process.sigint import ignore_sigint
 
 
 class _Terminate(BaseException):

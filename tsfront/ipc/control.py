@@ -2,7 +2,7 @@
 
 Each message is a msgpack map behind a 4-byte little-endian length (`frame`, `unframe`); the
 socket that carries them, and the two file descriptors that ride on them (the worker's eventfd
-with `Attach`, the region's memfd with `Attached`), are `tsfront.control`'s. Nothing here reads
+with `Attach`, the region's memfd with `Attached`), are `tsfront.ipc.channel`'s. Nothing here reads
 a message by string key: a map that is not one of these Structs (an unknown ``op``, a field of
 the wrong type) is a `ControlError`.
 

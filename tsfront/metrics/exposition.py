@@ -26,11 +26,11 @@ from prometheus_client.core import (
 )
 
 from tsfront.errors import ClientClosed
+from tsfront.ipc.region import Region
 from tsfront.metrics.snapshot import FrontendMetrics, HistogramData, read_metrics
-from tsfront.region import Region
 
 if TYPE_CHECKING:
-    from tsfront.client import EngineClient
+    from tsfront.client.engine_client import EngineClient
 
 PREFIX = "tsfront:"
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 import time
 from bisect import bisect_left
 
-from tsfront import region as shm
+from tsfront.ipc import region as shm
 from tsfront.metrics import layout as L
 
-# Local terminal codes → the StreamError class the stream raises (see tsfront.stream).
+# Local terminal codes → the StreamError class the stream raises (see tsfront.client.stream).
 _ERROR_REASON = {
     shm.FIN_ENGINE_DEAD: "EngineDied",
     shm.FIN_SEND_TIMEOUT: "SendTimeout",
@@ -44,7 +44,7 @@ _ERROR_REASON = {
     shm.FIN_ENGINE_STALLED: "EngineStalled",
 }
 _FIN_LOCAL = min(_ERROR_REASON)  # codes from here on are local ends, below are the engine's
-# The engine's finish codes → reason (tsfront.region.FINISH_REASONS).
+# The engine's finish codes → reason (tsfront.ipc.region.FINISH_REASONS).
 _ENGINE_REASON = shm.FINISH_REASONS
 
 _NS = 1_000_000_000

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tsfront import region as shm
+from tsfront.ipc import region as shm
 from tsfront.metrics import layout as L
 
 _NS = 1_000_000_000

@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
-from tsfront.client import EngineClient
+from tsfront.client.engine_client import EngineClient
+from tsfront.client.stream import OutputChunk
 from tsfront.errors import (
     Busy,
     ClientClosed,
@@ -72,7 +73,6 @@ from tsfront.serve.schema import ChatRequest, CompletionRequest
 from tsfront.serve.structured import Constraint, constraint
 from tsfront.serve.tokenize import DetokenizeRequest, TokenizeRequest
 from tsfront.serve.tooling import history_message, tool_plan
-from tsfront.stream import OutputChunk
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ from tsfront.serve.transport import LOST_HOOK
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from tsfront.client import EngineClient
+    from tsfront.client.engine_client import EngineClient
     from tsfront.serve.counters import ServeCounters
     from tsfront.serve.gate import Exchange, Gate
 
@@ -152,7 +152,7 @@ class ServeApp:
         """Attach to the I/O process and load the model (the lifespan's startup)."""
         if self.service is not None:
             return
-        from tsfront.client import EngineClient
+        from tsfront.client.engine_client import EngineClient
         from tsfront.text import TextModel
 
         if not self._attach or not self._model:

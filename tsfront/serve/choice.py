@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from tsfront.client.stream import OutputChunk, RequestStream
     from tsfront.serve.parsing import OutputParser
-    from tsfront.stream import OutputChunk, RequestStream
     from tsfront.text.detok import Detokenizer
     from tsfront.text.stop import StopMatcher
 

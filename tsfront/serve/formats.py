@@ -29,9 +29,9 @@ from tsfront.ids import response_id
 from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
+    from tsfront.client.stream import OutputChunk
     from tsfront.serve.choice import Choice
     from tsfront.serve.parsing import Pieces
-    from tsfront.stream import OutputChunk
 
 __all__ = ["ChatFormat", "CompletionFormat", "Format", "encode_json"]
 

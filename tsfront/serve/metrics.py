@@ -20,7 +20,7 @@ from tsfront.errors import ClientClosed
 from tsfront.metrics.exposition import PREFIX, families
 
 if TYPE_CHECKING:
-    from tsfront.client import EngineClient
+    from tsfront.client.engine_client import EngineClient
     from tsfront.serve.counters import ServeCounters
 
 __all__ = ["CONTENT_TYPE", "MetricsPage"]

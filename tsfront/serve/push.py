@@ -3,7 +3,7 @@
 Without it every token of a streamed response takes a round of the event loop: the drain
 queues a chunk and wakes the response's task, the task resumes two generators (the stream's
 and the response's) and awaits the ASGI ``send``. `Pusher` is the stream's sink (see
-`tsfront.stream.RequestStream.set_sink`): for plain tokens of a response with one choice, no
+`tsfront.client.stream.RequestStream.set_sink`): for plain tokens of a response with one choice, no
 stop strings and no logprobs, it turns them into text and the event bytes and steps the ASGI
 ``send`` coroutine itself, right there. ``send`` completes without suspending unless the
 server applies back-pressure (the client reads slower than we write); then the rest of that
@@ -100,7 +100,7 @@ class Pusher(_native.PusherBase):
     event's head and tail, the choice) and ``inflight``/``error`` are fields of the native
     base, which the worker's drain reads directly: an update that `__call__` would write with
     the native step is written by ``tsfront._native.push_batch`` without calling it (see
-    `tsfront.stream.deliver_all`); `__call__` is what runs for everything else.
+    `tsfront.client.stream.deliver_all`); `__call__` is what runs for everything else.
 
     Args:
         choice: the response's one choice (its detokenizer step counts its tokens).

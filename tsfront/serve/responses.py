@@ -38,11 +38,11 @@ from tsfront.serve.store import StoreUnavailable
 from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
+    from tsfront.client.stream import OutputChunk
     from tsfront.serve.api import OpenAIService
     from tsfront.serve.choice import Choice
     from tsfront.serve.parsing import Pieces
     from tsfront.serve.record import RequestRecord
-    from tsfront.stream import OutputChunk
 
 __all__ = ["Responses", "ResponsesFormat", "ResponsesRequest", "input_messages", "response_id_of"]
 

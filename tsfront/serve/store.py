@@ -42,8 +42,8 @@ from typing import Any
 
 import msgspec
 
-from tsfront.child import python_module
-from tsfront.sigint import hold_sigint, ignore_sigint
+from tsfront.process.child import python_module
+from tsfront.process.sigint import hold_sigint, ignore_sigint
 
 __all__ = [
     "STORE_TIMEOUT_S",

@@ -37,9 +37,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from tsfront.process.sigint import ignore_sigint
 from tsfront.serve.chatsettings import ChatSettings
 from tsfront.serve.edge import EdgeSettings
-from tsfront.sigint import ignore_sigint
 
 __all__ = ["WorkerOptions", "worker_main"]
 
@@ -93,7 +93,7 @@ async def _reattach(
 ) -> Any:
     """The I/O process is gone: attach to the one the master started instead (its address
     comes on ``addresses``); the new client, or None if the worker is stopping."""
-    from tsfront.client import EngineClient
+    from tsfront.client.engine_client import EngineClient
 
     while not server.should_exit:
         address = await asyncio.to_thread(_next_address, addresses)
@@ -214,8 +214,8 @@ async def _serve(
 ) -> int:
     import uvicorn
 
-    from tsfront import heap
-    from tsfront.client import EngineClient
+    from tsfront.client.engine_client import EngineClient
+    from tsfront.process import heap
     from tsfront.serve.api import OpenAIService
     from tsfront.serve.asgi import ServeApp
     from tsfront.serve.counters import heartbeat_interval

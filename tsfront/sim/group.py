@@ -20,8 +20,8 @@ from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any
 
-from tsfront.io.addresses import check_endpoint
 from tsfront.sim.engine import EngineOptions, SimEngine
+from tsfront.wire.addresses import check_endpoint
 
 __all__ = ["SimGroup"]
 

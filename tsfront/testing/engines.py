@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tsfront.client import EngineClient
+from tsfront.client.engine_client import EngineClient
 from tsfront.config import ClientConfig
-from tsfront.ioproc import IOProcess
+from tsfront.process.ioproc import IOProcess
 from tsfront.sim import SimGroup
 
 __all__ = ["DEADLINE", "EngineRig", "engine_rig", "private_addresses"]

@@ -29,7 +29,7 @@ from typing import Any
 
 from tsfront.bench import replay
 from tsfront.config import ClientConfig
-from tsfront.ioproc import IOProcess
+from tsfront.process.ioproc import IOProcess
 from tsfront.testing.engines import private_addresses
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tsfront.child import python_module
+from tsfront.process.child import python_module
 from tsfront.sim import SimGroup
 
 __all__ = ["ServeProcess", "Served", "serve_children", "session_pids", "start_served"]

@@ -34,10 +34,10 @@ import uvloop
 import tsfront.serve.push as push
 from tsfront.bench.floor import drain_connections
 from tsfront.bench.standins import NullOwner, TransportCycle
+from tsfront.client.stream import RequestStream, deliver_all
 from tsfront.serve.choice import Choice
 from tsfront.serve.push import Pusher
 from tsfront.serve.transport import ConnectionTransport
-from tsfront.stream import RequestStream, deliver_all
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
 CONNECTIONS = 64

@@ -19,8 +19,9 @@ import math
 import time
 from typing import cast
 
-from tsfront import region as shm
-from tsfront.attachment import Attachment
+from tsfront.client.attachment import Attachment
+from tsfront.client.info import STATE_NAMES, EngineInfo, EngineLoad, load_from_row
+from tsfront.client.stream import RequestStream
 from tsfront.config import ClientConfig, LoadBalance
 from tsfront.errors import (
     ClientClosed,
@@ -30,16 +31,15 @@ from tsfront.errors import (
     InvalidRequest,
     RidRecentlyAborted,
 )
-from tsfront.info import STATE_NAMES, EngineInfo, EngineLoad, load_from_row
-from tsfront.ioproc import IOProcess
+from tsfront.ipc import region as shm
 from tsfront.ipc.hashes import group_block_tokens, packed_hashes
 from tsfront.metrics.recorder import monotonic_ns
 from tsfront.metrics.snapshot import FrontendMetrics, read_metrics
-from tsfront.stream import RequestStream
+from tsfront.process.ioproc import IOProcess
 from tsfront.wire import TokenizedGenerateReqInput, encode_add, validate_request
 from tsfront.wire.request import ENGINE_ABORT_MEMORY_S, bootstrap_offset
 
-log = logging.getLogger("tsfront.client")
+log = logging.getLogger("tsfront.client.engine_client")
 
 
 class EngineClient:
@@ -309,7 +309,7 @@ class EngineClient:
         went through the spill path, eventfd wake-ups, requests in flight, slots spilling now);
         its attributes add the request metrics of every worker (``m.requests``), each engine's
         load, liveness and restarts (``m.engines``) and the attached workers (``m.workers``).
-        The I/O loop's own counters are in the mapping too (`tsfront.region.IO_METRICS`):
+        The I/O loop's own counters are in the mapping too (`tsfront.ipc.region.IO_METRICS`):
         frames whose handler failed, load tails out of range, output connections lost, ADDs
         refused for reusing a recently aborted rid, under prefix affinity the placements
         load took from the longest match and the ADDs the I/O process had to hash itself, and

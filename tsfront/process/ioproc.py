@@ -19,10 +19,10 @@ import signal
 import subprocess
 import time
 
-from tsfront.child import python_module
 from tsfront.config import ClientConfig
 from tsfront.errors import ConfigError, Error, StateDirInUse, StateDirMismatch
-from tsfront.sigint import hold_sigint
+from tsfront.process.child import python_module
+from tsfront.process.sigint import hold_sigint
 
 START_TIMEOUT = 30.0
 _START_REFUSALS: dict[str, type[ConfigError]] = {

@@ -1,13 +1,13 @@
 """`OutputChunk` and `RequestStream`: one request's outputs as an async iterator.
 
-A stream is fed by its worker's `Attachment` (tsfront.attachment) with the tuples the native
+A stream is fed by its worker's `Attachment` (tsfront.client.attachment) with the tuples the native
 reader copies out of the request's slot (`deliver_all` for a poll's batch: the common case of
 the streaming server in one native pass, every other update through `RequestStream.deliver`),
 and ended by it or by the slot table (`fail`, `expire`); it never touches shared memory itself.
 It ends exactly once: after the chunk that carries a finish reason, or by raising one
 `StreamError`. Leaving an ``async for`` early, cancelling the task, calling `abort`, or
 dropping the stream aborts the request on its engine and frees its slot, through the one thing
-it knows of its worker: a `SlotOwner` (the worker's `tsfront.slots.SlotTable`).
+it knows of its worker: a `SlotOwner` (the worker's `tsfront.client.slots.SlotTable`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
-from tsfront import _native, region
+from tsfront import _native
 from tsfront.errors import (
     DeadlineExceeded,
     EngineDied,
@@ -29,16 +29,17 @@ from tsfront.errors import (
     StreamError,
     StreamRejected,
 )
+from tsfront.ipc import region
 from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
 
-log = logging.getLogger("tsfront.stream")
+log = logging.getLogger("tsfront.client.stream")
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
 
 class SlotOwner(Protocol):
-    """What a stream asks of the table that holds its slot (`tsfront.slots.SlotTable`)."""
+    """What a stream asks of the table that holds its slot (`tsfront.client.slots.SlotTable`)."""
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

@@ -10,10 +10,10 @@ that keeps the two paths in order, DESIGN.md "The submission rings"), goes out o
 also without waiting (a full queue is `Busy`); outputs come in through shared memory: the I/O
 process writes the worker's eventfd only when the worker has published that it is parked, the
 loop's reader callback drains every notified slot in one native call, hands each update to its
-stream (`tsfront.stream.deliver_all`: pushed plain tokens written in one native pass, the rest
-through `RequestStream.deliver`), and parks again. Nothing here blocks the event loop. Which
-request holds which slot, until when, and the aborts are the slot table's
-(`tsfront.slots.SlotTable`, ``Attachment.slots``).
+stream (`tsfront.client.stream.deliver_all`: pushed plain tokens written in one native pass,
+the rest through `RequestStream.deliver`), and parks again. Nothing here blocks the event loop.
+Which request holds which slot, until when, and the aborts are the slot table's
+(`tsfront.client.slots.SlotTable`, ``Attachment.slots``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from typing import Any, cast
 
 import zmq
 
-from tsfront import _native, control
+from tsfront import _native
+from tsfront.client.info import EngineInfo
+from tsfront.client.slots import SlotTable
+from tsfront.client.stream import RequestStream, deliver_all
 from tsfront.config import ClientConfig
 from tsfront.errors import (
     Busy,
@@ -37,13 +40,11 @@ from tsfront.errors import (
     HandshakeTimeout,
     IOProcessDied,
 )
-from tsfront.info import EngineInfo
+from tsfront.ipc import channel
 from tsfront.ipc.control import Attach, Attached, Engines, EngineUpdate, Failed, ToWorker
+from tsfront.ipc.region import Geometry, Region
 from tsfront.ipc.submit import SUBMIT_ABORT, SUBMIT_ADD, SUBMIT_HEADER, WORKER_IDENTITY
 from tsfront.metrics.recorder import Recorder, monotonic_ns
-from tsfront.region import Geometry, Region
-from tsfront.slots import SlotTable
-from tsfront.stream import RequestStream, deliver_all
 
 ATTACH_TIMEOUT = 30.0
 
@@ -85,7 +86,7 @@ class Attachment:
         """Attach to the I/O process at ``address`` and, if ``registered``, wait until every
         engine registered (`wait_registered`)."""
         try:
-            name = control.socket_name(address)
+            name = channel.socket_name(address)
         except ValueError as exc:
             raise ClientClosed(str(exc)) from None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -99,9 +100,9 @@ class Attachment:
                 f"no I/O process at {address!r} ({exc.strerror}); start one with IOProcess.start"
             ) from None
         self.eventfd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        control.send(sock, Attach(pid=os.getpid()), [self.eventfd])
+        channel.send(sock, Attach(pid=os.getpid()), [self.eventfd])
         sock.setblocking(False)
-        self._control = control.MessageReader(sock, ToWorker)
+        self._control = channel.MessageReader(sock, ToWorker)
         self._attached = self.loop.create_future()
         self.loop.add_reader(sock.fileno(), self._on_control)
         try:
@@ -193,7 +194,7 @@ class Attachment:
     def _on_control(self) -> None:
         try:
             messages = self._control.feed()
-        except control.ControlError as exc:
+        except channel.ControlError as exc:
             self._lost(f"the I/O process sent a bad control message: {exc}")
             return
         for message in messages:

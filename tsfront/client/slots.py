@@ -5,8 +5,8 @@ the worker's native `Reader` reads them). The table owns what says which request
 slot: the free list, the open streams by slot and by rid, the tickets (each use of a slot has
 its own, so a late write for the previous request is never read as the next one's), the
 deadline heap with its one loop timer, and the batch of aborts sent once per loop iteration.
-A `RequestStream` reaches it only through `tsfront.stream.SlotOwner` (`release`, `abort`,
-`dropped`); the `Attachment` (tsfront.attachment) gives it the reader, the recorder and a way
+A `RequestStream` reaches it only through `tsfront.client.stream.SlotOwner` (`release`, `abort`,
+`dropped`); the `Attachment` (tsfront.client.attachment) gives it the reader, the recorder and a way
 to send the abort batch once it is attached, and asks it for slots.
 """
 
@@ -19,11 +19,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from tsfront.aborts import RecentAborts
+from tsfront.client.stream import RequestStream
 from tsfront.errors import StreamError
+from tsfront.ipc.aborts import RecentAborts
 from tsfront.ipc.submit import ABORT_ENTRY, TICKET_SHIFT
 from tsfront.metrics.recorder import Recorder
-from tsfront.stream import RequestStream
 
 __all__ = ["ABORTED_RIDS_REMEMBERED", "DEADLINES_COMPACT_AT", "SlotTable"]
 

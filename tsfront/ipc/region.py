@@ -120,7 +120,7 @@ class Geometry:
     max_engines: int
     submit_ring_bytes: int = 0
 
-    def layout(self) -> dict:
+    def layout(self) -> dict[str, int]:
         """Offsets and sizes, from the native module (the single source of truth)."""
         return _native.layout(
             num_workers=self.num_workers,

@@ -99,7 +99,7 @@ STATE_NAMES = {0: "absent", 1: "handshaking", 2: "live", 3: "dead", 4: "stalled"
 
 def load_from_row(info: EngineInfo, row: np.ndarray, load_ms: int) -> EngineLoad:
     """Read engine ``info``'s row of the engine table (a numpy view of shared memory)."""
-    from tsfront import region as r
+    from tsfront.ipc import region as r
 
     state = int(row[r.E_STATE])
     age = None if load_ms == 0 else max(0.0, time.monotonic() - load_ms / 1000.0)
