@@ -142,7 +142,9 @@ def request(path: str, body: dict | None = None, headers: str = "") -> bytes:
 
 
 def worker_pid(e: Edge) -> int:
-    """The pid of the server's process that listens on its port (its one worker)."""
+    """The pid of the server's worker that listens on its port (its one worker; the master,
+    which binds the workers' listening sockets and keeps them for replacements, holds them too
+    and is not it)."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -153,7 +155,7 @@ def worker_pid(e: Edge) -> int:
             fields = line.split()
             if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == e.addr[1]:
                 inodes.add(fields[9])
-    for pid in e.server.group_pids():
+    for pid in e.server.group_pids() - {e.server.proc.pid}:
         try:
             links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
         except OSError:
