@@ -1,8 +1,9 @@
 """vLLM's (and SGLang's) command line and routes where tsfront means the same (issue 40.4).
 
 ``tsfront serve MODEL`` (positional), ``--model-path``, ``--enable-auto-tool-choice`` (with
-``--tool-call-parser``), and ``GET /v1/models/{id}`` as the official ``openai`` client's
-``models.retrieve`` asks it. Real servers against in-process simulated ranks; waits have
+``--tool-call-parser``), ``GET /v1/models/{id}`` as the official ``openai`` client's
+``models.retrieve`` asks it, and ``--max-model-len`` (the smaller of it and the engines'
+context applies). Real servers against in-process simulated ranks; waits have
 deadlines. About 15 s.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 import os
 import subprocess
 
+import httpx
 import openai
 import pytest
 
 from tsfront.process.child import python_module
 from tsfront.sim import SimGroup
-from tsfront.testing.serve import ServeProcess
+from tsfront.testing.serve import ServeProcess, start_served
 
 DEADLINE = 30.0
 
@@ -80,3 +82,52 @@ def test_the_model_is_required_in_one_of_its_spellings(model_dir: str) -> None:
 def test_enable_auto_tool_choice_needs_a_tool_call_parser(model_dir: str) -> None:
     line = refused(model_dir, "--enable-auto-tool-choice")
     assert "--tool-call-parser" in line
+
+
+@pytest.mark.parametrize(
+    ("flag", "engines", "limit", "named"),
+    [
+        (16, 4096, 16, "--max-model-len"),  # the flag is the smaller: it applies
+        (100_000, 64, 64, "the engines' max_model_len"),  # the engines' is: theirs applies
+    ],
+)
+def test_max_model_len_is_the_smaller_of_the_flag_and_the_engines_context(
+    model_dir: str, flag: int, engines: int, limit: int, named: str
+) -> None:
+    served = start_served(
+        model_dir,
+        ranks=1,
+        args=["--served-model-name", "m", "--max-model-len", str(flag)],
+        timeout=DEADLINE,
+        max_model_len=engines,
+    )
+    try:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none")
+        card = client.models.retrieve("m")
+        assert card.model_extra is not None and card.model_extra["max_model_len"] == limit
+        # A prompt that fills the context but its 2 reserved positions and 1 new token: served.
+        fits = " ".join(["w5"] * (limit - 3))
+        done = client.completions.create(model="m", prompt=fits, max_tokens=1)
+        assert done.usage is not None and done.usage.prompt_tokens == limit - 3
+        # One token more is refused, naming the limit and where it comes from.
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.completions.create(model="m", prompt=fits + " w5", max_tokens=2)
+        body = caught.value.body
+        assert isinstance(body, dict) and body["param"] == "max_tokens", body
+        assert f"context is {limit} tokens ({named}" in body["message"], body
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": fits + " w5" * 8}]
+            )
+        body = caught.value.body
+        assert isinstance(body, dict) and body["param"] == "messages", body
+        assert f"context is {limit} tokens ({named}" in body["message"], body
+        tokenized = httpx.post(f"{served.url}/tokenize", json={"prompt": "w5"}, timeout=5).json()
+        assert tokenized["max_model_len"] == limit
+    finally:
+        served.close()
+
+
+def test_max_model_len_below_three_is_refused(model_dir: str) -> None:
+    line = refused(model_dir, "--max-model-len", "2")
+    assert "--max-model-len=2: must be at least 3" in line

@@ -90,6 +90,13 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--served-model-name", metavar="NAME", help="the model's name in the API (default: DIR's)"
     )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        help="the context in tokens (prompt + output) a request may span; the server enforces "
+        "the smallest of N, the engines' and the model folder's (default: theirs)",
+    )
     src = parser.add_argument_group("I/O process").add_mutually_exclusive_group(required=True)
     engines = add_engine_arguments(
         parser,
@@ -322,6 +329,11 @@ def _check(args: argparse.Namespace) -> None:
         raise bad("give the model folder: tsfront serve MODEL (or --model MODEL)")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise bad("--enable-auto-tool-choice needs --tool-call-parser NAME (the calls' format)")
+    if args.max_model_len is not None and args.max_model_len < 3:
+        raise bad(
+            f"--max-model-len={args.max_model_len}: must be at least 3 (the engine keeps 2 "
+            "positions of every request)"
+        )
     if not 1 <= args.workers <= 256:
         raise bad(f"--workers={args.workers}: must be between 1 and 256")
     if args.responses_store_items < 0 or args.responses_store_bytes < 0:
@@ -461,6 +473,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
             metrics_port=metrics_port,
             chat_template=chat_template,
             template_kwargs=template_kwargs,
+            max_model_len=args.max_model_len,
         )
         counters = ServeCounters(
             ctx.RawArray("Q", ServeCounters.words_for(args.workers)), args.workers

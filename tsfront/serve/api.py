@@ -14,7 +14,8 @@ A stop string that matches aborts the engine request (``stream.abort()``); a can
 handler (the client went away) aborts it too, because cancelling a stream's read does.
 
 Before any work for a request, its fields, counts and lengths are checked against the bounds
-of `tsfront.serve.limits` and one context limit (the smaller of the engines' and the model's);
+of `tsfront.serve.limits` and one context limit (the smallest of the engines', the model's and
+``--max-model-len``; a refusal names the one that applied);
 large work is then done on a thread, sized by the work (`tsfront.serve.offload`: a long text
 tokenized, a long conversation rendered, a long token list detokenized), so that no request
 holds the event loop its worker's other streams run on. The stop
@@ -333,6 +334,8 @@ class OpenAIService:
             ``chat_template_kwargs`` override them key by key (``--default-chat-template-kwargs``).
         chat: the chat output's parsers (``--tool-call-parser``, ``--reasoning-parser``);
             `ChatSettings` ``()``: none.
+        max_model_len: the server's own context limit (``--max-model-len``): the context is
+            the smallest of it, the engines' and the model folder's.
     """
 
     def __init__(
@@ -346,8 +349,13 @@ class OpenAIService:
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
         chat: ChatSettings | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self.client = client
+        self.max_model_len = max_model_len
+        # The server's own bound of the context: the model folder's and --max-model-len's.
+        own = [n for n in (getattr(text, "max_model_len", None), max_model_len) if n]
+        self._own_context: int | None = min(own, default=None)
         self.chat_settings = chat or ChatSettings()
         self.request_timeout = request_timeout
         self.text = text
@@ -416,12 +424,23 @@ class OpenAIService:
         return Reply(200, _JSON.encode(body))
 
     def _context_limit(self) -> int | None:
-        # The engines' (kept by the client per registration) and the model's own.
+        # The engines' (kept by the client per registration), and the server's own.
         limit = self.client.context_limit
-        own = getattr(self.text, "max_model_len", None)
+        own = self._own_context
         if own and (limit is None or own < limit):
             return own
         return limit
+
+    def _context(self, limit: int) -> str:
+        """The context limit ``limit`` and which of the three it is, for a refusal (the
+        server's flag first: where two agree, it is the one an operator set)."""
+        if limit == self.max_model_len:
+            source = "--max-model-len"
+        elif limit == self.client.context_limit:
+            source = "the engines' max_model_len, or their KV cache if smaller"
+        else:
+            source = "the model's config.json"
+        return f"this server's context is {limit} tokens ({source}; GET /v1/models max_model_len)"
 
     # ------------------------------------------------------------------ generation routes
 
@@ -536,9 +555,8 @@ class OpenAIService:
         limit = self._context_limit()
         if limit is not None and len(tokens) > limit:
             return _bad(
-                f"tokens holds {len(tokens)} token ids: at most {limit}, this model's context "
-                "(max_model_len, GET /v1/models), which holds any text the model reads or "
-                "writes; detokenize a longer list in parts",
+                f"tokens holds {len(tokens)} token ids: at most {limit}: {self._context(limit)}, "
+                "which holds any text the model reads or writes; detokenize a longer list in parts",
                 "tokens",
             ).reply()
         vocab = self._vocab
@@ -720,9 +738,8 @@ class OpenAIService:
         longest = max(len(ids) for ids in plan.prompts)
         if longest > room:
             raise _bad(
-                f"the prompt is {longest} tokens; this model's context is {limit} tokens "
-                f"(max_model_len, GET /v1/models), so a prompt may have at most {room}: "
-                "shorten it",
+                f"the prompt is {longest} tokens; {self._context(limit)}, so a prompt may have "
+                f"at most {room}: shorten it",
                 what,
             )
         if plan.max_tokens is None:
@@ -730,7 +747,8 @@ class OpenAIService:
         elif longest + plan.max_tokens > room:
             raise _bad(
                 f"prompt ({longest} tokens) + max_tokens ({plan.max_tokens}) must be at most "
-                f"{room} (the context, {limit}, less 2); send max_tokens <= {room - longest}",
+                f"{room} (the context less 2; {self._context(limit)}); send max_tokens <= "
+                f"{room - longest}",
                 "max_completion_tokens" if what == "messages" and plan.chat_max else "max_tokens",
             )
 
@@ -809,17 +827,16 @@ class OpenAIService:
         # No token stands for more characters than the vocabulary's longest token.
         if limit is not None and chars > limit * self._token_chars:
             raise _bad(
-                f"the {what} has {chars} characters: it cannot fit this model's context of "
-                f"{limit} tokens (no token here is longer than {self._token_chars} characters); "
-                "shorten it",
+                f"the {what} has {chars} characters: it cannot fit the context (no token here is "
+                f"longer than {self._token_chars} characters; {self._context(limit)}); shorten it",
                 what,
             )
 
     def _check_ids(self, ids: list[int], limit: int | None) -> None:
         if limit is not None and len(ids) > limit - _CONTEXT_RESERVE:
             raise _bad(
-                f"the prompt is {len(ids)} tokens; this model's context is {limit} tokens, so a "
-                f"prompt may have at most {limit - _CONTEXT_RESERVE}: shorten it",
+                f"the prompt is {len(ids)} tokens; {self._context(limit)}, so a prompt may have "
+                f"at most {limit - _CONTEXT_RESERVE}: shorten it",
                 "prompt",
             )
         top = max(ids)

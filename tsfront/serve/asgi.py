@@ -79,6 +79,8 @@ class ServeApp:
         attach: the I/O process address to attach to at startup (when ``service`` is None).
         model: the model folder for `tsfront.text.TextModel.load` (when ``service`` is None).
         model_name: the served model name (default: the model's own).
+        max_model_len: the server's context limit (``tsfront serve --max-model-len``), when
+            ``service`` is None.
         gate: the HTTP edge's rules (keys, request ids, CORS, access log); None for none.
         counters: the server's `ServeCounters` to count responses in (place ``place``).
         metrics: renders the ``GET /metrics`` page (blocking: it is called in a thread).
@@ -103,6 +105,7 @@ class ServeApp:
         metrics_port: int | None = None,
         responses: Responses | None = None,
         loading: bool = False,
+        max_model_len: int | None = None,
     ) -> None:
         if counters is not None and gate is None:
             raise ValueError("ServeApp counts responses through its gate: give gate= too")
@@ -121,6 +124,7 @@ class ServeApp:
         self._attach = attach
         self._model = model
         self._model_name = model_name
+        self._max_model_len = max_model_len
         self._owned: EngineClient | None = None
         self._routes = {
             ("POST", "/v1/completions"): "completions",
@@ -160,7 +164,13 @@ class ServeApp:
         text = TextModel.load(self._model)
         client = await EngineClient.attach(self._attach)
         self._owned = client
-        self.service = OpenAIService(client, text, self._model_name or text.name, os.getpid())
+        self.service = OpenAIService(
+            client,
+            text,
+            self._model_name or text.name,
+            os.getpid(),
+            max_model_len=self._max_model_len,
+        )
 
     async def shutdown(self) -> None:
         """Detach from the I/O process if `startup` attached."""
@@ -590,9 +600,12 @@ async def _send_reply(send: Any, reply: Reply, ex: Exchange | None = None) -> No
 
 def app_from_env() -> ServeApp:
     """An app configured by ``TSFRONT_ATTACH``, ``TSFRONT_MODEL`` (and optionally
-    ``TSFRONT_MODEL_NAME``): for servers that import their app by name in every worker."""
+    ``TSFRONT_MODEL_NAME``, ``TSFRONT_MAX_MODEL_LEN``): for servers that import their app by
+    name in every worker."""
+    max_model_len = os.environ.get("TSFRONT_MAX_MODEL_LEN")
     return ServeApp(
         attach=os.environ["TSFRONT_ATTACH"],
         model=os.environ["TSFRONT_MODEL"],
         model_name=os.environ.get("TSFRONT_MODEL_NAME") or None,
+        max_model_len=int(max_model_len) if max_model_len else None,
     )

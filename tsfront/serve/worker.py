@@ -72,6 +72,8 @@ class WorkerOptions:
     chat: ChatSettings = field(default_factory=ChatSettings)
     #: The address of the server's responses store process (None: a store in the worker).
     responses_store: str | None = None
+    #: ``--max-model-len`` (None: the engines' and the model's context only).
+    max_model_len: int | None = None
 
 
 def _die_with_parent() -> None:
@@ -243,6 +245,7 @@ async def _serve(
         chat_template=opts.chat_template,
         template_kwargs=opts.template_kwargs,
         chat=opts.chat,
+        max_model_len=opts.max_model_len,
     )
     page = MetricsPage(lambda: service.client, counters)
     store: Any = LocalStore() if opts.responses_store is None else StoreClient(opts.responses_store)
