@@ -2,15 +2,18 @@
 
 ``tsfront serve MODEL`` (positional), ``--model-path``, ``--enable-auto-tool-choice`` (with
 ``--tool-call-parser``), ``GET /v1/models/{id}`` as the official ``openai`` client's
-``models.retrieve`` asks it, and ``--max-model-len`` (the smaller of it and the engines'
-context applies). Real servers against in-process simulated ranks; waits have
-deadlines. About 15 s.
+``models.retrieve`` asks it, ``--max-model-len`` (the smaller of it and the engines'
+context applies) and ``--tokenizer`` (the tokenizer and chat template of another folder).
+Real servers against in-process simulated ranks; waits have deadlines. About 30 s.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
+from pathlib import Path
 
 import httpx
 import openai
@@ -131,3 +134,49 @@ def test_max_model_len_is_the_smaller_of_the_flag_and_the_engines_context(
 def test_max_model_len_below_three_is_refused(model_dir: str) -> None:
     line = refused(model_dir, "--max-model-len", "2")
     assert "--max-model-len=2: must be at least 3" in line
+
+
+def test_tokenizer_and_its_chat_template_come_from_another_folder(
+    model_dir: str, tmp_path: Path
+) -> None:
+    # The model's folder holds only its configs (its context: 512 positions); the tokenizer's
+    # folder its tokenizer and a chat template of its own, which the chat route must render.
+    model = tmp_path / "model-only"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    tokenizer = tmp_path / "tokenizer-only"
+    shutil.copytree(model_dir, tokenizer)
+    (tokenizer / "config.json").unlink()
+    (tokenizer / "chat_template.jinja").write_text(
+        "w7{% for m in messages %} {{ m['content'] }}{% endfor %}"
+    )
+    served = start_served(model, ranks=1, args=["--tokenizer", str(tokenizer)], timeout=DEADLINE)
+    try:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none")
+        (card,) = client.models.list().data
+        assert card.id == "model-only"  # the model's name, not the tokenizer's
+        assert card.model_extra is not None and card.model_extra["max_model_len"] == 512
+        rendered = httpx.post(
+            f"{served.url}/tokenize",
+            json={"messages": [{"role": "user", "content": "w9 w11"}]},
+            timeout=5,
+        ).json()
+        assert rendered["tokens"] == [7, 9, 11]  # the tokenizer folder's template
+        done = client.chat.completions.create(
+            model="model-only", messages=[{"role": "user", "content": "w9"}], max_tokens=3
+        )
+        assert done.usage is not None and done.usage.prompt_tokens == 2
+        assert done.choices[0].message.content  # the tokenizer decodes the engine's tokens
+    finally:
+        served.close()
+    # Without --tokenizer the model's folder has none: one line, exit 1.
+    done = subprocess.run(
+        python_module("tsfront", "serve", str(model), "--handshake", "tcp://127.0.0.1:0"),
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "model-only has no tokenizer.json" in line, line

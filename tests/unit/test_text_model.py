@@ -130,6 +130,32 @@ def test_no_eos_anywhere_is_an_empty_tuple(base: Path, tmp_path: Path) -> None:
     assert model.bos_token is None
 
 
+def test_the_tokenizer_and_chat_template_may_come_from_another_folder(
+    base: Path, tmp_path: Path
+) -> None:
+    # As vLLM's --tokenizer: tokenizer.json, tokenizer_config.json (special tokens, template)
+    # and chat_template.jinja from the tokenizer's folder; config.json and
+    # generation_config.json (context, eos ids) from the model's, and the model's name.
+    tok = folder(base, tmp_path)
+    (tok / "config.json").write_text(json.dumps({"max_position_embeddings": 64}))
+    (tok / "chat_template.jinja").write_text("T{{ messages[0]['content'] }}")
+    model_folder = tmp_path / "weights"
+    model_folder.mkdir()
+    (model_folder / "config.json").write_text(json.dumps({"max_position_embeddings": 1024}))
+    (model_folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
+    model = TextModel.load(model_folder, tok)
+    assert model.name == "weights"
+    assert (model.folder, model.tokenizer_folder) == (model_folder, tok)
+    assert model.max_model_len == 1024
+    assert model.eos_token_ids == (9,)
+    assert model.bos_token == "<|begin_of_text|>"
+    assert model.apply_chat_template([{"role": "user", "content": "x"}]) == "Tx"
+    with pytest.raises(TokenizerNotFound, match=r"weights has no tokenizer\.json"):
+        TextModel.load(model_folder)
+    with pytest.raises(TokenizerNotFound, match="absent is not a directory"):
+        TextModel.load(model_folder, tmp_path / "absent")
+
+
 def test_missing_tokenizer_json_says_what_to_do(tmp_path: Path) -> None:
     with pytest.raises(TokenizerNotFound, match=r"no tokenizer\.json.*save_pretrained"):
         TextModel.load(tmp_path)

@@ -82,6 +82,12 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         "config.json / generation_config.json (--model-path: SGLang's name)",
     )
     parser.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="the tokenizer's folder (tokenizer.json, tokenizer_config.json, the chat template) "
+        "when it is not the model's, as vLLM's --tokenizer",
+    )
+    parser.add_argument(
         "--enable-auto-tool-choice",
         action="store_true",
         help="accepted for vLLM's command line: tsfront parses tool calls of tool_choice "
@@ -415,10 +421,13 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
     _require_extras()  # before anything starts: no I/O process for a worker that cannot run
     from tsfront.text import TextError, TextModel
 
-    try:
-        text = TextModel.load(args.model)  # fail here, once, rather than in every worker
+    try:  # fail here, once, rather than in every worker
+        text = TextModel.load(args.model, args.tokenizer)
     except (TextError, OSError) as exc:
-        raise CommandError(f"--model {args.model}: {exc}") from None
+        given = f"--model {args.model}"
+        if args.tokenizer is not None:
+            given += f" --tokenizer {args.tokenizer}"
+        raise CommandError(f"{given}: {exc}") from None
     name = args.served_model_name or text.name
     try:
         chat_template, template_kwargs = template_options(args, text.template_names)
@@ -460,6 +469,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
         opts = WorkerOptions(
             responses_store=store.address,
             model=args.model,
+            tokenizer=args.tokenizer,
             model_name=name,
             host=args.host,
             port=port,

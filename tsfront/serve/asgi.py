@@ -78,6 +78,7 @@ class ServeApp:
         service: the worker's `OpenAIService`; None to make one in the lifespan startup.
         attach: the I/O process address to attach to at startup (when ``service`` is None).
         model: the model folder for `tsfront.text.TextModel.load` (when ``service`` is None).
+        tokenizer: the tokenizer's folder, when it is not the model's (``--tokenizer``).
         model_name: the served model name (default: the model's own).
         max_model_len: the server's context limit (``tsfront serve --max-model-len``), when
             ``service`` is None.
@@ -97,6 +98,7 @@ class ServeApp:
         *,
         attach: str | None = None,
         model: str | None = None,
+        tokenizer: str | None = None,
         model_name: str | None = None,
         gate: Gate | None = None,
         counters: ServeCounters | None = None,
@@ -123,6 +125,7 @@ class ServeApp:
         self._metrics_port = metrics_port
         self._attach = attach
         self._model = model
+        self._tokenizer = tokenizer
         self._model_name = model_name
         self._max_model_len = max_model_len
         self._owned: EngineClient | None = None
@@ -161,7 +164,7 @@ class ServeApp:
 
         if not self._attach or not self._model:
             raise RuntimeError("ServeApp needs a service, or attach= and model=")
-        text = TextModel.load(self._model)
+        text = TextModel.load(self._model, self._tokenizer)
         client = await EngineClient.attach(self._attach)
         self._owned = client
         self.service = OpenAIService(
@@ -600,12 +603,13 @@ async def _send_reply(send: Any, reply: Reply, ex: Exchange | None = None) -> No
 
 def app_from_env() -> ServeApp:
     """An app configured by ``TSFRONT_ATTACH``, ``TSFRONT_MODEL`` (and optionally
-    ``TSFRONT_MODEL_NAME``, ``TSFRONT_MAX_MODEL_LEN``): for servers that import their app by
-    name in every worker."""
+    ``TSFRONT_TOKENIZER``, ``TSFRONT_MODEL_NAME``, ``TSFRONT_MAX_MODEL_LEN``): for servers that
+    import their app by name in every worker."""
     max_model_len = os.environ.get("TSFRONT_MAX_MODEL_LEN")
     return ServeApp(
         attach=os.environ["TSFRONT_ATTACH"],
         model=os.environ["TSFRONT_MODEL"],
+        tokenizer=os.environ.get("TSFRONT_TOKENIZER") or None,
         model_name=os.environ.get("TSFRONT_MODEL_NAME") or None,
         max_model_len=int(max_model_len) if max_model_len else None,
     )

@@ -54,6 +54,8 @@ class WorkerOptions:
     """What every worker needs (picklable: it crosses the spawn)."""
 
     model: str
+    #: ``--tokenizer``: the tokenizer's folder when it is not the model's.
+    tokenizer: str | None
     model_name: str
     host: str
     port: int
@@ -232,7 +234,7 @@ async def _serve(
         beating = asyncio.ensure_future(
             _heartbeat(counters, index, heartbeat_interval(opts.worker_timeout), limits)
         )
-    text = TextModel.load(opts.model)
+    text = TextModel.load(opts.model, opts.tokenizer)
     # Attached, not waiting for the engines: the worker serves its probes (and 503s) while
     # they load; `_registration` reports their progress and, once they are in, ``ready``.
     client = await EngineClient.attach(opts.address, timeout=opts.attach_timeout, registered=False)

@@ -1,6 +1,8 @@
 """A model's text side, loaded from its folder.
 
-:class:`TextModel` reads the files a Hugging Face model folder carries for its tokenizer:
+:class:`TextModel` reads the files a Hugging Face model folder carries for its tokenizer (the
+tokenizer's two and the chat template may come from another folder, as vLLM's
+``--tokenizer``):
 
 - ``tokenizer.json`` (required): the tokenizer, through the ``tokenizers`` package;
 - ``tokenizer_config.json``: ``bos_token``, ``eos_token``, ``chat_template``,
@@ -78,6 +80,15 @@ def _ids(value: Any) -> list[int]:
     return []
 
 
+def _folder(given: str | os.PathLike[str]) -> Path:
+    folder = Path(given)
+    if not folder.is_dir():
+        raise TokenizerNotFound(
+            f"{folder} is not a directory: pass the folder of a model (with tokenizer.json)"
+        )
+    return folder
+
+
 def _dedup(ids: Sequence[int]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
@@ -93,6 +104,8 @@ class TextModel:
         max_model_len: the context length, when the configs give a sane one.
         chat_template: the template source (a string, or the list of named templates).
         tokenizer: the ``tokenizers.Tokenizer``.
+        folder, tokenizer_folder: the folders `load` read (``None`` for a model made
+            otherwise); the tokenizer's is the model's unless ``load`` was given another.
     """
 
     def __init__(
@@ -110,6 +123,8 @@ class TextModel:
         config = config or {}
         self.tokenizer = tokenizer
         self.name = name
+        self.folder: Path | None = None
+        self.tokenizer_folder: Path | None = None
         self.tokenizer_config = tokenizer_config
         self.special_tokens: dict[str, str] = {}
         for key in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token"):
@@ -195,18 +210,24 @@ class TextModel:
         return None
 
     @classmethod
-    def load(cls, model_dir: str | os.PathLike[str]) -> TextModel:
-        """Load the model folder ``model_dir`` (see the module docstring for its files)."""
-        folder = Path(model_dir)
-        if not folder.is_dir():
-            raise TokenizerNotFound(
-                f"{folder} is not a directory: pass the folder of a model (with tokenizer.json)"
-            )
-        path = folder / "tokenizer.json"
+    def load(
+        cls,
+        model_dir: str | os.PathLike[str],
+        tokenizer_dir: str | os.PathLike[str] | None = None,
+    ) -> TextModel:
+        """Load the model folder ``model_dir`` (see the module docstring for its files).
+
+        ``tokenizer_dir``: another folder for the tokenizer's files (``tokenizer.json``,
+        ``tokenizer_config.json``, the chat template), as vLLM's ``--tokenizer``; the model's
+        ``config.json`` and ``generation_config.json`` still come from ``model_dir``.
+        """
+        folder = _folder(model_dir)
+        tok_folder = folder if tokenizer_dir is None else _folder(tokenizer_dir)
+        path = tok_folder / "tokenizer.json"
         if not path.is_file():
             raise TokenizerNotFound(
-                f"{folder} has no tokenizer.json: tsfront needs a fast tokenizer; write one with "
-                "transformers' AutoTokenizer.from_pretrained(...).save_pretrained(folder)"
+                f"{tok_folder} has no tokenizer.json: tsfront needs a fast tokenizer; write one "
+                "with transformers' AutoTokenizer.from_pretrained(...).save_pretrained(folder)"
             )
         tokenizers = require("tokenizers")
         try:
@@ -217,19 +238,21 @@ class TextModel:
                 "re-save it with a current transformers or upgrade tokenizers"
             ) from e
         template: Any = None
-        jinja_file = folder / "chat_template.jinja"
+        jinja_file = tok_folder / "chat_template.jinja"
         if jinja_file.is_file():
             template = jinja_file.read_text(encoding="utf-8")
         else:
-            template = _read_json(folder / "chat_template.json").get("chat_template")
-        return cls(
+            template = _read_json(tok_folder / "chat_template.json").get("chat_template")
+        model = cls(
             tokenizer,
             name=folder.resolve().name,
-            tokenizer_config=_read_json(folder / "tokenizer_config.json"),
+            tokenizer_config=_read_json(tok_folder / "tokenizer_config.json"),
             generation_config=_read_json(folder / "generation_config.json"),
             config=_read_json(folder / "config.json"),
             chat_template=template,
         )
+        model.folder, model.tokenizer_folder = folder, tok_folder
+        return model
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; ``add_special_tokens`` adds the tokenizer's bos etc. (leave it
