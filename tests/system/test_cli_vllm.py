@@ -9,8 +9,11 @@ Real servers against in-process simulated ranks; waits have deadlines. About 30 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import secrets
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +25,7 @@ import pytest
 from tsfront.process.child import python_module
 from tsfront.sim import SimGroup
 from tsfront.testing.serve import ServeProcess, start_served
+from tsfront.text import TextModel
 
 DEADLINE = 30.0
 
@@ -180,3 +184,85 @@ def test_tokenizer_and_its_chat_template_come_from_another_folder(
     assert done.returncode == 1, done.stderr
     (line,) = done.stderr.splitlines()
     assert "model-only has no tokenizer.json" in line, line
+
+
+def hf_cache(root: Path, repo: str, files: Path) -> None:
+    """Put ``files`` (a folder) into a Hugging Face cache at ``root`` as ``repo``'s main
+    revision, laid out as ``huggingface_hub`` lays it out: the contents under ``blobs/``,
+    ``snapshots/<commit>/NAME`` links to them, ``refs/main`` naming the commit."""
+    base = root / ("models--" + repo.replace("/", "--"))
+    commit = secrets.token_hex(20)
+    snapshot = base / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (base / "blobs").mkdir()
+    for f in files.iterdir():
+        data = f.read_bytes()
+        blob = base / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / f.name).symlink_to(os.path.relpath(blob, snapshot))
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text(commit)
+
+
+@pytest.mark.parametrize("how", ["positional id", "--tokenizer id"])
+def test_a_hugging_face_id_is_served_from_its_cache_offline(
+    model_dir: str, tmp_path: Path, how: str
+) -> None:
+    cache = tmp_path / "hub"
+    hf_cache(cache, "acme/tiny-words", Path(model_dir))
+    tokenizer = tmp_path / "tok"
+    shutil.copytree(model_dir, tokenizer)
+    (tokenizer / "config.json").unlink()
+    (tokenizer / "chat_template.jinja").write_text(
+        "w7{% for m in messages %} {{ m.content }}{% endfor %}"
+    )
+    hf_cache(cache, "acme/tok", tokenizer)
+    if how == "positional id":
+        model, args, name, source = "acme/tiny-words", [], "acme/tiny-words", Path(model_dir)
+    else:
+        # A local folder with the model's configs only, its tokenizer an id.
+        model = tmp_path / "local-model"
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
+        args, name, source = ["--tokenizer", "acme/tok"], "local-model", tokenizer
+    messages = [{"role": "user", "content": "w9"}]
+    text = TextModel.load(source)
+    template = text.encode(text.apply_chat_template(messages), add_special_tokens=False)
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    served = start_served(model, ranks=1, args=args, env=env, timeout=DEADLINE)
+    try:
+        client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="none")
+        (card,) = client.models.list().data
+        assert card.id == name  # a Hugging Face id serves as the id, as vLLM's
+        done = client.completions.create(model=name, prompt="w5 w6", max_tokens=3)
+        assert re.fullmatch(r"( w\d+)+", done.choices[0].text)  # decoded by its tokenizer
+        rendered = httpx.post(
+            f"{served.url}/tokenize", json={"messages": messages}, timeout=5
+        ).json()
+        assert rendered["tokens"] == template  # its chat template
+        assert (template == [7, 9]) == (how == "--tokenizer id")
+    finally:
+        served.close()
+
+
+def test_an_id_neither_a_folder_nor_in_the_cache_offline_is_one_line_saying_what_to_do(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    for args in (["acme/absent"], ["--model", "acme/absent"], ["--model-path", "acme/absent"]):
+        done = subprocess.run(
+            python_module("tsfront", "serve", *args, "--handshake", "tcp://127.0.0.1:0"),
+            capture_output=True,
+            text=True,
+            timeout=DEADLINE,
+            env=env,
+        )
+        assert done.returncode == 1, done.stderr
+        (line,) = done.stderr.splitlines()
+        assert line.startswith(
+            "tsfront: error: --model acme/absent: acme/absent is neither a "
+            f"folder nor in the Hugging Face cache ({tmp_path})"
+        ), line
+        assert "HF_HUB_OFFLINE=1 forbids downloading it" in line, line
+        assert "hf download acme/absent" in line, line
+        assert "handshake:" not in done.stdout  # nothing started

@@ -63,7 +63,7 @@ PROGRESS_S = float(os.environ.get("TSFRONT_SERVE_PROGRESS_S", "20"))
 STOP_GRACE_S = 5.0
 _WATCH_S = 0.2
 #: What ``tsfront serve`` imports beyond the base install (the ``serve`` extra).
-SERVE_MODULES = ("tokenizers", "jinja2", "uvicorn", "httptools")
+SERVE_MODULES = ("tokenizers", "jinja2", "uvicorn", "httptools", "huggingface_hub")
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,20 +72,23 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         "model_positional",
         nargs="?",
         metavar="MODEL",
-        help="the model folder, as vLLM's `vllm serve MODEL` (or --model / --model-path)",
+        help="the model folder or Hugging Face id, as vLLM's `vllm serve MODEL` (or --model / "
+        "--model-path)",
     )
     parser.add_argument(
         "--model",
         "--model-path",
-        metavar="DIR",
+        metavar="DIR_OR_ID",
         help="model folder: tokenizer.json, tokenizer_config.json (chat template), "
-        "config.json / generation_config.json (--model-path: SGLang's name)",
+        "config.json / generation_config.json; or a Hugging Face id (ORG/NAME), those files "
+        "fetched into its cache (HF_HUB_CACHE; HF_HUB_OFFLINE=1: the cache only) "
+        "(--model-path: SGLang's name)",
     )
     parser.add_argument(
         "--tokenizer",
-        metavar="DIR",
-        help="the tokenizer's folder (tokenizer.json, tokenizer_config.json, the chat template) "
-        "when it is not the model's, as vLLM's --tokenizer",
+        metavar="DIR_OR_ID",
+        help="the tokenizer's folder or Hugging Face id (tokenizer.json, tokenizer_config.json, "
+        "the chat template) when it is not the model's, as vLLM's --tokenizer",
     )
     parser.add_argument(
         "--enable-auto-tool-choice",
@@ -94,7 +97,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         '"auto" whenever --tool-call-parser is given (which this flag then requires)',
     )
     parser.add_argument(
-        "--served-model-name", metavar="NAME", help="the model's name in the API (default: DIR's)"
+        "--served-model-name",
+        metavar="NAME",
+        help="the model's name in the API (default: the folder's name, or the Hugging Face id)",
     )
     parser.add_argument(
         "--max-model-len",
@@ -332,7 +337,7 @@ def _check(args: argparse.Namespace) -> None:
             raise bad(f"two models: {args.model_positional!r} and --model {args.model!r}")
         args.model = args.model_positional
     if args.model is None:
-        raise bad("give the model folder: tsfront serve MODEL (or --model MODEL)")
+        raise bad("give the model folder or id: tsfront serve MODEL (or --model MODEL)")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise bad("--enable-auto-tool-choice needs --tool-call-parser NAME (the calls' format)")
     if args.max_model_len is not None and args.max_model_len < 3:
@@ -468,8 +473,9 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
         _note(f"responses store process {store.pid}")
         opts = WorkerOptions(
             responses_store=store.address,
-            model=args.model,
-            tokenizer=args.tokenizer,
+            # Folders: a Hugging Face id was looked up once, here, not in every worker.
+            model=str(text.folder),
+            tokenizer=None if args.tokenizer is None else str(text.tokenizer_folder),
             model_name=name,
             host=args.host,
             port=port,

@@ -34,6 +34,7 @@ from tsfront.text.detok import (
     vocabulary_limit,
 )
 from tsfront.text.errors import ChatTemplateError, TextError, TokenizerNotFound
+from tsfront.text.hub import local_folder
 
 # A model_max_length at or above this is transformers' "no limit" placeholder (1e30).
 _SANE_MAX_LEN = 10_000_000
@@ -80,15 +81,6 @@ def _ids(value: Any) -> list[int]:
     return []
 
 
-def _folder(given: str | os.PathLike[str]) -> Path:
-    folder = Path(given)
-    if not folder.is_dir():
-        raise TokenizerNotFound(
-            f"{folder} is not a directory: pass the folder of a model (with tokenizer.json)"
-        )
-    return folder
-
-
 def _dedup(ids: Sequence[int]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
@@ -105,7 +97,8 @@ class TextModel:
         chat_template: the template source (a string, or the list of named templates).
         tokenizer: the ``tokenizers.Tokenizer``.
         folder, tokenizer_folder: the folders `load` read (``None`` for a model made
-            otherwise); the tokenizer's is the model's unless ``load`` was given another.
+            otherwise; a Hugging Face id's snapshot in its cache); the tokenizer's is the
+            model's unless ``load`` was given another.
     """
 
     def __init__(
@@ -219,10 +212,12 @@ class TextModel:
 
         ``tokenizer_dir``: another folder for the tokenizer's files (``tokenizer.json``,
         ``tokenizer_config.json``, the chat template), as vLLM's ``--tokenizer``; the model's
-        ``config.json`` and ``generation_config.json`` still come from ``model_dir``.
+        ``config.json`` and ``generation_config.json`` still come from ``model_dir``. Either
+        may be a Hugging Face id instead (``Qwen/Qwen3-8B``): its text files are fetched into,
+        or found in, Hugging Face's cache (`tsfront.text.hub`); the model is then named by it.
         """
-        folder = _folder(model_dir)
-        tok_folder = folder if tokenizer_dir is None else _folder(tokenizer_dir)
+        folder, from_hub = local_folder(model_dir)
+        tok_folder = folder if tokenizer_dir is None else local_folder(tokenizer_dir)[0]
         path = tok_folder / "tokenizer.json"
         if not path.is_file():
             raise TokenizerNotFound(
@@ -245,7 +240,7 @@ class TextModel:
             template = _read_json(tok_folder / "chat_template.json").get("chat_template")
         model = cls(
             tokenizer,
-            name=folder.resolve().name,
+            name=os.fspath(model_dir) if from_hub else folder.resolve().name,
             tokenizer_config=_read_json(tok_folder / "tokenizer_config.json"),
             generation_config=_read_json(folder / "generation_config.json"),
             config=_read_json(folder / "config.json"),
