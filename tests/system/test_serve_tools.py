@@ -592,6 +592,14 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}}, "requ
         ({"structured_outputs": {"regex": "[0-9]+"}}, "regex", "[0-9]+"),
         ({"structured_outputs": {"choice": ["yes", "no (maybe)"]}}, "regex", r"(yes|no \(maybe\))"),
         ({"structured_outputs": {"grammar": 'root ::= "yes"'}}, "ebnf", 'root ::= "yes"'),
+        # vLLM's older names mean the same.
+        ({"guided_json": SCHEMA}, "json_schema", SCHEMA),
+        ({"guided_json": json.dumps(SCHEMA)}, "json_schema", SCHEMA),
+        ({"guided_regex": "[0-9]+"}, "regex", "[0-9]+"),
+        ({"guided_choice": ["yes", "no (maybe)"]}, "regex", r"(yes|no \(maybe\))"),
+        ({"guided_grammar": 'root ::= "yes"'}, "ebnf", 'root ::= "yes"'),
+        # A response_format of text constrains nothing: the guided field applies.
+        ({"guided_regex": "[0-9]+", "response_format": {"type": "text"}}, "regex", "[0-9]+"),
     ],
 )  # fmt: skip
 @pytest.mark.parametrize("route", ["chat", "completions"])
@@ -633,19 +641,42 @@ def test_response_format_wins_over_a_tool_constraint(servers: dict[str, Served])
     assert out["choices"][0]["message"]["content"] == '{"answer": 4}'
 
 
-def test_a_grammar_the_engine_cannot_compile_is_a_400(servers: dict[str, Served]) -> None:
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs"),
+     ({"guided_regex": "(unclosed"}, "guided_regex")],
+)  # fmt: skip
+def test_a_grammar_the_engine_cannot_compile_is_a_400(
+    servers: dict[str, Served], extra: dict, param: str
+) -> None:
     s = servers["plain"]
     for kw in ({}, {"stream": True}):
         with pytest.raises(openai.BadRequestError) as err:
             s.client.chat.completions.create(
                 model="tool-model",
                 messages=[{"role": "user", "content": "JSON"}],
-                extra_body={"structured_outputs": {"regex": "(unclosed"}},
+                extra_body=extra,
                 **kw,
             )
         body = err.value.body
-        assert isinstance(body, dict) and body["param"] == "structured_outputs", body
-        assert "regex grammar made from structured_outputs does not compile" in body["message"]
+        assert isinstance(body, dict) and body["param"] == param, body
+        assert f"regex grammar made from {param} does not compile" in body["message"]
+
+
+def test_guided_fields_the_wire_cannot_carry_are_refused_on_completions_too(
+    servers: dict[str, Served],
+) -> None:
+    s = servers["plain"]
+    for extra, param in (
+        ({"guided_decoding_backend": "outlines"}, "guided_decoding_backend"),
+        ({"guided_regex": "a", "structured_outputs": {"choice": ["b"]}}, "guided_regex"),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            s.client.completions.create(
+                model="tool-model", prompt="JSON", max_tokens=5, extra_body=extra
+            )
+        body = err.value.body
+        assert isinstance(body, dict) and body["param"] == param, body
 
 
 # ---------------------------------------------------------------------- finish reasons
@@ -726,6 +757,40 @@ WEATHER_ONLY = [WEATHER]
             "send one",
         ),
         ("hermes", {"stream": True, "logprobs": True}, "logprobs", "stream: false"),
+        # vLLM's guided_* fields: honoured alone, refused where they would be ignored.
+        (
+            "plain",
+            {"guided_json": SCHEMA, "guided_decoding_backend": "xgrammar"},
+            "guided_decoding_backend",
+            "chosen when it starts",
+        ),
+        (
+            "plain",
+            {"guided_json": SCHEMA, "guided_whitespace_pattern": " *"},
+            "guided_whitespace_pattern",
+            "no whitespace pattern",
+        ),
+        (
+            "plain",
+            {"guided_regex": "a", "guided_choice": ["b"]},
+            "guided_choice",
+            "one constraint per request",
+        ),
+        (
+            "plain",
+            {"guided_regex": "a", "structured_outputs": {"regex": "b"}},
+            "guided_regex",
+            "older name of structured_outputs.regex",
+        ),
+        (
+            "plain",
+            {"guided_json": SCHEMA, "response_format": {"type": "json_object"}},
+            "guided_json",
+            "guided_json and response_format both constrain the output: send one",
+        ),
+        ("plain", {"guided_choice": []}, "guided_choice", "a non-empty list of strings"),
+        ("plain", {"guided_json": 5}, "guided_json", "must be a JSON schema"),
+        ("plain", {"guided_regex": ""}, "guided_regex", "must be a non-empty string"),
     ],
 )  # fmt: skip
 def test_refusals_name_the_field(

@@ -71,7 +71,7 @@ from tsfront.serve.limits import (
 from tsfront.serve.offload import OFFLOAD_CHARS, Offload
 from tsfront.serve.push import Pusher
 from tsfront.serve.schema import ChatRequest, CompletionRequest
-from tsfront.serve.structured import Constraint, constraint
+from tsfront.serve.structured import Constraint, constraint, guided_fields
 from tsfront.serve.tokenize import DetokenizeRequest, TokenizeRequest
 from tsfront.serve.tooling import history_message, tool_plan
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
@@ -791,7 +791,9 @@ class OpenAIService:
         if any(not ids for ids in plan.prompts):
             raise _bad("the prompt encodes to no tokens; send a non-empty prompt", "prompt")
         plan.n = req.n
-        plan.constraint = constraint(req.response_format, req.structured_outputs)
+        plan.constraint = constraint(
+            req.response_format, req.structured_outputs, guided_fields(req)
+        )
         plan.parse = None
         self._fit(plan, limit, "prompt")
         if req.stop:
@@ -888,7 +890,9 @@ class OpenAIService:
         plan.prompts = [ids]
         plan.n = req.n
         # One constraint per request: response_format wins over the tools' (as vLLM, SMG).
-        plan.constraint = constraint(req.response_format, req.structured_outputs)
+        plan.constraint = constraint(
+            req.response_format, req.structured_outputs, guided_fields(req)
+        )
         constrained = False
         if plan.constraint is None and tools is not None:
             schema = tools.schema()

@@ -49,6 +49,14 @@ class _Sampling(msgspec.Struct, kw_only=True):
     #: Structured outputs (tsfront.serve.structured): OpenAI's and vLLM's.
     response_format: Any = None
     structured_outputs: Any = None
+    #: vLLM's older names of structured outputs (tsfront.serve.structured.GUIDED_FIELDS), and
+    #: two it had that are refused: checked there, so their refusals say what to send.
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    guided_decoding_backend: Any = None
+    guided_whitespace_pattern: Any = None
     # Known but not supported: refused with a 400 when set.
     best_of: int | None = None
 

@@ -19,12 +19,18 @@ request                                                engine field
                                                        alternatives
 ``structured_outputs: {"grammar": EBNF}``              ``ebnf``
 ``structured_outputs: {"structural_tag": JSON}``       ``structural_tag``
+``guided_json: SCHEMA`` (vLLM's older names)           as ``structured_outputs``' ``json``
+``guided_regex``, ``guided_grammar``                   as its ``regex``, ``grammar``
+``guided_choice``                                      as its ``choice``
 =====================================================  ======================================
 
 ``structured_outputs`` is vLLM's extension; one of its keys per request, and not together
-with a ``response_format`` other than ``text``. The server does not check that a schema,
-pattern or grammar compiles: the engine does, and answers one that does not with an abort,
-which the server turns into a 400 (`tsfront.serve.api`).
+with a ``response_format`` other than ``text``. vLLM's older ``guided_*`` fields mean the
+same (one per request, alone); its ``guided_decoding_backend`` and
+``guided_whitespace_pattern`` have no place on the engine's wire and are refused, never
+ignored. The server does not check that a schema, pattern or grammar compiles: the engine
+does, and answers one that does not with an abort, which the server turns into a 400
+(`tsfront.serve.api`).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from typing import Any
 
 from tsfront.serve.limits import Refused, check_json
 
-__all__ = ["Constraint", "choice_regex", "constraint"]
+__all__ = ["GUIDED_FIELDS", "Constraint", "choice_regex", "constraint", "guided_fields"]
 
 _ANY_OBJECT = '{"type": "object"}'
 # Characters a regex gives a meaning to (xgrammar's and Python's syntax alike).
@@ -62,17 +68,43 @@ def choice_regex(choices: list[str]) -> str:
     return "(" + "|".join(escaped) + ")"
 
 
-def _json_text(value: Any, param: str) -> str:
+def _json_text(value: Any, label: str) -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, (dict, bool)):
         return json.dumps(value, ensure_ascii=False)
-    raise Refused(f"{param} must be a JSON schema (an object)", param.split(".")[0])
+    raise Refused(f"{label} must be a JSON schema (an object)", label.split(".")[0])
 
 
-def constraint(response_format: Any, structured_outputs: Any) -> Constraint | None:
-    """The engine grammar a request asks for, or ``None``. Raises `Refused` saying what is
-    wrong and what to send (a value nested too deep for ``json.dumps`` included)."""
+#: vLLM's older request fields (before ``structured_outputs``), each with the key of
+#: ``structured_outputs`` it means.
+GUIDED_FIELDS = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+#: vLLM's guided fields the engine's wire has no place for: refused, never ignored.
+_GUIDED_REFUSED = {
+    "guided_decoding_backend": "the grammar backend is the engine's, chosen when it starts "
+    "(TokenSpeed's --grammar-backend); drop guided_decoding_backend",
+    "guided_whitespace_pattern": "the engine's JSON grammar takes no whitespace pattern (the "
+    "wire carries the schema only); drop guided_whitespace_pattern",
+}
+_GUIDED_NAMES = (*GUIDED_FIELDS, *_GUIDED_REFUSED)
+
+
+def guided_fields(request: Any) -> dict[str, Any]:
+    """The ``guided_*`` fields ``request`` gives (not null), by name: for `constraint`."""
+    return {name: v for name in _GUIDED_NAMES if (v := getattr(request, name, None)) is not None}
+
+
+def constraint(
+    response_format: Any, structured_outputs: Any, guided: dict[str, Any] | None = None
+) -> Constraint | None:
+    """The engine grammar a request asks for, or ``None`` (``guided``: its vLLM ``guided_*``
+    fields, `guided_fields`). Raises `Refused` saying what is wrong and what to send (a value
+    nested too deep for ``json.dumps`` included)."""
     rf = None
     if response_format is not None:
         check_json(response_format, "response_format")
@@ -86,7 +118,30 @@ def constraint(response_format: Any, structured_outputs: Any) -> Constraint | No
             "response_format and structured_outputs both constrain the output: send one",
             "structured_outputs",
         )
+    if guided:
+        old = _guided(guided)
+        other = rf or so
+        if other is not None:
+            raise Refused(
+                f"{old.param} and {other.param} both constrain the output: send one "
+                f"({old.param} is vLLM's older name of structured_outputs."
+                f"{GUIDED_FIELDS[old.param]})",
+                old.param,
+            )
+        return old
     return rf or so
+
+
+def _guided(guided: dict[str, Any]) -> Constraint:
+    for name, why in _GUIDED_REFUSED.items():
+        if name in guided:
+            raise Refused(f"{name} is not supported: {why}", name)
+    given = [name for name in GUIDED_FIELDS if name in guided]
+    if len(given) > 1:
+        raise Refused(f"{' and '.join(given)}: one constraint per request; send one", given[1])
+    name = given[0]
+    check_json(guided[name], name)
+    return _one(GUIDED_FIELDS[name], guided[name], name, name)
 
 
 def _response_format(rf: Any) -> Constraint | None:
@@ -129,18 +184,22 @@ def _structured_outputs(so: Any) -> Constraint | None:
             f"structured_outputs has {', '.join(given)}: one constraint per request", param
         )
     key = given[0]
-    value = so[key]
+    return _one(key, so[key], f"structured_outputs.{key}", param)
+
+
+def _one(key: str, value: Any, label: str, param: str) -> Constraint:
+    """``structured_outputs``' ``key`` of ``value`` as the engine's grammar (``label``: the
+    field as a refusal names it; ``param``: the request field)."""
     if key == "json":
-        return Constraint("json_schema", _json_text(value, "structured_outputs.json"), param)
+        return Constraint("json_schema", _json_text(value, label), param)
     if key == "json_object":
         return Constraint("json_schema", _ANY_OBJECT, param)
     if key == "choice":
         if not (isinstance(value, list) and value and all(isinstance(c, str) for c in value)):
-            raise Refused("structured_outputs.choice must be a non-empty list of strings", param)
+            raise Refused(f"{label} must be a non-empty list of strings", param)
         return Constraint("regex", choice_regex(value), param)
     if key == "structural_tag":
-        tag = _json_text(value, "structured_outputs.structural_tag")
-        return Constraint("structural_tag", tag, param)
+        return Constraint("structural_tag", _json_text(value, label), param)
     if not isinstance(value, str) or not value:
-        raise Refused(f"structured_outputs.{key} must be a non-empty string", param)
+        raise Refused(f"{label} must be a non-empty string", param)
     return Constraint("regex" if key == "regex" else "ebnf", value, param)
