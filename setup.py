@@ -22,6 +22,7 @@ SOURCES = [
     "subring.c",
     "sse.c",
     "push.c",
+    "title.c",
     "module.c",
 ]
 EXTRA = os.environ.get("TSFRONT_NATIVE_CFLAGS", "").split()

@@ -4,7 +4,7 @@
  * (the output-frame decoder), region.c (layout and mapping), ridmap.c (rid -> slot), prefix.c
  * (prompt block hashes for routing), writer.c (the I/O process's side), reader.c (a worker's
  * side), subring.c (the workers' submission rings), sse.c (a streamed token's event bytes),
- * push.c (the drain's dispatch of pushed tokens).
+ * push.c (the drain's dispatch of pushed tokens), title.c (the process title ps shows).
  * This file holds the module table and the small helpers that belong to none of them.
  */
 #define PY_SSIZE_T_CLEAN
@@ -20,6 +20,7 @@
 #include "region.h"
 #include "subring.h"
 #include "sse.h"
+#include "title.h"
 #include "writer.h"
 
 PyObject *WireDecodeError = NULL;
@@ -74,6 +75,10 @@ static PyMethodDef methods[] = {
      "it did not take, in order, for RequestStream.deliver (see native/push.c)."},
     {"set_parent_death_signal", set_parent_death_signal, METH_O,
      "Ask the kernel to send this signal to the calling process when its parent exits."},
+    {"set_process_title", py_set_process_title, METH_VARARGS,
+     "set_process_title(title, name) -> int: the process's name (/proc/PID/comm: its first\n"
+     "15 bytes) and its command line (/proc/PID/cmdline, what ps -o args shows), rewritten in\n"
+     "its argv area and cut to it (see native/title.c); the bytes of the title it shows."},
     {NULL, NULL, 0, NULL},
 };
 

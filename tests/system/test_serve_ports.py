@@ -117,9 +117,7 @@ def _worker_pids(served: Served) -> set[int]:
                 line = f.read()
         except OSError:
             continue
-        if b"tsfront: worker" in line or (
-            b"spawn_main" in line and b"resource_tracker" not in line
-        ):
+        if line.startswith(b"tsfront: worker "):  # its title (tsfront.process.title)
             pids.add(pid)
     return pids
 

@@ -59,7 +59,7 @@ def _pids(server: ServeProcess, marker: bytes) -> set[int]:
 
 
 def _io_pid(server: ServeProcess) -> int:
-    (pid,) = _pids(server, b"tsfront.io.main")
+    (pid,) = _pids(server, b"tsfront: io")  # its title (tsfront.process.title)
     return pid
 
 
@@ -102,7 +102,7 @@ def test_serve_recovers_from_a_sigkilled_io_process(model_dir: str, tmp_path) ->
         url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
         assert _complete(url).status_code == 200
         old_io = _io_pid(server)
-        workers = _pids(server, b"spawn_main")
+        workers = _pids(server, b"tsfront: worker ")
         assert len(workers) == 2
         threads = list(group.engines)
         aborts = sum(c["aborts"] for c in group.counters().values())
@@ -128,7 +128,7 @@ def test_serve_recovers_from_a_sigkilled_io_process(model_dir: str, tmp_path) ->
         new_io = _io_pid(server)
         assert new_io != old_io and server.proc.poll() is None
         # The same worker processes, attached to the new I/O process in place.
-        assert _pids(server, b"spawn_main") == workers
+        assert _pids(server, b"tsfront: worker ") == workers
         # The same rank threads, never restarted (a sim rank handshakes once in its life).
         assert group.engines == threads and all(group.threads_alive())
         # The stream that was open is aborted on its engine (an orphan of the old process).

@@ -74,7 +74,7 @@ class Server:
         for pid in self.proc.group_pids():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"spawn_main" in f.read() and b"resource_tracker" not in f.read():
+                    if f.read().startswith(b"tsfront: worker "):  # its title (tsfront.process.title)
                         found.add(pid)
             except OSError:
                 continue

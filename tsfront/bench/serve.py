@@ -155,10 +155,13 @@ def session_cpu(session: int) -> dict[int, ProcessCPU]:
 
 
 def _role(cmdline: str) -> str:
-    if "tsfront.io.main" in cmdline:
+    # tsfront's processes by their titles (tsfront.process.title), the others by their command lines.
+    if cmdline.startswith("tsfront: io") or "tsfront.io.main" in cmdline:
         return "I/O process"
-    if "spawn_main" in cmdline:
+    if cmdline.startswith("tsfront: worker ") or "spawn_main" in cmdline:
         return "worker"
+    if cmdline.startswith("tsfront: store"):
+        return "responses store"
     if "resource_tracker" in cmdline:
         return "resource tracker"
     if "smg" in cmdline:

@@ -47,6 +47,8 @@ from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
 from tsfront.serve.edge import add_edge_arguments, edge_settings
 from tsfront.serve.store import DEFAULT_BYTES, DEFAULT_ITEMS
 from tsfront.serve.templates import add_template_arguments, template_options
+from tsfront.process.sigint import hold_sigint
+from tsfront.process.title import set_title
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -206,6 +208,20 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     add_chat_arguments(parser)
     add_edge_arguments(parser)
     add_template_arguments(parser)
+
+
+def _shown_arguments(argv: list[str]) -> str:
+    """The command line ps shows after ``tsfront: master`` (`tsfront.process.title`): the arguments,
+    an API key's value masked (the original command line showed it to every user of the
+    machine; the title, written over it, does not)."""
+    shown = ["serve"]
+    for arg in argv:
+        if shown[-1] == "--api-key":
+            arg = "***"
+        elif arg.startswith("--api-key="):
+            arg = "--api-key=***"
+        shown.append(arg)
+    return " ".join(shown)
 
 
 def _say(line: str) -> None:
@@ -409,6 +425,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
     from tsfront.serve.worker import WorkerOptions, worker_main
 
     _check(args)
+    set_title("master", detail=_shown_arguments(getattr(args, "argv", [])))
     # The engine options are judged here, with the command line, before anything loads.
     config = None
     if args.attach is None:

@@ -20,6 +20,7 @@ from tsfront.config import ClientConfig
 from tsfront.io.loop import IOLoop, Stop
 from tsfront.process import heap
 from tsfront.process.sigint import ignore_sigint
+from tsfront.process.title import set_title
 
 
 class _Terminate(BaseException):
@@ -53,6 +54,7 @@ def main() -> int:
     signal.signal(PARENT_DEATH_SIGNAL, _stop)
     _native.set_parent_death_signal(PARENT_DEATH_SIGNAL)
     ignore_sigint()  # the parent decides; Ctrl-C reaches it
+    set_title("io")
     if os.getppid() != parent:
         return 0  # the parent died before the death signal was armed
     level = os.environ.get("TSFRONT_LOG", "WARNING").upper()

@@ -44,6 +44,7 @@ import msgspec
 
 from tsfront.process.child import python_module
 from tsfront.process.sigint import hold_sigint, ignore_sigint
+from tsfront.process.title import set_title
 
 __all__ = [
     "STORE_TIMEOUT_S",
@@ -300,6 +301,7 @@ def store_main(argv: list[str] | None = None) -> int:
     if os.getppid() != int(parent):
         return 0  # the parent died before PR_SET_PDEATHSIG took: nothing to serve
     ignore_sigint()  # Ctrl-C goes to the master (held off by it while we started)
+    set_title("store")
     asyncio.run(_serve(address.replace("@", "\0", 1), int(items), int(size), sys.stdout))
     return 0
 

@@ -40,6 +40,8 @@ from typing import Any
 from tsfront.process.sigint import ignore_sigint
 from tsfront.serve.chatsettings import ChatSettings
 from tsfront.serve.edge import EdgeSettings
+from tsfront.process.sigint import ignore_sigint
+from tsfront.process.title import set_title
 
 __all__ = ["WorkerOptions", "worker_main"]
 
@@ -405,6 +407,7 @@ def worker_main(
     (the API port's, then ``--metrics-port``'s), which the master keeps open too."""
     _die_with_parent()
     ignore_sigint()  # Ctrl-C goes to the master, which stops us (held off while we started)
+    set_title(f"worker {index}", f"w{index}")
     # Until it serves, SIGTERM stops it (nothing to drain); while it serves, SIGTERM drains
     # (Server.handle_exit); after, it is ignored, so that the worker detaches and exits
     # cleanly. `_stop_starting` raises at most once (it ignores SIGTERM first), wherever the

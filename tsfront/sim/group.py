@@ -241,6 +241,9 @@ def _run_rank_process(
     """Main function of a rank process: serve until SIGTERM, then exit like the engine."""
     import os
 
+    from tsfront.process.title import set_title
+
+    set_title(f"sim rank {rank} (engine {engine_index})", f"sim {rank}")
     engine = SimEngine(
         handshake_address,
         engine_index,
