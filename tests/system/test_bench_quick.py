@@ -1,4 +1,5 @@
-"""`tsfront bench --quick --json` runs end to end and reports every headline figure as a number.
+"""`tsfront bench --quick --json` runs end to end and reports every headline figure as a number;
+without ``--json`` it prints them grouped, each with its unit and a one-line legend.
 
 Figures are printed (with ``-s``), never judged: the machine running the tests is not the one
 the goals are set for, so nothing here passes or fails on time.
@@ -11,6 +12,7 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -69,3 +71,43 @@ def test_bench_quick_json() -> None:
     )
     assert "WARNING" not in proc.stderr
     print({k: round(report[k], 3) for k in KEYS})
+
+
+@pytest.mark.timeout(300)
+def test_bench_quick_prints_every_headline_figure_grouped_with_its_unit_and_legend(
+    tmp_path: Path,
+) -> None:
+    # As a user runs it: the summary on stdout, the same report as JSON in a file (--out).
+    out = tmp_path / "report.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tsfront", "bench", "--quick", "--quiet", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(out.read_text())
+    lines = proc.stdout.splitlines()
+    print("\n" + proc.stdout)
+    titles = [line for line in lines if line and not line.startswith(" ")]
+    assert titles[0] == "The run" and "I/O process: CPU per engine step" in titles[1], titles
+    assert "Other" not in titles  # every figure the suite reports has its legend
+    rows = {}
+    for line in lines:
+        match = re.fullmatch(r"  (\w+) +(n/a|[\d,.]+M?) (\S*) +(\S.*)", line)
+        if match:
+            rows[match.group(1)] = match.groups()[1:]
+    headline = {k: v for k, v in report.items() if not isinstance(v, (dict, list))}
+    assert set(rows) == set(headline), set(rows) ^ set(headline)
+    for key, (shown, _unit, legend) in rows.items():
+        value = headline[key]
+        assert len(legend) > 10, (key, legend)
+        if value is None:
+            assert shown == "n/a", (key, shown)
+            continue
+        number = float(shown.rstrip("M").replace(",", "")) * (1e6 if shown.endswith("M") else 1)
+        assert math.isclose(number, value, rel_tol=5e-3, abs_tol=5e-4), (key, shown, value)
+    for key in ("io_us_per_step", "frame_to_task_p99_us", "submit_io_us_per_request"):
+        assert rows[key][1] == "µs", rows[key]
+    assert rows["heap_bytes_per_stream"][1] == "B"
+    assert lines[-1].startswith("The whole report") and "--json" in lines[-1]

@@ -1,7 +1,8 @@
 """The ``tsfront bench`` command: ``add_arguments(parser)`` and ``run(args) -> int``.
 
 Progress (one line per phase, with its share of the run and the time so far) goes to stderr,
-the report to stdout (a summary, or one JSON object with ``--json``).
+the report to stdout: a summary (`tsfront.bench.summary`: the headline figures grouped, with
+units and a legend each), or one JSON object with ``--json``.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ def run(args: argparse.Namespace) -> int:
         json.dump(report, sys.stdout)
         sys.stdout.write("\n")
         return 0
-    for key, value in report.items():
-        if not isinstance(value, dict):
-            print(f"{key:40s} {value:.4g}" if isinstance(value, float) else f"{key:40s} {value}")
+    from tsfront.bench.summary import summary_lines
+
+    print("\n".join(summary_lines(report)))
     return 0
 
 
