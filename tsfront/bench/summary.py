@@ -127,7 +127,7 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     flat = {k: v for k, v in report.items() if not isinstance(v, (dict, list))}
     width = max(map(len, flat), default=0)
     lines = []
-    known = set()
+    known: set[str] = set()
     for title, rows in GROUPS:
         shown = [(key, unit, legend) for key, unit, legend in rows if key in flat]
         known.update(key for key, _, _ in rows)
