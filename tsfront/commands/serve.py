@@ -455,6 +455,13 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
         chat_template, template_kwargs = template_options(args, text.template_names)
     except ValueError as exc:
         raise UsageError("tsfront serve", str(exc)) from None
+    if chat_template is None and not text.chat_template:
+        _note(
+            f"warning: {args.tokenizer or args.model} has no chat template (no chat_template "
+            "in tokenizer_config.json, no chat_template.jinja or .json): chat requests "
+            "(/v1/chat/completions, /v1/responses) will be refused; give one with "
+            "--chat-template FILE"
+        )
 
     if stop.is_set():  # a signal while the model loaded: nothing started yet
         _note("stopped before starting")

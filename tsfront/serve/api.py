@@ -982,6 +982,14 @@ class OpenAIService:
     ) -> tuple[str, list[int]]:
         from tsfront.text import TextError
 
+        if self._chat_template is None and not self.text.chat_template:
+            raise _bad(
+                f"the model {self.model_name!r} has no chat template, so this server cannot "
+                "render messages: start it with --chat-template FILE (a Jinja chat template), "
+                "or add chat_template to the model's tokenizer_config.json (or a "
+                "chat_template.jinja); or send a prompt to /v1/completions",
+                "messages",
+            )
         try:
             prompt = self.text.apply_chat_template(
                 messages,
