@@ -74,7 +74,9 @@ class Server:
         for pid in self.proc.group_pids():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if f.read().startswith(b"tsfront: worker "):  # its title (tsfront.process.title)
+                    if f.read().startswith(
+                        b"tsfront: worker "
+                    ):  # its title (tsfront.process.title)
                         found.add(pid)
             except OSError:
                 continue

@@ -155,7 +155,8 @@ def session_cpu(session: int) -> dict[int, ProcessCPU]:
 
 
 def _role(cmdline: str) -> str:
-    # tsfront's processes by their titles (tsfront.process.title), the others by their command lines.
+    # tsfront's processes by their titles (tsfront.process.title), the others by their command
+    # lines.
     if cmdline.startswith("tsfront: io") or "tsfront.io.main" in cmdline:
         return "I/O process"
     if cmdline.startswith("tsfront: worker ") or "spawn_main" in cmdline:

@@ -43,12 +43,11 @@ from tsfront.commands.options import HANDSHAKE_TIMEOUT_S, add_engine_arguments, 
 from tsfront.config import ClientConfig
 from tsfront.errors import Error
 from tsfront.process.sigint import hold_sigint
+from tsfront.process.title import set_title
 from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
 from tsfront.serve.edge import add_edge_arguments, edge_settings
 from tsfront.serve.store import DEFAULT_BYTES, DEFAULT_ITEMS
 from tsfront.serve.templates import add_template_arguments, template_options
-from tsfront.process.sigint import hold_sigint
-from tsfront.process.title import set_title
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue

@@ -38,10 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tsfront.process.sigint import ignore_sigint
+from tsfront.process.title import set_title
 from tsfront.serve.chatsettings import ChatSettings
 from tsfront.serve.edge import EdgeSettings
-from tsfront.process.sigint import ignore_sigint
-from tsfront.process.title import set_title
 
 __all__ = ["WorkerOptions", "worker_main"]
 
