@@ -1,7 +1,7 @@
 /*
  * push.c: the drain's common case in one native pass (tsfront/client/stream.py `deliver_all`).
  *
- * A streamed token of a response on the push path's native step (tsfront/serve/push.py) used
+ * A streamed token of a response on the push path's native step (tsfront/serve/core/push.py) used
  * to go: the drain's loop, the stream's weak reference, `RequestStream.deliver` and its checks,
  * the sink (`Pusher.__call__`) and its checks, `token_event`, the count of the choice's
  * tokens and the transport's write; each a Python frame or a handful of Python bytecodes.
@@ -33,7 +33,7 @@
  * and is open while not closing, so the descriptor is its own, not a reused number.
  *
  * A connection known clean (tsfront serve's own protocol): when the pusher's ``_sock`` is a
- * `ConnectionBase` (tsfront/serve/transport.py's `ConnectionTransport`, the transport that
+ * `ConnectionBase` (tsfront/serve/edge/transport.py's `ConnectionTransport`, the transport that
  * tsfront serve's protocol hands to uvicorn) whose ``_clean`` is set, the checks of the
  * cycle, its flow control and the transport (``write_paused``, ``disconnected``,
  * ``response_complete``, the cycle's transport, ``get_write_buffer_size``, ``is_closing``)
@@ -146,7 +146,7 @@ PyTypeObject PusherBaseType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tsfront._native.PusherBase",
     .tp_basicsize = sizeof(PusherBase),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "The state push_batch reads of a streamed choice's sink (tsfront.serve.push.Pusher).",
+    .tp_doc = "The state push_batch reads of a streamed choice's sink (tsfront.serve.core.push.Pusher).",
     .tp_new = pb_new,
     .tp_traverse = (traverseproc)pb_traverse,
     .tp_clear = (inquiry)pb_clear,
@@ -171,7 +171,7 @@ PyTypeObject ConnectionBaseType = {
     .tp_basicsize = sizeof(ConnectionBase),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "The write state push_batch reads of a connection's transport "
-              "(tsfront.serve.transport.ConnectionTransport).",
+              "(tsfront.serve.edge.transport.ConnectionTransport).",
     .tp_new = PyType_GenericNew,
     .tp_members = cb_members,
 };

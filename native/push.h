@@ -1,5 +1,5 @@
 /*
- * push.h: the drain's native dispatch of pushed plain tokens (tsfront/serve/push.py's
+ * push.h: the drain's native dispatch of pushed plain tokens (tsfront/serve/core/push.py's
  * `Pusher` base, tsfront/client/stream.py's `deliver_all`).
  */
 #ifndef TSFRONT_PUSH_H

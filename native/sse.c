@@ -1,5 +1,5 @@
 /*
- * sse.c: a streamed token's bytes on the wire, in one pass (tsfront/serve/push.py's native
+ * sse.c: a streamed token's bytes on the wire, in one pass (tsfront/serve/core/push.py's native
  * path): the table detokenizer's step (tsfront/text/detok.py, TableDetokenizer), the text as a
  * JSON string exactly as msgspec encodes it, the SSE event around it and, optionally, the
  * HTTP/1.1 chunk around the event exactly as uvicorn frames a body (lowercase hex length).

@@ -1,6 +1,6 @@
 /*
  * sse.h: a streamed token's event bytes in one pass (detokenizer table step, JSON string, SSE
- * event, HTTP/1.1 chunk), for tsfront/serve/push.py's native path.
+ * event, HTTP/1.1 chunk), for tsfront/serve/core/push.py's native path.
  */
 #ifndef TSFRONT_SSE_H
 #define TSFRONT_SSE_H

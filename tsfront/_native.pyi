@@ -93,7 +93,8 @@ def token_event(
 def push_batch(updates: list[SlotUpdate], refs: list[Any], /) -> list[SlotUpdate]: ...
 
 class PusherBase:
-    """The state `push_batch` reads of a streamed choice's sink (`tsfront.serve.push.Pusher`)."""
+    """The state `push_batch` reads of a streamed choice's sink
+    (`tsfront.serve.core.push.Pusher`)."""
 
     _cycle: Any
     _flow: Any
@@ -112,7 +113,7 @@ class PusherBase:
 
 class ConnectionBase:
     """The write state `push_batch` reads of a connection's transport
-    (`tsfront.serve.transport.ConnectionTransport`)."""
+    (`tsfront.serve.edge.transport.ConnectionTransport`)."""
 
     _clean: bool
     @property

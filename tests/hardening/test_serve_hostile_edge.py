@@ -1,4 +1,5 @@
-"""Hostile clients at ``tsfront serve``'s HTTP edge (tsfront/serve/protocol.py), with raw sockets.
+"""Hostile clients at ``tsfront serve``'s HTTP edge (tsfront/serve/edge/protocol.py), with raw
+sockets.
 
 One server (one worker, two `SimGroup` ranks at 2 ms a step) with short deadlines
 (``--timeout-header 1 --timeout-body 1``): idle and trickling clients are closed after the

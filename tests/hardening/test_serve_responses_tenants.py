@@ -23,7 +23,7 @@ import msgspec
 import pytest
 from support.serve_fixtures import ServeProcess
 
-from tsfront.serve.store import STORE_TIMEOUT_S
+from tsfront.serve.processes.store import STORE_TIMEOUT_S
 from tsfront.sim import SimGroup
 
 FIRST = 100

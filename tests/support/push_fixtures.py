@@ -1,5 +1,5 @@
-"""Stand-ins for what `tsfront.serve.push.Pusher` and `tsfront.client.stream.RequestStream` use of
-their neighbours, shared by the drain's tests (tests/unit/test_native_push.py and
+"""Stand-ins for what `tsfront.serve.core.push.Pusher` and `tsfront.client.stream.RequestStream` use
+of their neighbours, shared by the drain's tests (tests/unit/test_native_push.py and
 tests/system/test_serve_native.py)."""
 
 from __future__ import annotations

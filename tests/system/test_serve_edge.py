@@ -18,9 +18,9 @@ import openai
 import pytest
 from support.serve_fixtures import ServeProcess
 
-from tsfront.serve import gate as gate_module
-from tsfront.serve.edge import EdgeSettings
-from tsfront.serve.gate import Gate
+from tsfront.serve.edge import gate as gate_module
+from tsfront.serve.edge.gate import Gate
+from tsfront.serve.edge.settings import EdgeSettings
 from tsfront.sim import SimGroup
 
 FIRST = 100

@@ -1,10 +1,10 @@
 """tsfront's ASGI app hosted by a plain uvicorn (``uvicorn --factory
-tsfront.serve.asgi:app_from_env``, attached to ``tsfront io``), as docs/SERVE.md's
+tsfront.serve.edge.asgi:app_from_env``, attached to ``tsfront io``), as docs/SERVE.md's
 "Embedding it" says any ASGI server can host it, against two simulated ranks.
 
 Under ``tsfront serve`` the HTTP protocol tells the app of a lost connection itself
-(`tsfront.serve.protocol`); under any other server the app watches ``receive()`` for
-``http.disconnect`` (`tsfront.serve.asgi._DisconnectWatch`). These tests are that watch's, by
+(`tsfront.serve.edge.protocol`); under any other server the app watches ``receive()`` for
+``http.disconnect`` (`tsfront.serve.edge.asgi._DisconnectWatch`). These tests are that watch's, by
 a client that leaves mid-stream, one that leaves before the first token and 64 that leave at
 once: each must abort its engine request. About 8 s.
 """
@@ -42,7 +42,7 @@ def hosted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Front]:
         port = free_port()
         server = spawn(
             uvicorn_command(
-                port, "--factory", "tsfront.serve.asgi:app_from_env", "--http", "httptools"
+                port, "--factory", "tsfront.serve.edge.asgi:app_from_env", "--http", "httptools"
             ),
             {"TSFRONT_ATTACH": address, "TSFRONT_MODEL": model},
         )

@@ -36,12 +36,12 @@ from support.inloop import start_uvicorn
 from support.push_fixtures import LoggingOwner, PlainChoice
 from support.serve_fixtures import post_stream, read_chunked, start_served
 
-import tsfront.serve.push as push
+import tsfront.serve.core.push as push
 from tsfront import _native
 from tsfront.bench.standins import TransportCycle
 from tsfront.client.stream import OutputChunk, RequestStream, deliver_all
-from tsfront.serve.push import Pusher
-from tsfront.serve.transport import ConnectionTransport
+from tsfront.serve.core.push import Pusher
+from tsfront.serve.edge.transport import ConnectionTransport
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
 DEADLINE = 30.0
@@ -241,7 +241,7 @@ async def test_under_the_servers_protocol_a_pushed_event_is_written_in_its_turn(
     # is out; a pusher made before that (as the response task makes it) must still write each
     # event when it is pushed, not hold it to a later loop turn: a `send` right after it in the
     # same turn (the response's task sending a later event) must reach the wire after it.
-    from tsfront.serve.protocol import EdgeLimits, protocol_class
+    from tsfront.serve.edge.protocol import EdgeLimits, protocol_class
 
     limits = EdgeLimits(
         timeout_header=DEADLINE, timeout_body=DEADLINE, max_header_bytes=1 << 16, max_connections=8
@@ -298,7 +298,7 @@ async def test_the_drains_native_pass_writes_the_python_paths_bytes(monkeypatch,
     # protocol, whose head-holding writer is the cycle's transport until the head is out): the
     # drain's native pass takes every plain update (the sink is never called), the bytes on the
     # wire are the Python path's, and the last update reaches the response's task.
-    from tsfront.serve.protocol import EdgeLimits, protocol_class
+    from tsfront.serve.edge.protocol import EdgeLimits, protocol_class
 
     called: list[list[int]] = []
     real = Pusher.__call__
@@ -533,7 +533,7 @@ def test_a_lost_connections_descriptor_gets_no_event_when_another_connection_reu
     # the connection (the event loop ends it with the error: only connection_lost is told).
     import uvloop
 
-    from tsfront.serve.protocol import EdgeLimits, protocol_class
+    from tsfront.serve.edge.protocol import EdgeLimits, protocol_class
 
     async def main() -> None:
         limits = EdgeLimits(
@@ -744,7 +744,7 @@ def test_the_direct_send_is_for_plain_tcp_only(tmp_path, loop_kind: str) -> None
 
     import uvloop
 
-    from tsfront.serve.push import direct_target
+    from tsfront.serve.core.push import direct_target
 
     cert, key = _self_signed(tmp_path)
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

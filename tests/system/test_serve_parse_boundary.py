@@ -1,5 +1,5 @@
-"""The parse step's one boundary (tsfront/serve/api.py, ``_unparseable``): a parser that raises
-on a model's output ends the response cleanly, never with a 500 or a cut connection.
+"""The parse step's one boundary (tsfront/serve/core/service.py, ``_unparseable``): a parser that
+raises on a model's output ends the response cleanly, never with a 500 or a cut connection.
 
 No output makes the parsers raise any more (tests/unit/test_text_tools_hostile.py holds them
 to it), so the parser here is made to: ``HermesParser.feed`` (or the reasoning parser's) is
@@ -23,9 +23,9 @@ import pytest
 from support.core_fixtures import DEADLINE, in_thread
 from support.raw_engine import RawEngine, raw_rig
 
-from tsfront.serve.api import OpenAIService
-from tsfront.serve.asgi import ServeApp
-from tsfront.serve.chatsettings import ChatSettings
+from tsfront.serve.core.chatsettings import ChatSettings
+from tsfront.serve.core.service import OpenAIService
+from tsfront.serve.edge.asgi import ServeApp
 from tsfront.text import TextModel
 from tsfront.text.reasoning import ReasoningParser
 from tsfront.text.tools.hermes import HermesParser

@@ -1,5 +1,5 @@
 """``tsfront serve``'s ports: refused when anything listens there, never shared with another
-server, kept by the master for a replaced worker (tsfront/serve/ports.py).
+server, kept by the master for a replaced worker (tsfront/serve/processes/ports.py).
 
 Real servers (each a session of its own) against in-process simulated ranks; a port is held
 the way other servers hold one (``SO_REUSEADDR``, listening; or ``SO_REUSEPORT``, as a

@@ -20,7 +20,7 @@ from support.core_fixtures import DEADLINE, expected_tokens, request, rig
 from support.serve_fixtures import post_stream, read_chunked
 from test_serve import expected_text, start_served
 
-from tsfront.serve.push import Pusher
+from tsfront.serve.core.push import Pusher
 
 # ---------------------------------------------------------------------- RequestStream.set_sink
 

@@ -27,7 +27,7 @@ import httpx
 import openai
 import pytest
 
-from tsfront.serve.store import Memory, StoreClient, StoreProcess, StoreUnavailable
+from tsfront.serve.processes.store import Memory, StoreClient, StoreProcess, StoreUnavailable
 from tsfront.sim import SimGroup
 from tsfront.sim.script import Script
 from tsfront.testing.serve import ServeProcess

@@ -20,9 +20,9 @@ import pytest
 from support.core_fixtures import DEADLINE, in_thread
 from support.raw_engine import raw_rig
 
-from tsfront.serve.api import OpenAIService
-from tsfront.serve.asgi import ServeApp
-from tsfront.serve.store import StoreProcess
+from tsfront.serve.core.service import OpenAIService
+from tsfront.serve.edge.asgi import ServeApp
+from tsfront.serve.processes.store import StoreProcess
 from tsfront.testing.serve import session_pids
 from tsfront.text import TextModel
 
@@ -57,7 +57,7 @@ async def test_an_embedded_app_stores_responses_in_process(text: TextModel) -> N
 
 PARENT = """
 import sys
-from tsfront.serve.store import StoreProcess
+from tsfront.serve.processes.store import StoreProcess
 store = StoreProcess.start(10, 1000)
 print(store.pid, flush=True)
 sys.stdin.read()

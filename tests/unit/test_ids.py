@@ -14,7 +14,7 @@ import re
 import pytest
 
 from tsfront import ids
-from tsfront.serve.formats import ChatFormat, CompletionFormat
+from tsfront.serve.openai.formats import ChatFormat, CompletionFormat
 from tsfront.text.tools import make_tool_parser
 
 

@@ -253,3 +253,105 @@ def test_the_text_layer_imports_nothing_of_tsfront_but_the_ids_leaf() -> None:
             assert not wrong, f"{name} imports {wrong}"
     for leaf in leaves:
         assert not graph()[leaf], f"{leaf} is a leaf: it imports nothing of tsfront"
+
+
+# The server: one core under several dialects (docs/DESIGN.md, "tsfront.serve").
+SERVE = "tsfront.serve"
+SERVE_CORE = "tsfront.serve.core"
+SERVE_EDGE = "tsfront.serve.edge"
+SERVE_PROCESSES = "tsfront.serve.processes"
+# Each dialect: the shapes of one API over the core (a package or a module of tsfront.serve).
+DIALECTS = (
+    "tsfront.serve.openai",
+    "tsfront.serve.responses",
+    "tsfront.serve.tokenize",
+)
+# The edge modules that route a request to its dialect (the only ones that may import one).
+ROUTING = {"tsfront.serve.edge.asgi"}
+# What the core takes of the edge: the streamed hot path (core.push) writes a token's event to
+# the connection itself, so it knows the connection's transport and request cycle.
+CORE_EDGE = {"tsfront.serve.edge.transport", "tsfront.serve.edge.cycle"}
+# Imports across those lines still to be removed, each with why it is there; the list only
+# shrinks (a test fails on an entry whose import is gone).
+CROSSINGS: dict[tuple[str, str], str] = {
+    ("tsfront.serve.core.service", "tsfront.serve.openai.formats"): (
+        "OpenAIService still holds the OpenAI endpoints; the split moves them to the dialect"
+    ),
+    ("tsfront.serve.core.service", "tsfront.serve.tokenize"): (
+        "OpenAIService still holds the tokenize endpoints; the split moves them to the dialect"
+    ),
+    ("tsfront.serve.responses.endpoints", "tsfront.serve.openai.formats"): (
+        "the Format base and encode_json still live with OpenAI's shapes; the split moves them"
+    ),
+}
+
+
+def dialect_of(name: str) -> str | None:
+    return next((d for d in DIALECTS if name == d or name.startswith(d + ".")), None)
+
+
+def serve_crossings(edges: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """Every import that breaks one of the server's rules: a dialect imports another; the core
+    imports a dialect, a process or the edge (but `CORE_EDGE`); an edge module other than the
+    routing imports a dialect."""
+    found: set[tuple[str, str]] = set()
+    for name, targets in edges.items():
+        if not name.startswith(SERVE + "."):
+            continue
+        mine = dialect_of(name)
+        for t in targets:
+            theirs = dialect_of(t)
+            if mine is not None and theirs is not None and theirs != mine:
+                found.add((name, t))
+            elif name.startswith(SERVE_CORE + "."):
+                upward = theirs is not None or t.startswith((SERVE_PROCESSES, SERVE_EDGE + "."))
+                if upward and t not in CORE_EDGE:
+                    found.add((name, t))
+            elif name.startswith(SERVE_EDGE + ".") and name not in ROUTING and theirs is not None:
+                found.add((name, t))
+    return found
+
+
+def test_the_server_rules_see_each_kind_of_crossing() -> None:
+    core, edge = "tsfront.serve.core.x", "tsfront.serve.edge.gate"
+    openai, responses = "tsfront.serve.openai.y", "tsfront.serve.responses.z"
+    edges = {
+        openai: {responses, core},  # a dialect's import of another (found), of the core (not)
+        core: {openai, "tsfront.serve.processes.store", "tsfront.serve.edge.transport"},
+        edge: {openai, core},  # an edge module but the routing: no dialect
+        "tsfront.serve.edge.asgi": {openai, responses},  # the routing may
+    }
+    assert serve_crossings(edges) == {
+        (openai, responses),
+        (core, openai),
+        (core, "tsfront.serve.processes.store"),
+        (edge, openai),
+    }
+    # Every dialect is found in the tree.
+    assert all(d in {dialect_of(n) for n in graph()} for d in DIALECTS)
+
+
+def test_dialects_import_the_core_never_each_other_and_the_core_no_dialect() -> None:
+    found = serve_crossings(graph())
+    new = sorted(c for c in found if c not in CROSSINGS)
+    assert not new, f"imports across the server's layers (docs/DESIGN.md, tsfront.serve): {new}"
+    gone = sorted(c for c in CROSSINGS if c not in found)
+    assert not gone, f"these crossings are gone: delete their CROSSINGS entries: {gone}"
+
+
+def test_no_two_modules_of_the_server_share_a_name() -> None:
+    # One name, one thing: a module of tsfront.serve is found by its name alone, and none takes
+    # the name of a module of the processes' packages.
+    seen: dict[str, str] = {}
+    for package in ("io", "client", "ipc", "process"):
+        for path in (ROOT / package).glob("*.py"):
+            seen[path.name] = f"{package}/{path.name}"
+    found = 0
+    for path in sorted((ROOT / "serve").rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        found += 1
+        where = str(path.relative_to(ROOT))
+        assert path.name not in seen, f"{where} and {seen[path.name]}"
+        seen[path.name] = where
+    assert found >= 25

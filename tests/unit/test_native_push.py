@@ -26,11 +26,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.push_fixtures import LoggingOwner, PlainChoice
 
-import tsfront.serve.push as push
+import tsfront.serve.core.push as push
 from tsfront import _native
 from tsfront.client.stream import RequestStream, deliver_all
 from tsfront.ipc import region
-from tsfront.serve.push import Pusher
+from tsfront.serve.core.push import Pusher
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
 _EURO = "€".encode()

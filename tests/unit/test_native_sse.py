@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tsfront import _native
-from tsfront.serve.formats import ChatFormat, CompletionFormat
+from tsfront.serve.openai.formats import ChatFormat, CompletionFormat
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
 _JSON = msgspec.json.Encoder()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tsfront.serve.api import Reply
-from tsfront.serve.asgi import ServeApp
+from tsfront.serve.core.service import Reply
+from tsfront.serve.edge.asgi import ServeApp
 
 
 class Service:
@@ -97,7 +97,7 @@ class Waiting:
 
 
 def test_under_a_server_that_takes_the_hook_a_lost_connection_cancels_the_request() -> None:
-    from tsfront.serve.transport import LOST_HOOK
+    from tsfront.serve.edge.transport import LOST_HOOK
 
     async def main() -> None:
         service = Waiting()

@@ -1,4 +1,4 @@
-"""The streamed response bytes of `tsfront.serve.formats`: the fast last events are the same
+"""The streamed response bytes of `tsfront.serve.openai.formats`: the fast last events are the same
 JSON as the dict-built ones, and what is built once (the model's JSON, the envelope) belongs
 to its own request."""
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tsfront.serve.choice import Choice
-from tsfront.serve.formats import ChatFormat, CompletionFormat, Format
+from tsfront.serve.core.choice import Choice
+from tsfront.serve.openai.formats import ChatFormat, CompletionFormat, Format
 
 
 def parse(event: bytes) -> Any:
@@ -64,7 +64,7 @@ def test_a_text_event_is_the_same_bytes_in_each_second(
 ) -> None:
     """The envelope after the id is made once per (second, model, usage): a request of a
     later second carries its own ``created``, and every event is the bytes of the shape."""
-    import tsfront.serve.formats as formats
+    import tsfront.serve.openai.formats as formats
 
     for now in (1000.25, 1000.75, 1001.5, 1000.5):
         monkeypatch.setattr(formats.time, "time", lambda now=now: now)
@@ -84,9 +84,9 @@ def test_a_text_event_is_the_same_bytes_in_each_second(
 def test_parsed_output_holding_a_lone_surrogate_is_encoded_not_raised() -> None:
     # The parsers never give one (they write a decoded surrogate back as its escape); the
     # encoders of what carries their output still may not raise on one (issue 36, item 6).
-    from tsfront.serve.formats import encode_json
-    from tsfront.serve.parsing import Pieces
-    from tsfront.serve.responses import ResponsesFormat, ResponsesRequest
+    from tsfront.serve.core.parsing import Pieces
+    from tsfront.serve.openai.formats import encode_json
+    from tsfront.serve.responses.endpoints import ResponsesFormat, ResponsesRequest
     from tsfront.text.tools import CallArgs, CallStart
 
     lone = "a\ud800b"

@@ -1,4 +1,5 @@
-"""tsfront serve's own HTTP/1.1 connection (tsfront/serve/protocol.py, tsfront/serve/cycle.py).
+"""tsfront serve's own HTTP/1.1 connection (tsfront/serve/edge/protocol.py,
+tsfront/serve/edge/cycle.py).
 
 Each test runs `EdgeProtocol` under uvicorn's `Server`, as a worker does, on a loopback port,
 and talks to it with raw sockets; the answers are read with h11 (an HTTP/1.1 parser of its own,
@@ -21,8 +22,8 @@ import uvicorn
 from support.inloop import start_uvicorn
 from uvicorn.server import ServerState
 
-from tsfront.serve.cycle import RequestCycle
-from tsfront.serve.protocol import EdgeLimits, protocol_class
+from tsfront.serve.edge.cycle import RequestCycle
+from tsfront.serve.edge.protocol import EdgeLimits, protocol_class
 
 DEADLINE = 10.0
 

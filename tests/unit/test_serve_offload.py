@@ -1,7 +1,8 @@
 """The rules under issue 36's fixes, without a server: large work sized by the work
-(`tsfront.serve.offload`), the nesting and surrogate checks (`tsfront.serve.limits.check_json`)
-and the reasoning tokens counted from the engine's tokens (`OutputParser.reasoning_tokens`).
-The HTTP attacks themselves are in tests/hardening/test_serve_hostile_loop.py."""
+(`tsfront.serve.core.offload`), the nesting and surrogate checks
+(`tsfront.serve.core.limits.check_json`) and the reasoning tokens counted from the engine's tokens
+(`OutputParser.reasoning_tokens`). The HTTP attacks themselves are in
+tests/hardening/test_serve_hostile_loop.py."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from tsfront.serve.limits import MAX_NESTING, Refused, check_json
-from tsfront.serve.offload import OFFLOAD_CHARS, Offload, text_chars
-from tsfront.serve.parsing import OutputParser
+from tsfront.serve.core.limits import MAX_NESTING, Refused, check_json
+from tsfront.serve.core.offload import OFFLOAD_CHARS, Offload, text_chars
+from tsfront.serve.core.parsing import OutputParser
 from tsfront.text.reasoning import make_reasoning_parser
 
 

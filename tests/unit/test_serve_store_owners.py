@@ -1,10 +1,10 @@
-"""The responses store's owners (`tsfront.serve.store.Memory`): each owner's objects are its
-own, and past a bound the owner holding the most loses its least recently used object, so one
+"""The responses store's owners (`tsfront.serve.processes.store.Memory`): each owner's objects are
+its own, and past a bound the owner holding the most loses its least recently used object, so one
 tenant's puts cannot evict another tenant's objects while that tenant holds less."""
 
 from __future__ import annotations
 
-from tsfront.serve.store import Memory
+from tsfront.serve.processes.store import Memory
 
 
 def test_an_object_is_found_replaced_and_deleted_only_by_its_owner() -> None:

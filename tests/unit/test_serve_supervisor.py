@@ -12,8 +12,8 @@ import multiprocessing
 
 import pytest
 
-from tsfront.serve.counters import STATUSES, ServeCounters, heartbeat_interval
-from tsfront.serve.supervisor import TRANSITIONS, Place, RestartPolicy
+from tsfront.serve.processes.counters import STATUSES, ServeCounters, heartbeat_interval
+from tsfront.serve.processes.supervisor import TRANSITIONS, Place, RestartPolicy
 
 
 def test_the_first_restart_in_a_window_is_immediate_then_the_backoff_doubles_to_its_cap() -> None:

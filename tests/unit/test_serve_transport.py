@@ -1,4 +1,4 @@
-"""`tsfront.serve.transport.ConnectionTransport`: every call is the wrapped transport's, and
+"""`tsfront.serve.edge.transport.ConnectionTransport`: every call is the wrapped transport's, and
 exactly the ones that may change what the drain's native pass checks (a write, an end, a
 close, an abort, another protocol) clear the connection's clean flag; the socket's descriptor
 is found once per connection and forgotten when it is lost."""
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tsfront import _native
-from tsfront.serve.transport import ConnectionTransport
+from tsfront.serve.edge.transport import ConnectionTransport
 
 
 class _Inner:
@@ -125,7 +125,7 @@ class _Plain(_Inner):
 
 
 def test_the_descriptor_is_found_once_per_connection_and_forgotten_when_lost() -> None:
-    from tsfront.serve.push import direct_target
+    from tsfront.serve.core.push import direct_target
 
     with socket.socket() as sock:
         inner = _Plain(sock)

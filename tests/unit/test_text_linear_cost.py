@@ -17,8 +17,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tsfront.serve.parsing import OutputParser, Pieces
-from tsfront.serve.responses import ResponsesFormat, ResponsesRequest
+from tsfront.serve.core.parsing import OutputParser, Pieces
+from tsfront.serve.responses.endpoints import ResponsesFormat, ResponsesRequest
 from tsfront.text.reasoning import make_reasoning_parser
 from tsfront.text.tools import make_tool_parser
 from tsfront.text.tools.constrained import NamedToolParser, RequiredToolParser

@@ -37,7 +37,7 @@ async def _aiohttp(args: argparse.Namespace, address: str) -> None:
     from aiohttp import web
 
     from tsfront.client.engine_client import EngineClient
-    from tsfront.serve.api import OpenAIService, Reply, SSEReply
+    from tsfront.serve.core.service import OpenAIService, Reply, SSEReply
     from tsfront.text import TextModel
 
     text = TextModel.load(args.model)
@@ -113,7 +113,7 @@ def _granian(args: argparse.Namespace, address: str) -> None:
 
     threading.Thread(target=announce, daemon=True).start()
     Granian(
-        "tsfront.serve.asgi:app_from_env",
+        "tsfront.serve.edge.asgi:app_from_env",
         factory=True,
         address=args.host,
         port=port,

@@ -2,9 +2,9 @@
 
 `NullOwner` is the slot table a `tsfront.client.stream.RequestStream` reports to, with nothing
 to free or abort (the throughput suite's worker-side measure, the push micro-benchmark).
-`TransportCycle` is what `tsfront.serve.push.Pusher` and the drain's native pass read of
+`TransportCycle` is what `tsfront.serve.core.push.Pusher` and the drain's native pass read of
 uvicorn's `RequestResponseCycle`, over a real connection's transport; a measure (or a test)
-makes `Pusher` take it for uvicorn's by patching ``tsfront.serve.push._cycle_types``.
+makes `Pusher` take it for uvicorn's by patching ``tsfront.serve.core.push._cycle_types``.
 """
 
 from __future__ import annotations

@@ -247,7 +247,7 @@ def deliver_all(updates: list[tuple], refs: list[weakref.ref[RequestStream] | No
     local slot, None for a free slot; an update of a slot with no live stream is dropped).
 
     The common case first, in one native pass (``tsfront._native.push_batch``, native/push.c):
-    plain tokens of a stream parked on a `tsfront.serve.push.Pusher` with the native step,
+    plain tokens of a stream parked on a `tsfront.serve.core.push.Pusher` with the native step,
     whose checks all pass, are written as `deliver` and the sink would write them, with no
     Python frame per update. That pass reads the stream's ``_push``, ``_waiter`` and sets
     ``engine_index``, as `deliver` does. Every update it leaves goes through `deliver`, in

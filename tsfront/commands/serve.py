@@ -1,16 +1,16 @@
 """``tsfront serve``: an OpenAI-compatible server with W worker processes on one port.
 
 The master process claims the port (refused, exit 2, if anything listens there: see
-`tsfront.serve.ports`), binding one listening SO_REUSEPORT socket per worker place, starts
+`tsfront.serve.processes.ports`), binding one listening SO_REUSEPORT socket per worker place, starts
 one I/O process (or uses ``--attach``'s) and spawns the workers; each attaches and serves
 HTTP on its place's socket, which the master keeps for the place's replacements. The
 master prints ``handshake: ADDR`` once the I/O process is bound (the engines dial it); the
 workers answer at once (``/liveness`` 200, ``/readiness`` and the API 503 while the engines
 load), and the master says on stderr every `PROGRESS_S` which ranks registered and which are
 missing; it prints ``listening: http://HOST:PORT`` once every engine registered, then
-supervises (`tsfront.serve.supervisor`): a worker that exits, is killed, or sends no heartbeat
-for ``--worker-timeout`` seconds (then the master SIGKILLs it) is replaced by a new one on the
-same listening socket and I/O process, at once, then with a growing backoff; only its
+supervises (`tsfront.serve.processes.supervisor`): a worker that exits, is killed, or sends no
+heartbeat for ``--worker-timeout`` seconds (then the master SIGKILLs it) is replaced by a new one on
+the same listening socket and I/O process, at once, then with a growing backoff; only its
 requests are lost (the I/O process aborts them on the engines when it sees the worker go). Past
 ``--max-worker-restarts`` replacements in ``--worker-restart-window`` seconds the server stops
 and exits 1. SIGINT/SIGTERM drain: every worker closes its listening socket, finishes its
@@ -44,10 +44,10 @@ from tsfront.config import ClientConfig
 from tsfront.errors import Error
 from tsfront.process.sigint import hold_sigint
 from tsfront.process.title import set_title
-from tsfront.serve.chatsettings import add_chat_arguments, chat_settings
-from tsfront.serve.edge import add_edge_arguments, edge_settings
-from tsfront.serve.store import DEFAULT_BYTES, DEFAULT_ITEMS
-from tsfront.serve.templates import add_template_arguments, template_options
+from tsfront.serve.core.chatsettings import add_chat_arguments, chat_settings
+from tsfront.serve.core.templates import add_template_arguments, template_options
+from tsfront.serve.edge.settings import add_edge_arguments, edge_settings
+from tsfront.serve.processes.store import DEFAULT_BYTES, DEFAULT_ITEMS
 
 if TYPE_CHECKING:
     from multiprocessing.queues import Queue
@@ -417,11 +417,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) -> int:
     from tsfront.process.ioproc import IOProcess
-    from tsfront.serve.counters import ServeCounters
-    from tsfront.serve.ports import PortInUse, claim_port
-    from tsfront.serve.store import StoreProcess
-    from tsfront.serve.supervisor import Place, RestartPolicy, Supervisor
-    from tsfront.serve.worker import WorkerOptions, worker_main
+    from tsfront.serve.processes.counters import ServeCounters
+    from tsfront.serve.processes.ports import PortInUse, claim_port
+    from tsfront.serve.processes.store import StoreProcess
+    from tsfront.serve.processes.supervisor import Place, RestartPolicy, Supervisor
+    from tsfront.serve.processes.worker import WorkerOptions, worker_main
 
     _check(args)
     set_title("master", detail=_shown_arguments(getattr(args, "argv", [])))
@@ -471,8 +471,9 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
     addresses: dict[int, Queue[Any]] = {}
     io = None
     store = None
-    # Each port's sockets, one per worker place (tsfront.serve.ports): claimed before anything
-    # starts, given to the workers, kept for their replacements, closed first when stopping.
+    # Each port's sockets, one per worker place (tsfront.serve.processes.ports): claimed before
+    # anything starts, given to the workers, kept for their replacements, closed first when
+    # stopping.
     listeners: list = []
     cut = True  # stopping on an error: no drain
     try:

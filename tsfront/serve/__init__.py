@@ -1,12 +1,16 @@
-"""``tsfront.serve``: an OpenAI-compatible HTTP server on tsfront.
+"""``tsfront.serve``: the HTTP server on tsfront: one core under several API dialects.
 
-* :mod:`~tsfront.serve.api` — the endpoints' logic (`OpenAIService`), independent of HTTP;
-* :mod:`~tsfront.serve.formats` — the response shapes, streamed events pre-encoded;
-* :mod:`~tsfront.serve.schema` — the request bodies (msgspec structs);
-* :mod:`~tsfront.serve.asgi` — the raw ASGI app (`ServeApp`) that carries them;
-* :mod:`~tsfront.serve.worker` — one worker process (uvicorn + httptools on the socket it is given);
-* :mod:`~tsfront.serve.ports` — the master's listening sockets, one per worker place;
-* :mod:`~tsfront.serve.supervisor` — the master's rules for workers that die or go silent.
+* :mod:`~tsfront.serve.edge.settings` — the HTTP edge: the connection's protocol and request cycle,
+  the transport, keys and CORS (the gate), the edge's flags, the raw ASGI app that routes
+  (`ServeApp`) and the ``/metrics`` page;
+* :mod:`~tsfront.serve.core` — how a request is planned and run, whatever its dialect: the
+  service (`OpenAIService`), one engine request of a response (`Choice`), the streamed hot
+  path (`Pusher`), the chat output's parsing, tools, grammars, templates, limits, offload;
+* the dialects, each the shapes of one API over the core: :mod:`~tsfront.serve.openai` (chat
+  completions and completions), :mod:`~tsfront.serve.responses.endpoints` (``/v1/responses``),
+  :mod:`~tsfront.serve.tokenize` (vLLM's ``/tokenize`` and ``/detokenize``);
+* :mod:`~tsfront.serve.processes` — the server's processes: the worker, the responses store,
+  the master's supervision policy, its shared counters and its listening sockets.
 
 The master itself, ``tsfront serve``, is the command `tsfront.commands.serve`.
 """

@@ -85,7 +85,7 @@ class _Rig:
             from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
             from uvicorn.server import ServerState
 
-            from tsfront.serve.protocol import EdgeLimits, protocol_class
+            from tsfront.serve.edge.protocol import EdgeLimits, protocol_class
 
             config = Config(
                 app=_app, http="httptools", lifespan="off", access_log=False, proxy_headers=False

@@ -31,13 +31,13 @@ import numpy as np
 import pytest
 import uvloop
 
-import tsfront.serve.push as push
+import tsfront.serve.core.push as push
 from tsfront.bench.floor import drain_connections
 from tsfront.bench.standins import NullOwner, TransportCycle
 from tsfront.client.stream import RequestStream, deliver_all
-from tsfront.serve.choice import Choice
-from tsfront.serve.push import Pusher
-from tsfront.serve.transport import ConnectionTransport
+from tsfront.serve.core.choice import Choice
+from tsfront.serve.core.push import Pusher
+from tsfront.serve.edge.transport import ConnectionTransport
 from tsfront.text.detok import TableDetokenizer, TokenTable
 
 CONNECTIONS = 64

@@ -6,7 +6,7 @@ of every format: plain text with no call, the cost the goal bounds (≤ 1 µs pe
 of detokenization, while no call is in progress); the same text with a ``<`` (a marker's
 first character) every ~10 tokens, which takes the slow path; and the text followed by two
 calls. The reasoning parser is timed inside and after its section. The server's
-`tsfront.serve.parsing.OutputParser` (what a chat stream with tools or reasoning runs per
+`tsfront.serve.core.parsing.OutputParser` (what a chat stream with tools or reasoning runs per
 chunk: the parsers chained, plus the pieces it hands the response) is timed on the plain text,
 over ``hermes`` alone and over ``qwen3`` reasoning then ``hermes``.
 
@@ -99,7 +99,7 @@ def reasoning_feeder(deltas: list[str], inside: bool) -> Callable[[], int]:
 
 
 def output_feeder(deltas: list[str], reasoning: bool) -> Callable[[], int]:
-    from tsfront.serve.parsing import OutputParser
+    from tsfront.serve.core.parsing import OutputParser
 
     def run() -> int:
         parser = OutputParser(

@@ -12,7 +12,7 @@ for the response's task, which waits for the send in flight (`settle`) before it
 order of events on the wire is the order of tokens either way.
 
 The native step (``TSFRONT_SERVE_NATIVE``, on unless ``0``): for a stream decoded by the
-table detokenizer and a response served by tsfront serve's protocol (`tsfront.serve.cycle`) or
+table detokenizer and a response served by tsfront serve's protocol (`tsfront.serve.edge.cycle`) or
 uvicorn's httptools one (an embedding server's), one C call
 (``tsfront._native.token_event``) does the detokenizer's step, the JSON string, the event and
 the HTTP/1.1 chunk around it, and the chunk goes to the connection's transport, as the cycle's
@@ -26,7 +26,7 @@ docs/PERFORMANCE.md, "Worker per token: the native path" and "... the direct sen
 they save.
 
 Everything else (the first and last events, errors, a client that goes away) stays with the
-response's task (`tsfront.serve.asgi`).
+response's task (`tsfront.serve.edge.asgi`).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tsfront import _native
-from tsfront.serve.transport import ConnectionTransport, socket_target
+from tsfront.serve.edge.transport import ConnectionTransport, socket_target
 
 if TYPE_CHECKING:
-    from tsfront.serve.choice import Choice
+    from tsfront.serve.core.choice import Choice
 
 __all__ = ["Pusher", "direct_target"]
 
@@ -60,7 +60,7 @@ def _cycle_types() -> tuple[type, ...]:
     # The classes whose ``send`` the native step stands in for: tsfront serve's own cycle, and
     # uvicorn's httptools one (an embedding server's), looked up on first use: uvicorn is the
     # serve extra's.
-    from tsfront.serve.cycle import RequestCycle
+    from tsfront.serve.edge.cycle import RequestCycle
 
     try:
         from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
@@ -85,7 +85,7 @@ def direct_target(transport: Any) -> tuple[Any, int]:
     descriptor: the connection's own transport (behind tsfront serve's head writer, if that
     stands in front of it; under tsfront serve, the `ConnectionTransport` whose clean flag the
     pass keeps, which finds its descriptor once per connection), when it is a plain TCP one;
-    ``(None, -1)`` for anything else (`tsfront.serve.transport.socket_target`)."""
+    ``(None, -1)`` for anything else (`tsfront.serve.edge.transport.socket_target`)."""
     if not isinstance(transport, ConnectionTransport):
         transport = getattr(transport, "connection_transport", transport)
     if isinstance(transport, ConnectionTransport):
@@ -176,7 +176,7 @@ class Pusher(_native.PusherBase):
             if chunk is not None:
                 try:
                     # The cycle's transport as its send writes to it, looked up per event:
-                    # `tsfront.serve.cycle` swaps it for a writer that holds the response's
+                    # `tsfront.serve.edge.cycle` swaps it for a writer that holds the response's
                     # head to the next loop turn, and then back once the head is out (a write
                     # bound before that would defer every event to a loop turn of its own).
                     cycle.transport.write(chunk)

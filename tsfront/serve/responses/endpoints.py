@@ -12,7 +12,7 @@ detokenizer and stop logic), and `ResponsesFormat` turns the parsed output into 
 object and its streamed events (``event: TYPE`` lines, a ``sequence_number`` on each).
 
 With ``store`` (the default, as OpenAI's) the response object and its conversation go to the
-server's store (`tsfront.serve.store`) before the response is answered (streamed: before
+server's store (`tsfront.serve.processes.store`) before the response is answered (streamed: before
 ``response.completed``), so ``GET``/``DELETE /v1/responses/{id}`` and ``previous_response_id``
 work on any worker, for requests with the same API key: every store operation names the
 request's owner (`RequestRecord.owner`, set by the gate), and another key's finds nothing.
@@ -28,21 +28,21 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tsfront.ids import item_id as _item_id
-from tsfront.serve.api import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
-from tsfront.serve.formats import Format, encode_json
-from tsfront.serve.limits import Refused, check_json, check_metadata, decode_error
-from tsfront.serve.offload import text_chars
-from tsfront.serve.record import SHARED_OWNER
-from tsfront.serve.schema import ChatRequest
-from tsfront.serve.store import StoreUnavailable
+from tsfront.serve.core.limits import Refused, check_json, check_metadata, decode_error
+from tsfront.serve.core.offload import text_chars
+from tsfront.serve.core.record import SHARED_OWNER
+from tsfront.serve.core.schema import ChatRequest
+from tsfront.serve.core.service import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
+from tsfront.serve.openai.formats import Format, encode_json
+from tsfront.serve.processes.store import StoreUnavailable
 from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
     from tsfront.client.stream import OutputChunk
-    from tsfront.serve.api import OpenAIService
-    from tsfront.serve.choice import Choice
-    from tsfront.serve.parsing import Pieces
-    from tsfront.serve.record import RequestRecord
+    from tsfront.serve.core.choice import Choice
+    from tsfront.serve.core.parsing import Pieces
+    from tsfront.serve.core.record import RequestRecord
+    from tsfront.serve.core.service import OpenAIService
 
 __all__ = ["Responses", "ResponsesFormat", "ResponsesRequest", "input_messages", "response_id_of"]
 
@@ -342,7 +342,7 @@ def _rename(exc: ApiError | Refused) -> ApiError:
 
 class Responses:
     """The ``/v1/responses`` routes of one worker over its `OpenAIService` and a store
-    (`tsfront.serve.store`: `StoreClient` or `LocalStore`)."""
+    (`tsfront.serve.processes.store`: `StoreClient` or `LocalStore`)."""
 
     def __init__(self, service: OpenAIService, store: Any) -> None:
         self.service = service

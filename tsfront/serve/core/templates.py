@@ -6,7 +6,7 @@ path to a Jinja file, or the template text itself); it is compiled at start, so 
 that does not compile stops the server with exit 2 instead of failing every request.
 ``--default-chat-template-kwargs JSON`` gives every request template variables (e.g.
 ``{"enable_thinking": false}``); a request's own ``chat_template_kwargs`` override them key by
-key. Neither may set a variable the renderer sets itself (`tsfront.serve.limits`).
+key. Neither may set a variable the renderer sets itself (`tsfront.serve.core.limits`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def add_template_arguments(parser: argparse.ArgumentParser) -> None:
 def template_options(args: argparse.Namespace, reserved: frozenset[str]) -> TemplateOptions:
     """The template source and default variables the flags give (``(None, {})`` without
     them); raises ValueError with a message for the command line."""
-    from tsfront.serve.limits import Refused, check_template_kwargs
+    from tsfront.serve.core.limits import Refused, check_template_kwargs
     from tsfront.text import TextError
     from tsfront.text.chat import compile_template
 

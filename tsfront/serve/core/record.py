@@ -1,9 +1,9 @@
 """What one HTTP request did, for its access-log line: filled by the service, read at its end.
 
 `OpenAIService` gets a `RequestRecord` with the request's id (which it puts in the engine rids)
-and its owner (whose stored objects it may see: `tsfront.serve.store`), stamps the time of the
-first output, and leaves a ``summary`` to call once the response is over; nothing is written
-per token. The HTTP edge (`tsfront.serve.gate`) makes the record, sets the owner from the API
+and its owner (whose stored objects it may see: `tsfront.serve.processes.store`), stamps the time of
+the first output, and leaves a ``summary`` to call once the response is over; nothing is written
+per token. The HTTP edge (`tsfront.serve.edge.gate`) makes the record, sets the owner from the API
 key it checked, and reads the record when the request ends.
 """
 

@@ -30,7 +30,7 @@ same (one per request, alone); its ``guided_decoding_backend`` and
 ``guided_whitespace_pattern`` have no place on the engine's wire and are refused, never
 ignored. The server does not check that a schema, pattern or grammar compiles: the engine
 does, and answers one that does not with an abort, which the server turns into a 400
-(`tsfront.serve.api`).
+(`tsfront.serve.core.service`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tsfront.serve.limits import Refused, check_json
+from tsfront.serve.core.limits import Refused, check_json
 
 __all__ = ["GUIDED_FIELDS", "Constraint", "choice_regex", "constraint", "guided_fields"]
 

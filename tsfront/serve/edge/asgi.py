@@ -14,14 +14,14 @@ server's shared words, once it is over (nothing per token). A streamed reply is 
 produced, one ``http.response.body`` message per event. While a request runs, a client that
 goes away cancels the handler, and cancelling a stream's read aborts its engine request. Under
 ``tsfront serve``'s protocol the protocol says so itself (`_LostWatch`: a callable in the
-request's cycle, `tsfront.serve.transport.LOST_HOOK`); under any other server a watcher
+request's cycle, `tsfront.serve.edge.transport.LOST_HOOK`); under any other server a watcher
 (`_DisconnectWatch`, no task of its own) waits on ``receive()`` for ``http.disconnect``.
 
 Made with a service (`tsfront serve`'s workers), or with ``attach=`` and ``model=``: then the
 ASGI lifespan attaches to the I/O process at startup and detaches at shutdown, which is how a
 server that runs its own workers (granian, ``uvicorn --workers``) embeds it.
 
-With a `tsfront.serve.gate.Gate` (``tsfront serve`` gives one) every request first passes the
+With a `tsfront.serve.edge.gate.Gate` (``tsfront serve`` gives one) every request first passes the
 edge: API keys, request ids, CORS; its responses carry the edge's headers, and its end writes
 the access-log line.
 """
@@ -36,17 +36,17 @@ from urllib.parse import unquote
 
 import msgspec
 
-from tsfront.serve.api import CUT_MESSAGE, ApiError, Final, OpenAIService, Reply, SSEReply
-from tsfront.serve.metrics import CONTENT_TYPE
-from tsfront.serve.responses import Responses, response_id_of
-from tsfront.serve.transport import LOST_HOOK
+from tsfront.serve.core.service import CUT_MESSAGE, ApiError, Final, OpenAIService, Reply, SSEReply
+from tsfront.serve.edge.metrics_page import CONTENT_TYPE
+from tsfront.serve.edge.transport import LOST_HOOK
+from tsfront.serve.responses.endpoints import Responses, response_id_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tsfront.client.engine_client import EngineClient
-    from tsfront.serve.counters import ServeCounters
-    from tsfront.serve.gate import Exchange, Gate
+    from tsfront.serve.edge.gate import Exchange, Gate
+    from tsfront.serve.processes.counters import ServeCounters
 
 __all__ = ["ServeApp", "app_from_env"]
 
@@ -86,8 +86,8 @@ class ServeApp:
         counters: the server's `ServeCounters` to count responses in (place ``place``).
         metrics: renders the ``GET /metrics`` page (blocking: it is called in a thread).
         metrics_port: serve ``/metrics`` on this local port only (and nothing else there).
-        responses: the ``/v1/responses`` routes (`tsfront.serve.responses.Responses`, with the
-            server's shared store); None: made over ``service`` with an in-process store.
+        responses: the ``/v1/responses`` routes (`tsfront.serve.responses.endpoints.Responses`,
+            with the server's shared store); None: made over ``service`` with an in-process store.
         loading: the service's client may still wait for its engines (attached with
             ``registered=False``): until they registered the API routes answer 503.
     """
@@ -199,7 +199,7 @@ class ServeApp:
     def _responses_of(self, service: OpenAIService) -> Responses:
         responses = self.responses
         if responses is None or responses.service is not service:
-            from tsfront.serve.store import LocalStore
+            from tsfront.serve.processes.store import LocalStore
 
             store = responses.store if responses is not None else LocalStore()
             responses = self.responses = Responses(service, store)
@@ -343,7 +343,7 @@ class ServeApp:
                 await send({"type": "http.response.start", "status": 200, "headers": headers})
                 started = True
                 if reply.push is not None:
-                    # Plain tokens are now written from the worker's drain (serve/push.py);
+                    # Plain tokens are now written from the worker's drain (serve/core/push.py);
                     # this loop sends the rest, after any pushed send still in flight.
                     pusher = reply.push(send)
                 message = {"type": "http.response.body", "body": b"", "more_body": True}
@@ -513,7 +513,7 @@ def _watch(receive: Any, task: asyncio.Task[Any], state: list[bool]) -> Any:
 
 class _LostWatch:
     """`_DisconnectWatch`'s job where the server calls the request cycle's `LOST_HOOK` when
-    the connection is lost (`tsfront.serve.protocol`): that call cancels the handler ``task``
+    the connection is lost (`tsfront.serve.edge.protocol`): that call cancels the handler ``task``
     as the watch would, and `cancel` takes the hook back."""
 
     __slots__ = ("_cycle", "_state", "_task")
@@ -541,7 +541,7 @@ class _DisconnectWatch:
     """Waits on the ASGI ``receive()`` for ``http.disconnect`` while a request runs, then
     cancels its handler ``task`` (marking ``state[1]``, unless ``state[0]``: it finished).
 
-    ``receive()`` is stepped by hand, as `tsfront.serve.push.Pusher` steps ``send``: what it
+    ``receive()`` is stepped by hand, as `tsfront.serve.core.push.Pusher` steps ``send``: what it
     waits on gets a done callback that steps it again. A task would do the same with a Task
     object, a loop turn to start it and another to cancel it, per request.
     """

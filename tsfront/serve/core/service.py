@@ -3,7 +3,7 @@
 `OpenAIService` turns a request body into engine requests on its worker's `EngineClient` and
 their output into OpenAI responses: a `Reply` (status, JSON body, headers) or, for
 ``stream: true``, an `SSEReply` whose body is an async iterator of ready-to-send
-``data: ...\\n\\n`` events. An HTTP adapter (`tsfront.serve.asgi`) only moves those bytes.
+``data: ...\\n\\n`` events. An HTTP adapter (`tsfront.serve.edge.asgi`) only moves those bytes.
 
 Per streamed chunk the work is: the detokenizer's step, the stop matcher's feed (only when
 the request has stop strings), one ``msgspec.json.encode`` of the new text, and one bytes
@@ -14,18 +14,18 @@ A stop string that matches aborts the engine request (``stream.abort()``); a can
 handler (the client went away) aborts it too, because cancelling a stream's read does.
 
 Before any work for a request, its fields, counts and lengths are checked against the bounds
-of `tsfront.serve.limits` and one context limit (the smallest of the engines', the model's and
+of `tsfront.serve.core.limits` and one context limit (the smallest of the engines', the model's and
 ``--max-model-len``; a refusal names the one that applied);
-large work is then done on a thread, sized by the work (`tsfront.serve.offload`: a long text
+large work is then done on a thread, sized by the work (`tsfront.serve.core.offload`: a long text
 tokenized, a long conversation rendered, a long token list detokenized), so that no request
 holds the event loop its worker's other streams run on. The stop
 strings are compiled once per request (`tsfront.text.StopSet`) for all of its choices.
 
-A chat request's tools (`tsfront.serve.tooling`) and the server's reasoning parser give each
-choice an `tsfront.serve.parsing.OutputParser`: its chunks' text becomes reasoning, content
+A chat request's tools (`tsfront.serve.core.tooling`) and the server's reasoning parser give each
+choice an `tsfront.serve.core.parsing.OutputParser`: its chunks' text becomes reasoning, content
 and tool-call deltas (the task path, never the push path); ``response_format``,
 ``structured_outputs`` and a constrained ``tool_choice`` become one engine grammar
-(`tsfront.serve.structured`). An engine abort after the output began ends the response with
+(`tsfront.serve.core.structured`). An engine abort after the output began ends the response with
 an error (502), never with ``finish_reason: "abort"``. The parse step (the parsers and the
 response shape of what they give) runs inside one boundary: whatever it raises on a model's
 output ends the response with a 502 error (streamed: an error event, then the stream's end),
@@ -56,10 +56,9 @@ from tsfront.errors import (
     InvalidRequest,
     StreamError,
 )
-from tsfront.serve.chatsettings import ChatSettings
-from tsfront.serve.choice import ABORT, Choice
-from tsfront.serve.formats import ChatFormat, CompletionFormat, Format
-from tsfront.serve.limits import (
+from tsfront.serve.core.chatsettings import ChatSettings
+from tsfront.serve.core.choice import ABORT, Choice
+from tsfront.serve.core.limits import (
     INT64_MAX,
     INT64_MIN,
     MAX_STOP_CHARS,
@@ -68,17 +67,18 @@ from tsfront.serve.limits import (
     check_template_kwargs,
     decode_error,
 )
-from tsfront.serve.offload import OFFLOAD_CHARS, Offload
-from tsfront.serve.push import Pusher
-from tsfront.serve.schema import ChatRequest, CompletionRequest
-from tsfront.serve.structured import Constraint, constraint, guided_fields
+from tsfront.serve.core.offload import OFFLOAD_CHARS, Offload
+from tsfront.serve.core.push import Pusher
+from tsfront.serve.core.schema import ChatRequest, CompletionRequest
+from tsfront.serve.core.structured import Constraint, constraint, guided_fields
+from tsfront.serve.core.tooling import history_message, tool_plan
+from tsfront.serve.openai.formats import ChatFormat, CompletionFormat, Format
 from tsfront.serve.tokenize import DetokenizeRequest, TokenizeRequest
-from tsfront.serve.tooling import history_message, tool_plan
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 
 if TYPE_CHECKING:
-    from tsfront.serve.parsing import OutputParser
-    from tsfront.serve.record import RequestRecord, Summary
+    from tsfront.serve.core.parsing import OutputParser
+    from tsfront.serve.core.record import RequestRecord, Summary
     from tsfront.text.stop import StopSet
 
 __all__ = ["ApiError", "OpenAIService", "Reply", "SSEReply"]
@@ -115,7 +115,7 @@ _SAMPLING_FIELDS = (
     "repetition_penalty",
 )
 
-#: The streamed hot path (tsfront/serve/push.py); ``TSFRONT_SERVE_PUSH=0`` turns it off, to
+#: The streamed hot path (tsfront/serve/core/push.py); ``TSFRONT_SERVE_PUSH=0`` turns it off, to
 #: measure what it saves (``tsfront bench serve --stacks pull``) or to rule it out.
 _PUSH = os.environ.get("TSFRONT_SERVE_PUSH", "1") != "0"
 _JSON_HEADERS = [(b"content-type", b"application/json")]
@@ -135,7 +135,7 @@ _PARAMS = {
 }
 
 
-#: Why a stopping server cut a request (`tsfront.serve.asgi.ServeApp.cut`).
+#: Why a stopping server cut a request (`tsfront.serve.edge.asgi.ServeApp.cut`).
 CUT_MESSAGE = (
     "the server is shutting down and cut this request after its graceful timeout; retry it"
 )
@@ -465,14 +465,14 @@ class OpenAIService:
     ) -> Reply | SSEReply:
         """A decoded chat request run as `chat` runs it (``size``: at least the characters of
         text it brings, the bytes of the body it came from plus any conversation loaded for
-        it, `tsfront.serve.offload.text_chars`: its render's size), its output in the shape
+        it, `tsfront.serve.core.offload.text_chars`: its render's size), its output in the shape
         ``format_of()`` makes; every choice's text is parsed (`OutputParser`: reasoning and
         tools when asked, else all content), so the format sees `Format.pieces` and the
         parser's ``message()``. For other APIs over the chat path (``/v1/responses``);
         refusals raise `ApiError` or `Refused`."""
         plan = await self._plan_chat(req, size)
         if plan.parse is None:
-            from tsfront.serve.parsing import OutputParser
+            from tsfront.serve.core.parsing import OutputParser
 
             plan.parse = lambda: OutputParser(None, None)
         return await self._run(plan, format_of(), record)
@@ -481,7 +481,7 @@ class OpenAIService:
         """``POST /v1/tokenize`` (and ``/tokenize``), as vLLM serves it: a ``prompt``, or chat
         ``messages`` (with ``tools``) rendered as `chat` would → ``tokens``, ``count``,
         ``max_model_len``. The bounds of chat first; the encode (and render) is sized by its
-        text, as chat's (`tsfront.serve.offload`)."""
+        text, as chat's (`tsfront.serve.core.offload`)."""
         try:
             req = _TOKENIZE.decode(body)
         except msgspec.ValidationError as exc:
@@ -540,7 +540,7 @@ class OpenAIService:
     async def detokenize(self, body: bytes) -> Reply:
         """``POST /v1/detokenize`` (and ``/detokenize``): ``tokens`` → ``prompt``, the text
         (special tokens kept). At most the context's worth of tokens (what a model reads or
-        writes); the decode is sized by the text they can make (`tsfront.serve.offload`)."""
+        writes); the decode is sized by the text they can make (`tsfront.serve.core.offload`)."""
         try:
             req = _DETOKENIZE.decode(body)
         except msgspec.ValidationError as exc:
@@ -948,7 +948,7 @@ class OpenAIService:
         self, tools: Any, constrained: bool, prompt: str, kwargs: dict[str, Any]
     ) -> Callable[[], OutputParser] | None:
         """What makes each choice's `OutputParser`, or ``None`` (the text is the content)."""
-        from tsfront.serve.parsing import OutputParser
+        from tsfront.serve.core.parsing import OutputParser
         from tsfront.text.reasoning import make_reasoning_parser, starts_in_reasoning
 
         reasoning_name = self.chat_settings.reasoning_parser

@@ -1,7 +1,7 @@
 """One request on a `tsfront serve` connection: its ASGI ``receive`` and ``send``, and the task
 that runs the app for it.
 
-`RequestCycle` is what `tsfront.serve.protocol.EdgeProtocol` makes for each request whose
+`RequestCycle` is what `tsfront.serve.edge.protocol.EdgeProtocol` makes for each request whose
 headers are complete. It speaks ASGI 3 (HTTP spec 2.3) toward the app and HTTP/1.1 toward the
 connection, as uvicorn's httptools cycle does, with the same answers to an app that breaks the
 protocol (a 500 if it raised or returned before its response's start, the connection closed if
@@ -17,8 +17,8 @@ after), but with less per request:
 * an HTTP/1.0 client, which has no chunked encoding, gets a body with no length as it comes,
   ended by the connection's close (uvicorn sends it chunks).
 
-What the drain's native pass (native/push.c, `tsfront.serve.push`) reads of a cycle, by name:
-``transport`` (the connection's `tsfront.serve.transport.ConnectionTransport`, or the held
+What the drain's native pass (native/push.c, `tsfront.serve.core.push`) reads of a cycle, by name:
+``transport`` (the connection's `tsfront.serve.edge.transport.ConnectionTransport`, or the held
 head in front of it), ``flow.write_paused``, ``disconnected``, ``response_complete``,
 ``chunked_encoding`` and ``scope["method"]``. The `LOST_HOOK` slot is where the app puts
 what to call if the connection is lost while the request runs (the protocol calls it).
@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tsfront.serve.transport import LOST_HOOK
+from tsfront.serve.edge.transport import LOST_HOOK
 
 __all__ = ["CONTINUE", "STATUS_LINES", "HeldHead", "RequestCycle"]
 

@@ -30,8 +30,8 @@ from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
     from tsfront.client.stream import OutputChunk
-    from tsfront.serve.choice import Choice
-    from tsfront.serve.parsing import Pieces
+    from tsfront.serve.core.choice import Choice
+    from tsfront.serve.core.parsing import Pieces
 
 __all__ = ["ChatFormat", "CompletionFormat", "Format", "encode_json"]
 

@@ -30,7 +30,7 @@ ROUTES = (
     "completions", "chat", "responses", "models", "tokenize", "detokenize", "health", "metrics",
     "liveness", "readiness", "other",
 )  # fmt: skip
-#: What the HTTP edge refused or cut (`tsfront.serve.protocol.EdgeLimits.counts`): connections
+#: What the HTTP edge refused or cut (`tsfront.serve.edge.protocol.EdgeLimits.counts`): connections
 #: refused at the cap, idle ones evicted for a new one, header and body deadlines, 431s.
 EDGE_EVENTS = ("refused", "evicted", "header_timeout", "body_timeout", "too_large")
 #: Statuses counted one by one; ``other`` is any other status, ``none`` a request whose client

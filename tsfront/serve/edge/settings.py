@@ -2,9 +2,9 @@
 
 `add_edge_arguments` adds the flags (timeouts, header size, connection cap, API keys, CORS,
 access log, log level and format); `edge_settings` turns the parsed ones into `EdgeSettings`
-(picklable: it crosses the spawn in `tsfront.serve.worker.WorkerOptions`); `raise_fd_limit`,
-`connection_cap` and `configure_logging` are what a worker does with them at start
-(`tsfront.serve.worker` builds the protocol class and the gate from them, so this module
+(picklable: it crosses the spawn in `tsfront.serve.processes.worker.WorkerOptions`);
+`raise_fd_limit`, `connection_cap` and `configure_logging` are what a worker does with them at start
+(`tsfront.serve.processes.worker` builds the protocol class and the gate from them, so this module
 imports neither).
 """
 

@@ -1,7 +1,7 @@
 """The HTTP/1.1 connection of a worker: tsfront's own protocol, bounded against hostile clients.
 
 `EdgeProtocol` parses requests with httptools (llhttp) and runs the ASGI app for each in a
-`tsfront.serve.cycle.RequestCycle`, under uvicorn's `Server` (which accepts, shuts down and
+`tsfront.serve.edge.cycle.RequestCycle`, under uvicorn's `Server` (which accepts, shuts down and
 counts; ``http=`` takes this class). It is HTTP/1.1 as uvicorn's httptools protocol speaks it
 (keep-alive, pipelining, ``Expect: 100-continue``, HEAD, chunked and sized responses, a JSON
 400 for a request the parser refuses), with less work per request (see the cycle's doc and
@@ -31,12 +31,12 @@ hold their fds):
   queued behind it, and reading goes on while a request runs with others queued behind it, so
   that the client's EOF is seen; at most `MAX_PIPELINED` queued requests per connection, past
   that the connection is closed. Each request's cycle has a ``tsfront_on_lost`` attribute
-  (`tsfront.serve.transport.LOST_HOOK`), None until the app puts a callable there: when the
+  (`tsfront.serve.edge.transport.LOST_HOOK`), None until the app puts a callable there: when the
   connection is lost while the request runs, it is called once, in ``connection_lost``
-  (`tsfront.serve.asgi` hears of the client leaving that way instead of waiting on
+  (`tsfront.serve.edge.asgi` hears of the client leaving that way instead of waiting on
   ``receive()`` for ``http.disconnect``: no future and no step per request).
 * **The connection's write state**: the cycles get the connection's transport wrapped in a
-  `tsfront.serve.transport.ConnectionTransport`, whose clean flag every write, close and abort
+  `tsfront.serve.edge.transport.ConnectionTransport`, whose clean flag every write, close and abort
   clears, as do ``pause_writing`` and ``connection_lost`` here; the drain's native pass sends
   a token's event with fewer checks while it is set (see that module).
 
@@ -54,9 +54,9 @@ from typing import Any, ClassVar
 
 import httptools
 
-from tsfront.serve.api import ApiError
-from tsfront.serve.cycle import STATUS_LINES, RequestCycle
-from tsfront.serve.transport import LOST_HOOK, ConnectionTransport, FlowControl
+from tsfront.serve.core.service import ApiError
+from tsfront.serve.edge.cycle import STATUS_LINES, RequestCycle
+from tsfront.serve.edge.transport import LOST_HOOK, ConnectionTransport, FlowControl
 
 __all__ = ["CAP_LOG_S", "MAX_PIPELINED", "EdgeLimits", "EdgeProtocol", "protocol_class"]
 
@@ -85,7 +85,7 @@ def _headers_end(buf: bytes | bytearray, start: int) -> int:
 
 def _error_response(status: int, message: str, kind: str = "invalid_request_error") -> bytes:
     """A whole answer that closes its connection, carrying the app's own error object
-    (`tsfront.serve.api.ApiError`'s body and headers), for what the edge refuses itself."""
+    (`tsfront.serve.core.service.ApiError`'s body and headers), for what the edge refuses itself."""
     reply = ApiError(status, message, kind=kind).reply()
     head = [STATUS_LINES[status], *(b"%b: %b\r\n" % header for header in reply.headers)]
     head.append(b"content-length: %d\r\nconnection: close\r\n\r\n" % len(reply.body))
@@ -212,7 +212,7 @@ class EdgeProtocol(asyncio.Protocol):
             oldest._forget()  # aborted transports report their loss later, in a callback
         inner: Any = transport
         # Every write on this connection goes through it: the drain's native pass reads its
-        # clean flag (tsfront.serve.transport).
+        # clean flag (tsfront.serve.edge.transport).
         self.transport = ConnectionTransport(inner)
         self.flow = FlowControl(inner)
         self.server = _address(inner.get_extra_info("sockname"))

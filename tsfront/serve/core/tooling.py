@@ -17,7 +17,7 @@ renders, the engine constraint the choice asks for, and a fresh tool parser per 
 
 `history_message` turns an assistant message's ``tool_calls`` into what Hugging Face
 templates expect: each ``function.arguments`` JSON string parsed into its object, which is
-then held to what the template and the tokenizer can take (`tsfront.serve.limits.check_json`:
+then held to what the template and the tokenizer can take (`tsfront.serve.core.limits.check_json`:
 nesting, no lone surrogate; a template may write the values raw, as Qwen3-Coder's does).
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from tsfront.serve.limits import Refused, check_json, too_deep
+from tsfront.serve.core.limits import Refused, check_json, too_deep
 
 if TYPE_CHECKING:
     from tsfront.text.tools import ToolParser

@@ -1,7 +1,7 @@
 """The OpenAI request bodies the server accepts, as msgspec structs (decoded in one C pass).
 
 Unknown fields are ignored, as OpenAI's own server does for fields it does not know; fields
-the server knows but cannot honour are refused by `tsfront.serve.api` with a 400 that names
+the server knows but cannot honour are refused by `tsfront.serve.core.service` with a 400 that names
 them. Types are checked by the decoder, whose message says where (``Expected `int`, got
 `str` - at `$.max_tokens```).
 """
@@ -46,10 +46,10 @@ class _Sampling(msgspec.Struct, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    #: Structured outputs (tsfront.serve.structured): OpenAI's and vLLM's.
+    #: Structured outputs (tsfront.serve.core.structured): OpenAI's and vLLM's.
     response_format: Any = None
     structured_outputs: Any = None
-    #: vLLM's older names of structured outputs (tsfront.serve.structured.GUIDED_FIELDS), and
+    #: vLLM's older names of structured outputs (tsfront.serve.core.structured.GUIDED_FIELDS), and
     #: two it had that are refused: checked there, so their refusals say what to send.
     guided_json: Any = None
     guided_regex: Any = None

@@ -24,7 +24,7 @@ stream coalesce them).
 
 Blank content held back is kept as the deltas it came in and joined once, so a long run of it
 costs time linear in its length. The parsers never raise on any output (tsfront.text's rule);
-`tsfront.serve.api` still runs this step inside one boundary that turns an exception into a
+`tsfront.serve.core.service` still runs this step inside one boundary that turns an exception into a
 clean error (``_unparseable``).
 """
 

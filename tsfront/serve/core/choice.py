@@ -1,7 +1,7 @@
 """One engine request of a response: its stream, detokenizer, stop matcher, parser and counts.
 
-A response has one `Choice` per engine request (prompts x ``n``). `tsfront.serve.api` makes
-them and reads their streams; `tsfront.serve.formats` turns them into OpenAI's shapes. Here
+A response has one `Choice` per engine request (prompts x ``n``). `tsfront.serve.core.service` makes
+them and reads their streams; `tsfront.serve.openai.formats` turns them into OpenAI's shapes. Here
 only what both need: the text of each chunk (after stop strings), the counts the usage
 reports, and the finish reason, in OpenAI's terms.
 """
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tsfront.client.stream import OutputChunk, RequestStream
-    from tsfront.serve.parsing import OutputParser
+    from tsfront.serve.core.parsing import OutputParser
     from tsfront.text.detok import Detokenizer
     from tsfront.text.stop import StopMatcher
 

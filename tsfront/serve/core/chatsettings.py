@@ -3,7 +3,8 @@
 `add_chat_arguments` adds the two flags; `chat_settings` checks the parsed ones (an unknown
 name is a ``ValueError`` naming the flag and the valid names, so the command exits 2 at
 start) and returns `ChatSettings`, which crosses the spawn in
-`tsfront.serve.worker.WorkerOptions`. The template flags are `tsfront.serve.templates`'.
+`tsfront.serve.processes.worker.WorkerOptions`. The template flags are
+`tsfront.serve.core.templates`'.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ compile stop strings                       4 x their characters
 =========================================  ==============================================
 
 Counting reasoning tokens needs no work at all: they are the engine's tokens, counted as they
-arrive (`tsfront.serve.parsing.OutputParser`). At or under the threshold a step costs about
+arrive (`tsfront.serve.core.parsing.OutputParser`). At or under the threshold a step costs about
 what the hop to a thread and back does (~0.2 ms), so small requests stay on the loop: no
 thread hop, and no coroutine where the caller checks `small` first.
 """

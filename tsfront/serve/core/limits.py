@@ -3,7 +3,7 @@
 Each check here is cheap (counts, lengths, a walk of a small value) and runs before the
 expensive steps (tokenizing, rendering a chat template, compiling stop strings), so that a
 hostile or mistaken request is refused in microseconds instead of holding a worker's event
-loop. A failed check raises `Refused`, which `tsfront.serve.api` answers with a 400 naming
+loop. A failed check raises `Refused`, which `tsfront.serve.core.service` answers with a 400 naming
 ``param``.
 
 The bounds and why (docs/SERVE.md, "Limits"):

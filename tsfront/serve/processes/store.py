@@ -1,9 +1,9 @@
 """The stored responses of ``/v1/responses``: a bounded map shared by a server's workers.
 
 `Memory` is the map: (owner, response id) → an opaque blob (the response object and the
-conversation it ends, as `tsfront.serve.responses` encodes them), bounded by a count and by
-the bytes of its blobs. Every operation names the owner, the handle of the API key that made
-the request (`tsfront.serve.gate`; one shared owner without keys): an object is found, replaced
+conversation it ends, as `tsfront.serve.responses.endpoints` encodes them), bounded by a count and
+by the bytes of its blobs. Every operation names the owner, the handle of the API key that made
+the request (`tsfront.serve.edge.gate`; one shared owner without keys): an object is found, replaced
 and deleted only under the owner that put it, so another key's request finds nothing, exactly
 as for an id never stored. Past a bound, the owner holding the most (entries or bytes, the
 bound passed) loses its least recently used object: with one owner this is plain LRU; with
@@ -11,8 +11,8 @@ several, one owner's puts evict another's objects only while that other holds mo
 larger than the byte bound is not kept.
 
 ``tsfront serve`` runs one `Memory` in a store process of its own (`StoreProcess`, started
-by the master: ``python -m tsfront.serve.store``) that serves it on an abstract unix socket (a
-name, no file: nothing is left when it stops) to the same user only (``SO_PEERCRED``); the
+by the master: ``python -m tsfront.serve.processes.store``) that serves it on an abstract unix
+socket (a name, no file: nothing is left when it stops) to the same user only (``SO_PEERCRED``); the
 workers talk to it with `StoreClient`, one connection each, every operation under a timeout,
 so a store that is slow or gone costs a request at most `STORE_TIMEOUT_S` and a 503
 (`StoreUnavailable`), never a wedged worker loop. The process dies with the master
@@ -292,8 +292,8 @@ async def _serve(address: str, items: int, size: int, ready: Any) -> None:
 
 
 def store_main(argv: list[str] | None = None) -> int:
-    """Entry point of the store process (``python -m tsfront.serve.store ADDRESS ITEMS BYTES
-    PARENT``): serve `Memory` on ``ADDRESS`` until SIGTERM or the parent's death; prints
+    """Entry point of the store process (``python -m tsfront.serve.processes.store ADDRESS ITEMS
+    BYTES PARENT``): serve `Memory` on ``ADDRESS`` until SIGTERM or the parent's death; prints
     ``ready`` once it serves."""
     address, items, size, parent = (argv if argv is not None else sys.argv[1:])[:4]
     with contextlib.suppress(OSError, AttributeError):
@@ -307,7 +307,8 @@ def store_main(argv: list[str] | None = None) -> int:
 
 
 class StoreProcess:
-    """The store process of a ``tsfront serve`` master: ``python -m tsfront.serve.store``."""
+    """The store process of a ``tsfront serve`` master
+    (``python -m tsfront.serve.processes.store``)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], address: str, items: int, size: int):
         self.proc = proc
@@ -324,7 +325,7 @@ class StoreProcess:
         try:
             proc = subprocess.Popen(
                 python_module(
-                    "tsfront.serve.store",
+                    "tsfront.serve.processes.store",
                     address.replace("\0", "@", 1), str(items), str(size), str(os.getpid()),
                 ),
                 stdin=subprocess.DEVNULL,

@@ -2,7 +2,7 @@
 transport, and the write state the drain's native pass reads.
 
 `ConnectionTransport` stands in front of the event loop's transport of one connection
-(`tsfront.serve.protocol.EdgeProtocol.connection_made` wraps it before uvicorn sees it), so
+(`tsfront.serve.edge.protocol.EdgeProtocol.connection_made` wraps it before uvicorn sees it), so
 every write, close and abort that uvicorn or the response's task makes on the connection
 passes through it; each clears the connection's *clean* flag (``_clean``, a field of the
 native base). The drain's native pass (native/push.c) sets the flag after it has sent a whole
@@ -38,7 +38,7 @@ from tsfront import _native
 
 __all__ = ["LOST_HOOK", "ConnectionTransport", "FlowControl", "socket_target"]
 
-#: The attribute of a request's cycle (`tsfront.serve.protocol`) that holds what to call, once,
+#: The attribute of a request's cycle (`tsfront.serve.edge.protocol`) that holds what to call, once,
 #: if the request's connection is lost while it runs: None, or a callable the app put there.
 LOST_HOOK = "tsfront_on_lost"
 

@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tsfront.serve.api import ApiError, Reply
-from tsfront.serve.record import RequestRecord
+from tsfront.serve.core.record import RequestRecord
+from tsfront.serve.core.service import ApiError, Reply
 
 if TYPE_CHECKING:
-    from tsfront.serve.edge import EdgeSettings
+    from tsfront.serve.edge.settings import EdgeSettings
 
 __all__ = ["MAX_REQUEST_ID", "OPEN_ROUTES", "Exchange", "Gate", "owner_of"]
 
@@ -123,7 +123,7 @@ class Exchange:
 
 
 class Gate:
-    """One worker's edge rules (from `tsfront.serve.edge.EdgeSettings`)."""
+    """One worker's edge rules (from `tsfront.serve.edge.settings.EdgeSettings`)."""
 
     def __init__(self, settings: EdgeSettings) -> None:
         self._keys = [k.encode() for k in settings.api_keys]

@@ -4,7 +4,7 @@ The worker is a spawned process (its own interpreter and GIL). It loads the mode
 layer, attaches to the I/O process without waiting for the engines, and serves the
 `ServeApp` with uvicorn (httptools parser, uvloop) on the listening sockets the master gave
 it (its place's socket of the server's port, and of ``--metrics-port``: see
-`tsfront.serve.ports`) at once: while the engines load it answers ``/liveness`` 200 and
+`tsfront.serve.processes.ports`) at once: while the engines load it answers ``/liveness`` 200 and
 ``/readiness``, ``/health`` and the API routes 503 (`ServeApp`). On the master's queue it
 reports ``("listening", index, pid)``, where the engines' handshake stands whenever that
 changes (``("engines", index, {...})``), then ``("ready", index, pid)`` once every engine
@@ -39,8 +39,8 @@ from typing import Any
 
 from tsfront.process.sigint import ignore_sigint
 from tsfront.process.title import set_title
-from tsfront.serve.chatsettings import ChatSettings
-from tsfront.serve.edge import EdgeSettings
+from tsfront.serve.core.chatsettings import ChatSettings
+from tsfront.serve.edge.settings import EdgeSettings
 
 __all__ = ["WorkerOptions", "worker_main"]
 
@@ -63,7 +63,7 @@ class WorkerOptions:
     address: str
     attach_timeout: float
     request_timeout: float | None = None  # every request's deadline (None: none)
-    #: The HTTP edge: timeouts, limits, keys, CORS, logs (tsfront.serve.edge).
+    #: The HTTP edge: timeouts, limits, keys, CORS, logs (tsfront.serve.edge.settings).
     edge: EdgeSettings = field(default_factory=EdgeSettings)
     graceful_timeout: float = 30.0
     worker_timeout: float = 30.0
@@ -71,7 +71,7 @@ class WorkerOptions:
     #: ``--chat-template`` (its source) and ``--default-chat-template-kwargs``.
     chat_template: str | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
-    #: The tool-call and reasoning parsers (tsfront.serve.chatsettings).
+    #: The tool-call and reasoning parsers (tsfront.serve.core.chatsettings).
     chat: ChatSettings = field(default_factory=ChatSettings)
     #: The address of the server's responses store process (None: a store in the worker).
     responses_store: str | None = None
@@ -173,7 +173,7 @@ class Drain:
 
 async def _heartbeat(counters: Any, index: int, interval: float, limits: Any) -> None:
     # With each beat, the edge's counts (on top of what a predecessor in this place left).
-    from tsfront.serve.counters import EDGE_EVENTS
+    from tsfront.serve.processes.counters import EDGE_EVENTS
 
     base = counters.edge(index)
     counts = limits.counts
@@ -186,9 +186,9 @@ async def _heartbeat(counters: Any, index: int, interval: float, limits: Any) ->
 def _setup_edge(settings: EdgeSettings) -> tuple[Any, Any, Any]:
     """In a worker: raise the fd limit, configure logging; the protocol class, the gate and the
     connection limits (whose ``counts`` say what was refused)."""
-    from tsfront.serve.edge import configure_logging, connection_cap, raise_fd_limit
-    from tsfront.serve.gate import Gate
-    from tsfront.serve.protocol import EdgeLimits, protocol_class
+    from tsfront.serve.edge.gate import Gate
+    from tsfront.serve.edge.protocol import EdgeLimits, protocol_class
+    from tsfront.serve.edge.settings import configure_logging, connection_cap, raise_fd_limit
 
     soft, _ = raise_fd_limit()
     configure_logging(settings)
@@ -221,12 +221,12 @@ async def _serve(
 
     from tsfront.client.engine_client import EngineClient
     from tsfront.process import heap
-    from tsfront.serve.api import OpenAIService
-    from tsfront.serve.asgi import ServeApp
-    from tsfront.serve.counters import heartbeat_interval
-    from tsfront.serve.metrics import MetricsPage
-    from tsfront.serve.responses import Responses
-    from tsfront.serve.store import LocalStore, StoreClient
+    from tsfront.serve.core.service import OpenAIService
+    from tsfront.serve.edge.asgi import ServeApp
+    from tsfront.serve.edge.metrics_page import MetricsPage
+    from tsfront.serve.processes.counters import heartbeat_interval
+    from tsfront.serve.processes.store import LocalStore, StoreClient
+    from tsfront.serve.responses.endpoints import Responses
     from tsfront.text import TextModel
 
     protocol, gate, limits = _setup_edge(opts.edge)

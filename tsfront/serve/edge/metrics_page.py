@@ -21,7 +21,7 @@ from tsfront.metrics.exposition import PREFIX, families
 
 if TYPE_CHECKING:
     from tsfront.client.engine_client import EngineClient
-    from tsfront.serve.counters import ServeCounters
+    from tsfront.serve.processes.counters import ServeCounters
 
 __all__ = ["CONTENT_TYPE", "MetricsPage"]
 
