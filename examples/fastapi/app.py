@@ -11,8 +11,8 @@ app's lifespan; where that I/O process comes from depends on how the app is run:
 Environment: ``TSFRONT_ATTACH`` (the I/O process's address), ``TSFRONT_MODEL`` (the model
 folder: tokenizer.json, tokenizer_config.json, config.json).
 
-The OpenAI routes reuse `tsfront.serve.core.service.OpenAIService`, so streaming, stop strings,
-``n``, logprobs and the error objects behave exactly as in ``tsfront serve``; FastAPI only
+The OpenAI routes reuse `tsfront.serve.openai.completions.OpenAIService`, so streaming, stop
+strings, ``n``, logprobs and the error objects behave exactly as in ``tsfront serve``; FastAPI only
 carries the bytes. ``POST /v1/tokens`` shows the lower level: tokenize, `generate`, read the
 stream, detokenize.
 """
@@ -26,7 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tsfront import EngineClient, Error, InvalidRequest
-from tsfront.serve.core.service import OpenAIService, SSEReply
+from tsfront.serve.core.reply import SSEReply
+from tsfront.serve.openai.completions import OpenAIService
 from tsfront.text import TextModel
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 

@@ -14,8 +14,9 @@ import pytest
 from support.core_fixtures import DEADLINE, collect, in_thread, request
 from support.raw_engine import raw_rig
 
-from tsfront.serve.core.service import RETRY_AFTER_S, OpenAIService
+from tsfront.serve.core.reply import RETRY_AFTER_S
 from tsfront.serve.edge.asgi import ServeApp
+from tsfront.serve.openai.completions import OpenAIService
 from tsfront.text import TextModel
 
 SLOTS = 2

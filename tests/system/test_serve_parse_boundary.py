@@ -24,8 +24,8 @@ from support.core_fixtures import DEADLINE, in_thread
 from support.raw_engine import RawEngine, raw_rig
 
 from tsfront.serve.core.chatsettings import ChatSettings
-from tsfront.serve.core.service import OpenAIService
 from tsfront.serve.edge.asgi import ServeApp
+from tsfront.serve.openai.completions import OpenAIService
 from tsfront.text import TextModel
 from tsfront.text.reasoning import ReasoningParser
 from tsfront.text.tools.hermes import HermesParser

@@ -20,8 +20,8 @@ import pytest
 from support.core_fixtures import DEADLINE, in_thread
 from support.raw_engine import raw_rig
 
-from tsfront.serve.core.service import OpenAIService
 from tsfront.serve.edge.asgi import ServeApp
+from tsfront.serve.openai.completions import OpenAIService
 from tsfront.serve.processes.store import StoreProcess
 from tsfront.testing.serve import session_pids
 from tsfront.text import TextModel

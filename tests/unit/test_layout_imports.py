@@ -273,17 +273,7 @@ ROUTING = {"tsfront.serve.edge.asgi"}
 CORE_EDGE = {"tsfront.serve.edge.transport", "tsfront.serve.edge.cycle"}
 # Imports across those lines still to be removed, each with why it is there; the list only
 # shrinks (a test fails on an entry whose import is gone).
-CROSSINGS: dict[tuple[str, str], str] = {
-    ("tsfront.serve.core.service", "tsfront.serve.openai.formats"): (
-        "OpenAIService still holds the OpenAI endpoints; the split moves them to the dialect"
-    ),
-    ("tsfront.serve.core.service", "tsfront.serve.tokenize"): (
-        "OpenAIService still holds the tokenize endpoints; the split moves them to the dialect"
-    ),
-    ("tsfront.serve.responses.endpoints", "tsfront.serve.openai.formats"): (
-        "the Format base and encode_json still live with OpenAI's shapes; the split moves them"
-    ),
-}
+CROSSINGS: dict[tuple[str, str], str] = {}
 
 
 def dialect_of(name: str) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tsfront.serve.core.service import Reply
+from tsfront.serve.core.reply import Reply
 from tsfront.serve.edge.asgi import ServeApp
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from tsfront.serve.core.choice import Choice
-from tsfront.serve.openai.formats import ChatFormat, CompletionFormat, Format
+from tsfront.serve.core.shape import Format
+from tsfront.serve.openai.formats import ChatFormat, CompletionFormat
 
 
 def parse(event: bytes) -> Any:
@@ -64,10 +65,10 @@ def test_a_text_event_is_the_same_bytes_in_each_second(
 ) -> None:
     """The envelope after the id is made once per (second, model, usage): a request of a
     later second carries its own ``created``, and every event is the bytes of the shape."""
-    import tsfront.serve.openai.formats as formats
+    import tsfront.serve.core.shape as shape
 
     for now in (1000.25, 1000.75, 1001.5, 1000.5):
-        monkeypatch.setattr(formats.time, "time", lambda now=now: now)
+        monkeypatch.setattr(shape.time, "time", lambda now=now: now)
         fmt = ChatFormat('m "x"', None, 1, usage)
         usage_field = ',"usage":null' if usage else ""
         expected = (
@@ -85,7 +86,7 @@ def test_parsed_output_holding_a_lone_surrogate_is_encoded_not_raised() -> None:
     # The parsers never give one (they write a decoded surrogate back as its escape); the
     # encoders of what carries their output still may not raise on one (issue 36, item 6).
     from tsfront.serve.core.parsing import Pieces
-    from tsfront.serve.openai.formats import encode_json
+    from tsfront.serve.core.shape import encode_json
     from tsfront.serve.responses.endpoints import ResponsesFormat, ResponsesRequest
     from tsfront.text.tools import CallArgs, CallStart
 

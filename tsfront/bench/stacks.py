@@ -37,7 +37,8 @@ async def _aiohttp(args: argparse.Namespace, address: str) -> None:
     from aiohttp import web
 
     from tsfront.client.engine_client import EngineClient
-    from tsfront.serve.core.service import OpenAIService, Reply, SSEReply
+    from tsfront.serve.core.reply import Reply, SSEReply
+    from tsfront.serve.openai.completions import OpenAIService
     from tsfront.text import TextModel
 
     text = TextModel.load(args.model)

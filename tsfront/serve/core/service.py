@@ -1,9 +1,15 @@
-"""The OpenAI API of one worker, independent of the HTTP stack.
+"""The core of one worker: a request planned and run, whatever dialect it came in,
+independent of the HTTP stack.
 
-`OpenAIService` turns a request body into engine requests on its worker's `EngineClient` and
-their output into OpenAI responses: a `Reply` (status, JSON body, headers) or, for
-``stream: true``, an `SSEReply` whose body is an async iterator of ready-to-send
-``data: ...\\n\\n`` events. An HTTP adapter (`tsfront.serve.edge.asgi`) only moves those bytes.
+`Service` turns a request into a `Plan` (prompts as token ids, sampling, one engine grammar,
+a parser per choice) and runs it as engine requests on its worker's `EngineClient`; their
+output goes to the dialect's response shape (`tsfront.serve.core.shape.Format`), and the
+answer is a `Reply` (status, JSON body, headers) or, streamed, an `SSEReply` whose body is an
+async iterator of ready-to-send events (`tsfront.serve.core.reply`). An HTTP adapter
+(`tsfront.serve.edge.asgi`) only moves those bytes. Every dialect plans through it: OpenAI's
+chat completions and completions (`plan_chat`, `plan_completion`,
+`tsfront.serve.openai.completions`); ``/v1/responses`` and Anthropic's Messages as chat
+requests (`chat_request`); the tokenize routes through its steps (`encoded`, `rendered_ids`).
 
 Per streamed chunk the work is: the detokenizer's step, the stop matcher's feed (only when
 the request has stop strings), one ``msgspec.json.encode`` of the new text, and one bytes
@@ -69,11 +75,11 @@ from tsfront.serve.core.limits import (
 )
 from tsfront.serve.core.offload import OFFLOAD_CHARS, Offload
 from tsfront.serve.core.push import Pusher
+from tsfront.serve.core.reply import ApiError, Final, Reply, Send, SSEReply
 from tsfront.serve.core.schema import ChatRequest, CompletionRequest
+from tsfront.serve.core.shape import Format
 from tsfront.serve.core.structured import Constraint, constraint, guided_fields
 from tsfront.serve.core.tooling import history_message, tool_plan
-from tsfront.serve.openai.formats import ChatFormat, CompletionFormat, Format
-from tsfront.serve.tokenize import DetokenizeRequest, TokenizeRequest
 from tsfront.wire import SamplingParams, TokenizedGenerateReqInput
 
 if TYPE_CHECKING:
@@ -81,7 +87,7 @@ if TYPE_CHECKING:
     from tsfront.serve.core.record import RequestRecord, Summary
     from tsfront.text.stop import StopSet
 
-__all__ = ["ApiError", "OpenAIService", "Reply", "SSEReply"]
+__all__ = ["MAX_CHOICES", "Plan", "Service"]
 
 log = logging.getLogger("tsfront.serve")
 
@@ -89,8 +95,6 @@ log = logging.getLogger("tsfront.serve")
 MAX_CHOICES = 64
 #: ``max_tokens`` when a completions request gives none (OpenAI's default).
 DEFAULT_COMPLETION_TOKENS = 16
-#: Seconds a client should wait before retrying a 503.
-RETRY_AFTER_S = 1
 #: The engine keeps two positions of its context for every request (as validate_request).
 _CONTEXT_RESERVE = 2
 #: ``logit_bias`` values, as OpenAI documents them.
@@ -99,10 +103,6 @@ _BIAS_LIMIT = 100.0
 _MAX_MESSAGES = 65536
 
 _JSON = msgspec.json.Encoder()
-_COMPLETION = msgspec.json.Decoder(CompletionRequest)
-_CHAT = msgspec.json.Decoder(ChatRequest)
-_TOKENIZE = msgspec.json.Decoder(TokenizeRequest)
-_DETOKENIZE = msgspec.json.Decoder(DetokenizeRequest)
 # OpenAI sampling fields passed to the engine's SamplingParams under the same name.
 _SAMPLING_FIELDS = (
     "temperature",
@@ -118,7 +118,6 @@ _SAMPLING_FIELDS = (
 #: The streamed hot path (tsfront/serve/core/push.py); ``TSFRONT_SERVE_PUSH=0`` turns it off, to
 #: measure what it saves (``tsfront bench serve --stacks pull``) or to rule it out.
 _PUSH = os.environ.get("TSFRONT_SERVE_PUSH", "1") != "0"
-_JSON_HEADERS = [(b"content-type", b"application/json")]
 # The API's names for the engine fields a refusal names (others pass through as they are).
 _PARAMS = {
     "sampling_params.max_new_tokens": "max_tokens",
@@ -135,93 +134,11 @@ _PARAMS = {
 }
 
 
-#: Why a stopping server cut a request (`tsfront.serve.edge.asgi.ServeApp.cut`).
-CUT_MESSAGE = (
-    "the server is shutting down and cut this request after its graceful timeout; retry it"
-)
-
-
-class Reply:
-    """A complete response: status, JSON body bytes, extra headers."""
-
-    __slots__ = ("body", "headers", "status")
-
-    def __init__(self, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None):
-        self.status = status
-        self.body = body
-        self.headers = headers or _JSON_HEADERS
-
-
-#: An ASGI ``send``: `Pusher` steps the coroutine it returns by hand.
-_Send = Callable[[dict[str, Any]], Coroutine[Any, Any, None]]
-
-
-class Final(bytes):
-    """The last bytes of a streamed response (its last events and ``[DONE]``): the server
-    sends them together with the end of the body, in one write."""
-
-    __slots__ = ()
-
-
-class SSEReply:
-    """A streamed response (status 200, ``text/event-stream``): iterate ``events``; the last
-    item is a `Final`.
-
-    Closing the iterator early (``aclose``) aborts every engine request still running.
-    """
-
-    __slots__ = ("cut", "events", "push")
-
-    status = 200
-    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-
-    def __init__(
-        self,
-        events: AsyncGenerator[bytes, None],
-        push: Callable[[_Send], Pusher] | None = None,
-        cut: Callable[[], bytes] | None = None,
-    ) -> None:
-        self.events = events
-        #: For a response that can take the hot path: given the ASGI ``send`` (after the
-        #: response start), installs and returns the `Pusher` of its one choice.
-        self.push = push
-        #: Makes the last bytes when a stopping server cuts the stream, at that moment (None:
-        #: a chat-shaped error event and ``[DONE]``).
-        self.cut = cut
-
-
-class ApiError(Exception):
-    """A request the server answers with an OpenAI error object instead of a completion."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        kind: str = "invalid_request_error",
-        param: str | None = None,
-    ) -> None:
-        self.status = status
-        self.kind = kind
-        self.param = param
-        super().__init__(message)
-
-    def reply(self) -> Reply:
-        """The error as an HTTP reply (503s carry ``Retry-After``)."""
-        body = _JSON.encode(
-            {"error": {"message": str(self), "type": self.kind, "param": self.param, "code": None}}
-        )
-        headers = _JSON_HEADERS
-        if self.status == 503:
-            headers = [*_JSON_HEADERS, (b"retry-after", str(RETRY_AFTER_S).encode())]
-        return Reply(self.status, body, headers)
-
-
 def _summary(fmt: Format, choices: list[Choice]) -> Summary:
     """A response's ``(prompt_tokens, completion_tokens, finish_reason)`` for its log line."""
-    usage = fmt.usage(choices)
+    prompt, completion = fmt.counts(choices)
     reasons = sorted({ch.finish or "none" for ch in choices})
-    return usage["prompt_tokens"], usage["completion_tokens"], ",".join(reasons)
+    return prompt, completion, ",".join(reasons)
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -281,7 +198,7 @@ def _refusal(exc: Error) -> ApiError:
     return ApiError(500, str(exc), kind="server_error")
 
 
-class _Plan:
+class Plan:
     """What one API request asks for: prompts (token ids), sampling, and output options."""
 
     __slots__ = (
@@ -301,7 +218,7 @@ class _Plan:
         "stream",
     )
 
-    # Set by _plan_completion / _plan_chat (and _sampling) before the plan is used.
+    # Set by plan_completion / plan_chat (and _sampling) before the plan is used.
     chat: bool
     chat_max: bool  # max_completion_tokens given (the name a length refusal uses)
     constraint: Constraint | None  # the engine grammar (response_format, tools, ...)
@@ -318,8 +235,9 @@ class _Plan:
     stream: bool
 
 
-class OpenAIService:
-    """One worker's OpenAI endpoints over its `EngineClient` and a `tsfront.text.TextModel`.
+class Service:
+    """One worker's requests planned and run over its `EngineClient` and a
+    `tsfront.text.TextModel` (the dialects' routes are over it).
 
     Args:
         client: the worker's attached client.
@@ -364,48 +282,19 @@ class OpenAIService:
         self._ids = itertools.count()
         self._prefix = f"w{worker}-{os.getpid()}-{secrets.token_hex(4)}"
         self._stop_ids = list(getattr(text, "stop_token_ids", None) or [])
-        self._vocab: int = text.vocab_size
-        self._token_chars: int = max(1, text.max_token_chars)
+        self.vocab: int = text.vocab_size
+        self.token_chars: int = max(1, text.max_token_chars)
         self._template_names: frozenset[str] = text.template_names
         self._offload = Offload()  # large work on a thread, sized by the work
-        self._off_loop = self._offload.run
+        self.off_loop = self._offload.run
         self._chat_template = chat_template
         self._template_kwargs = dict(template_kwargs or {})
         # Rendered into every chat prompt: part of every render's size.
-        self._defaults_chars = len(_JSON.encode(self._template_kwargs)) if template_kwargs else 0
-        self._created = int(time.time())
-        self._model_json = _JSON.encode(model_name)
+        self.defaults_chars = len(_JSON.encode(self._template_kwargs)) if template_kwargs else 0
+        #: When this worker's service began (the model card's ``created``).
+        self.created = int(time.time())
 
     # ------------------------------------------------------------------ plain routes
-
-    def models(self) -> Reply:
-        """``GET /v1/models``."""
-        return Reply(200, _JSON.encode({"object": "list", "data": [self._card()]}))
-
-    def model(self, model_id: str) -> Reply:
-        """``GET /v1/models/{id}``: the served model's card, or OpenAI's 404 for another id."""
-        if model_id != self.model_name:
-            body = {
-                "message": f"The model {model_id!r} does not exist; this server serves "
-                f"{self.model_name!r} (GET /v1/models)",
-                "type": "invalid_request_error",
-                "param": "model",
-                "code": "model_not_found",
-            }
-            return Reply(404, _JSON.encode({"error": body}), _JSON_HEADERS)
-        return Reply(200, _JSON.encode(self._card()), _JSON_HEADERS)
-
-    def _card(self) -> dict[str, Any]:
-        card: dict[str, Any] = {
-            "id": self.model_name,
-            "object": "model",
-            "created": self._created,
-            "owned_by": "tsfront",
-        }
-        limit = self._context_limit()
-        if limit:
-            card["max_model_len"] = limit
-        return card
 
     def health(self, extra: dict[str, Any] | None = None) -> Reply:
         """``GET /health``: 200 while at least one engine is live (``"live"``: a stalled or
@@ -423,15 +312,16 @@ class OpenAIService:
             return Reply(503, _JSON.encode(body), ApiError(503, "").reply().headers)
         return Reply(200, _JSON.encode(body))
 
-    def _context_limit(self) -> int | None:
-        # The engines' (kept by the client per registration), and the server's own.
+    def context_limit(self) -> int | None:
+        """The context: the smallest of the engines' (kept by the client per registration) and
+        the server's own (the model folder's, ``--max-model-len``); None: none known."""
         limit = self.client.context_limit
         own = self._own_context
         if own and (limit is None or own < limit):
             return own
         return limit
 
-    def _context(self, limit: int) -> str:
+    def context(self, limit: int) -> str:
         """The context limit ``limit`` and which of the three it is, for a refusal (the
         server's flag first: where two agree, it is the one an operator set)."""
         if limit == self.max_model_len:
@@ -443,18 +333,6 @@ class OpenAIService:
         return f"this server's context is {limit} tokens ({source}; GET /v1/models max_model_len)"
 
     # ------------------------------------------------------------------ generation routes
-
-    async def completions(
-        self, body: bytes, record: RequestRecord | None = None
-    ) -> Reply | SSEReply:
-        """``POST /v1/completions`` (``record``: the request's id, filled with its outcome)."""
-        return await self._generate(
-            body, _COMPLETION, self._plan_completion, self._completion_format, record
-        )
-
-    async def chat(self, body: bytes, record: RequestRecord | None = None) -> Reply | SSEReply:
-        """``POST /v1/chat/completions`` (``record`` as for `completions`)."""
-        return await self._generate(body, _CHAT, self._plan_chat, self._chat_format, record)
 
     async def chat_request(
         self,
@@ -470,117 +348,35 @@ class OpenAIService:
         tools when asked, else all content), so the format sees `Format.pieces` and the
         parser's ``message()``. For other APIs over the chat path (``/v1/responses``);
         refusals raise `ApiError` or `Refused`."""
-        plan = await self._plan_chat(req, size)
+        plan = await self.plan_chat(req, size)
         if plan.parse is None:
             from tsfront.serve.core.parsing import OutputParser
 
             plan.parse = lambda: OutputParser(None, None)
         return await self._run(plan, format_of(), record)
 
-    async def tokenize(self, body: bytes) -> Reply:
-        """``POST /v1/tokenize`` (and ``/tokenize``), as vLLM serves it: a ``prompt``, or chat
-        ``messages`` (with ``tools``) rendered as `chat` would → ``tokens``, ``count``,
-        ``max_model_len``. The bounds of chat first; the encode (and render) is sized by its
-        text, as chat's (`tsfront.serve.core.offload`)."""
-        try:
-            req = _TOKENIZE.decode(body)
-        except msgspec.ValidationError as exc:
-            return _bad(f"invalid request body: {exc}").reply()
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return _bad(decode_error(body, exc)).reply()
-        try:
-            self._check_model(req.model)
-            if (req.prompt is None) == (req.messages is None):
-                raise _bad('send either "prompt" (text) or "messages" (chat)', "prompt")
-            limit = self._context_limit()
-            if req.prompt is not None:
-                self._check_chars(len(req.prompt), limit, "prompt")
-                special = True if req.add_special_tokens is None else req.add_special_tokens
-                size = len(req.prompt)
-                work: tuple[Any, ...] = (self._encoded, req.prompt, special)
-            else:
-                assert req.messages is not None
-                if not req.messages:
-                    raise _bad("messages must not be empty", "messages")
-                plan = tool_plan(req.tools, "none" if req.tools else None, True, None)
-                messages = self._messages(req.messages, limit)
-                kwargs = self._template_kwargs_of(req.chat_template_kwargs)
-                tools = plan.tools if plan is not None else None
-                size = len(body) + self._defaults_chars
-                add = req.add_generation_prompt
-                work = (self._rendered_ids, messages, add, kwargs, tools)
-            answer = await self._off_loop(
-                size, self._tokenized, limit, req.return_token_strs, *work
-            )
-        except Refused as exc:
-            return _bad(str(exc), exc.param).reply()
-        except ApiError as exc:
-            return exc.reply()
-        return Reply(200, answer)
-
-    def _tokenized(
-        self, limit: int | None, strs: bool, encode: Callable[..., list[int]], *args: Any
-    ) -> bytes:
-        # The whole of /v1/tokenize's work, reply included (on a thread when it is large).
-        ids = encode(*args)
-        out: dict[str, Any] = {"tokens": ids, "count": len(ids), "max_model_len": limit}
-        if strs:
-            out["token_strs"] = [self.text.token_text(t) for t in ids]
-        return msgspec.json.encode(out)
-
-    def _encoded(self, text: str, special: bool) -> list[int]:
+    def encoded(self, text: str, special: bool) -> list[int]:
+        """``text``'s token ids (with the special tokens if ``special``)."""
         # encode_batch releases the GIL (a thread's encode does not stall the loop).
         if len(text) <= OFFLOAD_CHARS:
             return self.text.encode(text, add_special_tokens=special)
         return self.text.encode_batch([text], add_special_tokens=special)[0]
 
-    def _rendered_ids(self, *args: Any) -> list[int]:
-        return self._render_and_encode(*args)[1]
+    def rendered_ids(self, *args: Any) -> list[int]:
+        """The token ids of messages rendered as chat renders them (`render_and_encode`)."""
+        return self.render_and_encode(*args)[1]
 
-    async def detokenize(self, body: bytes) -> Reply:
-        """``POST /v1/detokenize`` (and ``/detokenize``): ``tokens`` → ``prompt``, the text
-        (special tokens kept). At most the context's worth of tokens (what a model reads or
-        writes); the decode is sized by the text they can make (`tsfront.serve.core.offload`)."""
-        try:
-            req = _DETOKENIZE.decode(body)
-        except msgspec.ValidationError as exc:
-            return _bad(f"invalid request body: {exc}").reply()
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return _bad(decode_error(body, exc)).reply()
-        try:
-            self._check_model(req.model)
-        except ApiError as exc:
-            return exc.reply()
-        tokens = req.tokens
-        limit = self._context_limit()
-        if limit is not None and len(tokens) > limit:
-            return _bad(
-                f"tokens holds {len(tokens)} token ids: at most {limit}: {self._context(limit)}, "
-                "which holds any text the model reads or writes; detokenize a longer list in parts",
-                "tokens",
-            ).reply()
-        vocab = self._vocab
-        if tokens and (min(tokens) < 0 or max(tokens) >= vocab):
-            bad = next(t for t in tokens if not 0 <= t < vocab)
-            return _bad(
-                f"tokens holds {bad}: token ids of this model are 0..{vocab - 1}", "tokens"
-            ).reply()
-        answer = await self._off_loop(len(tokens) * self._token_chars, self._detokenized, tokens)
-        return Reply(200, answer)
-
-    def _detokenized(self, tokens: list[int]) -> bytes:
-        # The decode and the reply's encode (the tokenizer's decode releases the GIL).
-        return msgspec.json.encode({"prompt": self.text.decode(tokens, skip_special_tokens=False)})
-
-    async def _generate(
+    async def generate(
         self,
         body: bytes,
         decoder: msgspec.json.Decoder,
-        plan_of: Callable[[Any, int], Coroutine[Any, Any, _Plan]],
-        format_of: Callable[[_Plan], Format],
+        plan_of: Callable[[Any, int], Coroutine[Any, Any, Plan]],
+        format_of: Callable[[Plan], Format],
         record: RequestRecord | None = None,
     ) -> Reply | SSEReply:
-        # Body → typed request → plan (refusals as ApiError) → engine requests → reply.
+        """Body → typed request (``decoder``) → plan (``plan_of``: `plan_chat`,
+        `plan_completion`) → engine requests → the reply in ``format_of(plan)``'s shape;
+        refusals as OpenAI error replies."""
         try:
             req = decoder.decode(body)
         except msgspec.ValidationError as exc:
@@ -595,19 +391,14 @@ class OpenAIService:
         except ApiError as exc:
             return exc.reply()
 
-    def _completion_format(self, plan: _Plan) -> Format:
-        return CompletionFormat(self.model_name, self.text, len(plan.prompts), plan.include_usage)
-
-    def _chat_format(self, plan: _Plan) -> Format:
-        return ChatFormat(self.model_name, self.text, len(plan.prompts), plan.include_usage)
-
     # ------------------------------------------------------------------ request → plan
     #
     # Cheap checks first (fields, counts, lengths against the context), then the expensive
     # steps (template, tokenizer, stop strings), on a thread when their input is large, then
     # the checks that need the token counts.
 
-    def _check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> None:
+        """Refuse (404) a request for a model this server does not serve."""
         if model is not None and model != self.model_name:
             raise ApiError(
                 404,
@@ -617,7 +408,7 @@ class OpenAIService:
             )
 
     def _check_request(self, req: CompletionRequest | ChatRequest, prompts: int) -> None:
-        self._check_model(req.model)
+        self.check_model(req.model)
         if req.best_of not in (None, 1):
             raise _bad("best_of is not supported; use n", "best_of")
         if not 1 <= req.n <= MAX_CHOICES:
@@ -662,7 +453,7 @@ class OpenAIService:
                 f"must stay at most 2**63 - 1 = {INT64_MAX}",
                 "seed",
             )
-        vocab = self._vocab
+        vocab = self.vocab
         for t in req.stop_token_ids or ():
             if not 0 <= t < vocab:
                 raise _bad(
@@ -681,7 +472,7 @@ class OpenAIService:
                     f"logit_bias[{key!r}]={bias}: biases are between -100 and 100", "logit_bias"
                 )
 
-    def _sampling(self, req: CompletionRequest | ChatRequest, plan: _Plan) -> None:
+    def _sampling(self, req: CompletionRequest | ChatRequest, plan: Plan) -> None:
         """The engine's sampling values and the output options (after the prompts are known)."""
         plan.include_stop = req.include_stop_str_in_output
         plan.skip_special = req.skip_special_tokens
@@ -708,7 +499,7 @@ class OpenAIService:
             values["logit_bias"] = req.logit_bias
         plan.sampling = values
 
-    async def _stops(self, req: CompletionRequest | ChatRequest, plan: _Plan) -> None:
+    async def _stops(self, req: CompletionRequest | ChatRequest, plan: Plan) -> None:
         # Awaited only when there are stop strings (no coroutine per request without).
         stop = [req.stop] if isinstance(req.stop, str) else req.stop
         if not stop:
@@ -717,10 +508,10 @@ class OpenAIService:
         from tsfront.text import StopSet
 
         # Compiled once for every choice of the request (16 x 1,024 characters: ~15 ms).
-        plan.stop = await self._off_loop(sum(map(len, stop)) * 4, StopSet, stop)
+        plan.stop = await self.off_loop(sum(map(len, stop)) * 4, StopSet, stop)
 
     @staticmethod
-    def _constrain(plan: _Plan) -> None:
+    def _constrain(plan: Plan) -> None:
         """The plan's grammar (if any) into the engine's sampling values."""
         if plan.constraint is not None:
             plan.sampling[plan.constraint.field] = plan.constraint.value
@@ -730,7 +521,7 @@ class OpenAIService:
             raise _bad(f"{name}={value}: must be at least 1", name)
         return value
 
-    def _fit(self, plan: _Plan, limit: int | None, what: str) -> None:
+    def _fit(self, plan: Plan, limit: int | None, what: str) -> None:
         """Refuse prompts the context cannot hold; fill in chat's default ``max_tokens``."""
         if limit is None:
             return
@@ -738,7 +529,7 @@ class OpenAIService:
         longest = max(len(ids) for ids in plan.prompts)
         if longest > room:
             raise _bad(
-                f"the prompt is {longest} tokens; {self._context(limit)}, so a prompt may have "
+                f"the prompt is {longest} tokens; {self.context(limit)}, so a prompt may have "
                 f"at most {room}: shorten it",
                 what,
             )
@@ -747,13 +538,14 @@ class OpenAIService:
         elif longest + plan.max_tokens > room:
             raise _bad(
                 f"prompt ({longest} tokens) + max_tokens ({plan.max_tokens}) must be at most "
-                f"{room} (the context less 2; {self._context(limit)}); send max_tokens <= "
+                f"{room} (the context less 2; {self.context(limit)}); send max_tokens <= "
                 f"{room - longest}",
                 "max_completion_tokens" if what == "messages" and plan.chat_max else "max_tokens",
             )
 
-    async def _plan_completion(self, req: CompletionRequest, size: int) -> _Plan:
-        plan = _Plan()
+    async def plan_completion(self, req: CompletionRequest, size: int) -> Plan:
+        """A completions request's plan (``size``: the bytes of its body)."""
+        plan = Plan()
         plan.chat = False
         plan.chat_max = False
         items = self._completion_items(req.prompt)
@@ -772,19 +564,19 @@ class OpenAIService:
         plan.max_tokens = self._max_tokens(req.max_tokens, "max_tokens") or (
             DEFAULT_COMPLETION_TOKENS
         )
-        limit = self._context_limit()
+        limit = self.context_limit()
         texts = [item for item in items if isinstance(item, str)]
         chars = sum(map(len, texts))
         for item in items:
             if isinstance(item, str):
-                self._check_chars(len(item), limit, "prompt")
+                self.check_chars(len(item), limit, "prompt")
             else:
                 self._check_ids(item, limit)
         if texts:
-            if chars <= OFFLOAD_CHARS:  # on the loop: no coroutine for `_off_loop`
+            if chars <= OFFLOAD_CHARS:  # on the loop: no coroutine for `off_loop`
                 encoded = iter(self._encode_all(texts))
             else:
-                encoded = iter(await self._off_loop(chars, self._encode_all, texts))
+                encoded = iter(await self.off_loop(chars, self._encode_all, texts))
             plan.prompts = [next(encoded) if isinstance(i, str) else i for i in items]
         else:
             plan.prompts = cast("list[list[int]]", items)  # all token-id lists here
@@ -825,27 +617,27 @@ class OpenAIService:
                 )
         return items
 
-    def _check_chars(self, chars: int, limit: int | None, what: str) -> None:
+    def check_chars(self, chars: int, limit: int | None, what: str) -> None:
+        """Refuse ``chars`` characters of ``what`` that cannot fit the context ``limit``."""
         # No token stands for more characters than the vocabulary's longest token.
-        if limit is not None and chars > limit * self._token_chars:
+        if limit is not None and chars > limit * self.token_chars:
             raise _bad(
                 f"the {what} has {chars} characters: it cannot fit the context (no token here is "
-                f"longer than {self._token_chars} characters; {self._context(limit)}); shorten it",
+                f"longer than {self.token_chars} characters; {self.context(limit)}); shorten it",
                 what,
             )
 
     def _check_ids(self, ids: list[int], limit: int | None) -> None:
         if limit is not None and len(ids) > limit - _CONTEXT_RESERVE:
             raise _bad(
-                f"the prompt is {len(ids)} tokens; {self._context(limit)}, so a prompt may have "
+                f"the prompt is {len(ids)} tokens; {self.context(limit)}, so a prompt may have "
                 f"at most {limit - _CONTEXT_RESERVE}: shorten it",
                 "prompt",
             )
         top = max(ids)
-        if top >= self._vocab:
+        if top >= self.vocab:
             raise _bad(
-                f"the prompt holds token id {top}: token ids of this model are "
-                f"0..{self._vocab - 1}",
+                f"the prompt holds token id {top}: token ids of this model are 0..{self.vocab - 1}",
                 "prompt",
             )
 
@@ -855,8 +647,9 @@ class OpenAIService:
             return [self.text.encode(texts[0], add_special_tokens=True)]
         return self.text.encode_batch(texts, add_special_tokens=True)
 
-    async def _plan_chat(self, req: ChatRequest, size: int) -> _Plan:
-        plan = _Plan()
+    async def plan_chat(self, req: ChatRequest, size: int) -> Plan:
+        """A chat request's plan (``size``: at least the characters of text it brings)."""
+        plan = Plan()
         plan.chat = True
         self._check_request(req, 1)
         if req.top_logprobs:
@@ -874,14 +667,14 @@ class OpenAIService:
             raise _bad("messages must not be empty", "messages")
         settings = self.chat_settings
         tools = tool_plan(req.tools, req.tool_choice, req.parallel_tool_calls, settings.tool_parser)
-        limit = self._context_limit()
-        kwargs = self._template_kwargs_of(req.chat_template_kwargs)
-        messages = self._messages(req.messages, limit)
+        limit = self.context_limit()
+        kwargs = self.template_kwargs_of(req.chat_template_kwargs)
+        messages = self.messages_of(req.messages, limit)
         # Sized by what the template is given: any string of the request (a message's other
         # fields, a template variable) is part of ``size``, the server's variables are not.
-        prompt, ids = await self._off_loop(
-            size + self._defaults_chars,
-            self._render_and_encode,
+        prompt, ids = await self.off_loop(
+            size + self.defaults_chars,
+            self.render_and_encode,
             messages,
             req.add_generation_prompt,
             kwargs,
@@ -920,7 +713,7 @@ class OpenAIService:
                 plan.sampling["skip_special_tokens"] = False
         return plan
 
-    def _template_kwargs_of(self, given: dict[str, Any] | None) -> dict[str, Any]:
+    def template_kwargs_of(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """A request's ``chat_template_kwargs`` (checked) over the server's defaults."""
         kwargs = given or {}
         if kwargs:
@@ -929,7 +722,7 @@ class OpenAIService:
             kwargs = {**self._template_kwargs, **kwargs}
         return kwargs
 
-    def _messages(self, given: list[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
+    def messages_of(self, given: list[dict[str, Any]], limit: int | None) -> list[dict[str, Any]]:
         """The messages as the template takes them (text parts joined, tool calls' arguments
         parsed), within the bounds of the context."""
         most = limit or _MAX_MESSAGES
@@ -941,7 +734,7 @@ class OpenAIService:
             )
         messages = [history_message(i, self._message(i, m)) for i, m in enumerate(given)]
         chars = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
-        self._check_chars(chars, limit, "messages")
+        self.check_chars(chars, limit, "messages")
         return messages
 
     def _parser_factory(
@@ -973,7 +766,7 @@ class OpenAIService:
 
         return parser
 
-    def _render_and_encode(
+    def render_and_encode(
         self,
         messages: list[dict[str, Any]],
         add_generation_prompt: bool,
@@ -1045,7 +838,7 @@ class OpenAIService:
     # ------------------------------------------------------------------ submit
 
     async def _run(
-        self, plan: _Plan, fmt: Format, record: RequestRecord | None = None
+        self, plan: Plan, fmt: Format, record: RequestRecord | None = None
     ) -> Reply | SSEReply:
         choices = await self._submit(plan, None if record is None else record.request_id)
         if record is not None:
@@ -1067,7 +860,7 @@ class OpenAIService:
             push = None
             if ch.stop is None and ch.parser is None and not plan.logprobs and _PUSH:
 
-                def push(send: _Send) -> Pusher:
+                def push(send: Send) -> Pusher:
                     pusher = Pusher(ch, fmt.head(ch.index), fmt.tail, send)
                     ch.stream.set_sink(pusher)
                     return pusher
@@ -1075,7 +868,7 @@ class OpenAIService:
             return SSEReply(self._one(plan, fmt, ch, first, whole=True), push)
         return SSEReply(self._events(plan, fmt, choices, first))
 
-    async def _submit(self, plan: _Plan, request_id: str | None = None) -> list[Choice]:
+    async def _submit(self, plan: Plan, request_id: str | None = None) -> list[Choice]:
         if plan.stop is not None:
             from tsfront.text import StopMatcher
         text = self.text
@@ -1148,7 +941,7 @@ class OpenAIService:
 
     async def _collect(
         self,
-        plan: _Plan,
+        plan: Plan,
         fmt: Format,
         choices: list[Choice],
         record: RequestRecord | None = None,
@@ -1175,7 +968,7 @@ class OpenAIService:
             raise _unparseable(exc) from None
         return Reply(200, body)
 
-    async def _gather(self, plan: _Plan, ch: Choice, first: OutputChunk | None) -> str:
+    async def _gather(self, plan: Plan, ch: Choice, first: OutputChunk | None) -> str:
         parts: list[str] = []
         logprobs = ch.logprobs = [] if plan.logprobs else None
         chunk = first
@@ -1212,7 +1005,7 @@ class OpenAIService:
     # ------------------------------------------------------------------ streamed
 
     async def _events(
-        self, plan: _Plan, fmt: Format, choices: list[Choice], first: OutputChunk | None
+        self, plan: Plan, fmt: Format, choices: list[Choice], first: OutputChunk | None
     ) -> AsyncGenerator[bytes, None]:
         try:
             async for event in self._many(plan, fmt, choices, first):
@@ -1224,7 +1017,7 @@ class OpenAIService:
 
     async def _one(
         self,
-        plan: _Plan,
+        plan: Plan,
         fmt: Format,
         ch: Choice,
         chunk: OutputChunk | None,
@@ -1286,7 +1079,7 @@ class OpenAIService:
 
     async def _parsed(
         self,
-        plan: _Plan,
+        plan: Plan,
         fmt: Format,
         ch: Choice,
         chunk: OutputChunk | None,
@@ -1346,7 +1139,7 @@ class OpenAIService:
             yield last
 
     async def _many(
-        self, plan: _Plan, fmt: Format, choices: list[Choice], first: OutputChunk | None
+        self, plan: Plan, fmt: Format, choices: list[Choice], first: OutputChunk | None
     ) -> AsyncGenerator[bytes, None]:
         queue: asyncio.Queue[bytes | None] = asyncio.Queue()
 

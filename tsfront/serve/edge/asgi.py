@@ -1,4 +1,4 @@
-"""A lean raw ASGI app over `OpenAIService` (no framework on the per-token path).
+"""A lean raw ASGI app over the core and its dialects (no framework on the per-token path).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (and
 ``GET``/``DELETE /v1/responses/{id}``), ``GET /v1/models``, ``POST
@@ -36,10 +36,12 @@ from urllib.parse import unquote
 
 import msgspec
 
-from tsfront.serve.core.service import CUT_MESSAGE, ApiError, Final, OpenAIService, Reply, SSEReply
+from tsfront.serve.core.reply import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
 from tsfront.serve.edge.metrics_page import CONTENT_TYPE
 from tsfront.serve.edge.transport import LOST_HOOK
+from tsfront.serve.openai.completions import OpenAIService
 from tsfront.serve.responses.endpoints import Responses, response_id_of
+from tsfront.serve.tokenize import Tokenize
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -113,6 +115,7 @@ class ServeApp:
             raise ValueError("ServeApp counts responses through its gate: give gate= too")
         self.service = service
         self.responses = responses
+        self._tokenize: Tokenize | None = None
         self.gate = gate
         self.draining = False
         # The generation requests running, with their state lists (see `_request`): `cut`
@@ -204,6 +207,12 @@ class ServeApp:
             store = responses.store if responses is not None else LocalStore()
             responses = self.responses = Responses(service, store)
         return responses
+
+    def _tokenize_of(self, service: OpenAIService) -> Tokenize:
+        tokens = self._tokenize
+        if tokens is None or tokens.service is not service:
+            tokens = self._tokenize = Tokenize(service)
+        return tokens
 
     def _readiness(self, service: OpenAIService) -> Reply:
         """``GET /readiness``: 200 once every engine registered, while one is live and the
@@ -426,9 +435,10 @@ class ServeApp:
         body = await _read_body(receive)
         if body is None:
             return _TOO_LARGE
+        tokens = self._tokenize_of(service)
         if route == "tokenize":
-            return await service.tokenize(body)
-        return await service.detokenize(body)
+            return await tokens.tokenize(body)
+        return await tokens.detokenize(body)
 
 
 #: The routes whose handler makes engine requests (streams, `cut` on shutdown).

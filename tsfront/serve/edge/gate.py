@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tsfront.serve.core.record import RequestRecord
-from tsfront.serve.core.service import ApiError, Reply
+from tsfront.serve.core.reply import ApiError, Reply
 
 if TYPE_CHECKING:
     from tsfront.serve.edge.settings import EdgeSettings

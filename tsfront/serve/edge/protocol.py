@@ -54,7 +54,7 @@ from typing import Any, ClassVar
 
 import httptools
 
-from tsfront.serve.core.service import ApiError
+from tsfront.serve.core.reply import ApiError
 from tsfront.serve.edge.cycle import STATUS_LINES, RequestCycle
 from tsfront.serve.edge.transport import LOST_HOOK, ConnectionTransport, FlowControl
 
@@ -85,7 +85,7 @@ def _headers_end(buf: bytes | bytearray, start: int) -> int:
 
 def _error_response(status: int, message: str, kind: str = "invalid_request_error") -> bytes:
     """A whole answer that closes its connection, carrying the app's own error object
-    (`tsfront.serve.core.service.ApiError`'s body and headers), for what the edge refuses itself."""
+    (`tsfront.serve.core.reply.ApiError`'s body and headers), for what the edge refuses itself."""
     reply = ApiError(status, message, kind=kind).reply()
     head = [STATUS_LINES[status], *(b"%b: %b\r\n" % header for header in reply.headers)]
     head.append(b"content-length: %d\r\nconnection: close\r\n\r\n" % len(reply.body))

@@ -1,31 +1,22 @@
 """The OpenAI response shapes: completions and chat, whole and streamed.
 
-A streamed event is ``head(index) + json(text) + tail``: everything but the new text is
-encoded once per request, so a token costs one string encode and one concatenation; the
-last event of a choice without logprobs is the same bytes with its ``finish_reason``. The
+A streamed event is ``head(index) + json(text) + tail`` (`tsfront.serve.core.shape.Format`):
+the last event of a choice without logprobs is the same bytes with its ``finish_reason``. The
 rarer events (the first chat delta, logprobs, usage, errors) are built as dicts and encoded
 with msgspec. A response's id is 96 bits from `secrets` (`tsfront.ids`: a client may fetch
 a response by its id), and the envelope after the id (object, time, model) is made once per
 second.
-
-What carries parsed model output (reasoning, content, tool calls) is encoded by `encode_json`,
-which never raises on a lone surrogate. (The detokenizer's text holds none: it decodes bytes
-with replacement characters; only a parser decoding an escape such as ``"\\ud800"`` could
-make one, and the parsers write those back as escapes. The per-token path of plain text
-encodes with msgspec directly.)
 """
 
 from __future__ import annotations
 
-import json
-import time
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from tsfront.errors import DeadlineExceeded
-from tsfront.ids import response_id
+from tsfront.serve.core.shape import Format, encode_json
 from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
@@ -33,37 +24,20 @@ if TYPE_CHECKING:
     from tsfront.serve.core.choice import Choice
     from tsfront.serve.core.parsing import Pieces
 
-__all__ = ["ChatFormat", "CompletionFormat", "Format", "encode_json"]
+__all__ = ["ChatFormat", "CompletionFormat", "OpenAIFormat"]
 
 _JSON = msgspec.json.Encoder()
 
 
-def encode_json(obj: Any) -> bytes:
-    """``obj`` (dicts, lists, strings, numbers) as JSON; a string holding a lone surrogate,
-    which UTF-8 cannot hold, is written as its ``\\uXXXX`` escape instead of raising (then
-    every non-ASCII character is escaped: the same JSON, in ASCII)."""
-    try:
-        return _JSON.encode(obj)
-    except UnicodeEncodeError:
-        return json.dumps(obj, separators=(",", ":")).encode()
-
-
-class Format:
-    """What every response shape shares: ids, the model, usage, error events."""
+class OpenAIFormat(Format):
+    """What both OpenAI shapes share: the chunk envelope, usage, error events, ``[DONE]``."""
 
     object_whole = ""
     object_chunk = ""
-    id_prefix = ""
-    #: What ends a stream after its last event.
     done = b"data: [DONE]\n\n"
 
     def __init__(self, model: str, text: Any, prompts: int, include_usage: bool) -> None:
-        self.id = response_id(self.id_prefix)
-        self.created = int(time.time())
-        self.model = model
-        self.text = text
-        self.prompts = prompts
-        self.include_usage = include_usage
+        super().__init__(model, text, prompts, include_usage)
         self._envelope = (
             b'data: {"id":"'
             + self.id.encode()
@@ -80,10 +54,6 @@ class Format:
         if head is None:
             head = self._heads[index] = self._envelope + str(index).encode() + self._text_key()
         return head
-
-    def opening(self, index: int) -> bytes | None:
-        """An event to send before any text (chat's role), or None."""
-        return None
 
     def event(self, choice: dict[str, Any]) -> bytes:
         """A whole chunk event carrying ``choice``."""
@@ -123,11 +93,10 @@ class Format:
         }
         return b"data: " + _JSON.encode(body) + b"\n\n"
 
-    @staticmethod
-    def error_event(exc: Exception, status: int | None = None, kind: str | None = None) -> bytes:
-        """An error after the stream began (an engine died or aborted the request; the request
-        timeout passed): an OpenAI error object, with the status the response would have had
-        before it began (``status`` and ``kind`` given, or 504 for a timeout, else 503)."""
+    def error_event(
+        self, exc: Exception, status: int | None = None, kind: str | None = None
+    ) -> bytes:
+        """An OpenAI error object (`Format.error_event`)."""
         if status is None or kind is None:
             timeout = isinstance(exc, DeadlineExceeded)
             kind, status = ("timeout_error", 504) if timeout else ("server_error", 503)
@@ -142,24 +111,8 @@ class Format:
     def _tail(self) -> bytes:
         raise NotImplementedError
 
-    def last(self, ch: Choice, text: str, chunk: OutputChunk | None) -> bytes:
-        """The event with ``finish_reason`` (and the last text and logprobs, if any)."""
-        raise NotImplementedError
 
-    def with_logprobs(self, index: int, text: str, chunk: OutputChunk) -> bytes:
-        """A text event that carries the logprobs of ``chunk``'s tokens."""
-        raise NotImplementedError
-
-    def pieces(self, index: int, pieces: Pieces) -> bytes:
-        """The events of one parsed delta (chat only): reasoning, content, tool calls."""
-        raise NotImplementedError
-
-    def whole(self, choices: list, texts: list[str]) -> bytes:
-        """The non-streamed response body."""
-        raise NotImplementedError
-
-
-class CompletionFormat(Format):
+class CompletionFormat(OpenAIFormat):
     """``/v1/completions``: ``text_completion`` objects."""
 
     object_whole = "text_completion"
@@ -227,7 +180,7 @@ class CompletionFormat(Format):
         )
 
 
-class ChatFormat(Format):
+class ChatFormat(OpenAIFormat):
     """``/v1/chat/completions``: ``chat.completion`` and ``chat.completion.chunk`` objects."""
 
     object_whole = "chat.completion"

@@ -221,9 +221,9 @@ async def _serve(
 
     from tsfront.client.engine_client import EngineClient
     from tsfront.process import heap
-    from tsfront.serve.core.service import OpenAIService
     from tsfront.serve.edge.asgi import ServeApp
     from tsfront.serve.edge.metrics_page import MetricsPage
+    from tsfront.serve.openai.completions import OpenAIService
     from tsfront.serve.processes.counters import heartbeat_interval
     from tsfront.serve.processes.store import LocalStore, StoreClient
     from tsfront.serve.responses.endpoints import Responses

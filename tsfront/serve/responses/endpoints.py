@@ -7,7 +7,7 @@ assistant or system message of its text parts; ``function_call`` → an assistan
 ``reasoning`` → the next assistant message's ``reasoning_content``), after the conversation of
 ``previous_response_id`` from the store; its flat function ``tools`` chat's ``{"type":
 "function", "function": {…}}``; ``text.format`` chat's ``response_format``. The service runs
-it as it runs chat (`OpenAIService.chat_request`: the same limits, template, grammar, parsers,
+it as it runs chat (`Service.chat_request`: the same limits, template, grammar, parsers,
 detokenizer and stop logic), and `ResponsesFormat` turns the parsed output into the response
 object and its streamed events (``event: TYPE`` lines, a ``sequence_number`` on each).
 
@@ -31,9 +31,9 @@ from tsfront.ids import item_id as _item_id
 from tsfront.serve.core.limits import Refused, check_json, check_metadata, decode_error
 from tsfront.serve.core.offload import text_chars
 from tsfront.serve.core.record import SHARED_OWNER
+from tsfront.serve.core.reply import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
 from tsfront.serve.core.schema import ChatRequest
-from tsfront.serve.core.service import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
-from tsfront.serve.openai.formats import Format, encode_json
+from tsfront.serve.core.shape import Format, encode_json
 from tsfront.serve.processes.store import StoreUnavailable
 from tsfront.text.tools import CallArgs, CallStart
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from tsfront.serve.core.choice import Choice
     from tsfront.serve.core.parsing import Pieces
     from tsfront.serve.core.record import RequestRecord
-    from tsfront.serve.core.service import OpenAIService
+    from tsfront.serve.core.service import Service
 
 __all__ = ["Responses", "ResponsesFormat", "ResponsesRequest", "input_messages", "response_id_of"]
 
@@ -341,10 +341,10 @@ def _rename(exc: ApiError | Refused) -> ApiError:
 
 
 class Responses:
-    """The ``/v1/responses`` routes of one worker over its `OpenAIService` and a store
+    """The ``/v1/responses`` routes of one worker over its core `Service` and a store
     (`tsfront.serve.processes.store`: `StoreClient` or `LocalStore`)."""
 
-    def __init__(self, service: OpenAIService, store: Any) -> None:
+    def __init__(self, service: Service, store: Any) -> None:
         self.service = service
         self.store = store
 
@@ -500,12 +500,6 @@ class ResponsesFormat(Format):
 
     # -- the Format interface ------------------------------------------------------------------
 
-    def _text_key(self) -> bytes:
-        return b""
-
-    def _tail(self) -> bytes:
-        return b""
-
     def _event(self, kind: str, body: dict[str, Any]) -> bytes:
         body = {"type": kind, "sequence_number": self.seq, **body}
         self.seq += 1
@@ -601,7 +595,7 @@ class ResponsesFormat(Format):
         self.response = self._object(status, items, ch)
         return encode_json(self.response)
 
-    def error_event(  # type: ignore[override]
+    def error_event(
         self, exc: Exception, status: int | None = None, kind: str | None = None
     ) -> bytes:
         if status is None or kind is None:
