@@ -23,6 +23,9 @@ __all__ = ["TEXT_FILES", "local_folder"]
 #: The files of a repository the text layer reads (`tsfront.text.model`): all it fetches.
 TEXT_FILES = (
     "tokenizer.json",
+    "tekken.json",
+    "tiktoken.model",
+    "tokenization_*.py",  # read for a tiktoken.model's split pattern, never run
     "tokenizer_config.json",
     "chat_template.jinja",
     "chat_template.json",

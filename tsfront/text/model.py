@@ -4,7 +4,9 @@
 tokenizer's two and the chat template may come from another folder, as vLLM's
 ``--tokenizer``):
 
-- ``tokenizer.json`` (required): the tokenizer, through the ``tokenizers`` package;
+- the tokenizer (required): ``tokenizer.json`` through the ``tokenizers`` package, or
+  Mistral's ``tekken.json`` or Kimi's ``tiktoken.model`` converted into one at load
+  (`tsfront.text.tokenizer_files`);
 - ``tokenizer_config.json``: ``bos_token``, ``eos_token``, ``chat_template``,
   ``model_max_length``; a ``chat_template.jinja`` file overrides its ``chat_template``;
 - ``generation_config.json`` and ``config.json``: the eos token ids and the context length.
@@ -33,8 +35,9 @@ from tsfront.text.detok import (
     token_tables,
     vocabulary_limit,
 )
-from tsfront.text.errors import ChatTemplateError, TextError, TokenizerNotFound
+from tsfront.text.errors import ChatTemplateError, TextError
 from tsfront.text.hub import local_folder
+from tsfront.text.tokenizer_files import load_tokenizer
 
 # A model_max_length at or above this is transformers' "no limit" placeholder (1e30).
 _SANE_MAX_LEN = 10_000_000
@@ -118,6 +121,8 @@ class TextModel:
         self.name = name
         self.folder: Path | None = None
         self.tokenizer_folder: Path | None = None
+        #: The file format the tokenizer was read from (`tsfront.text.tokenizer_files`).
+        self.tokenizer_format = "tokenizer.json"
         self.tokenizer_config = tokenizer_config
         self.special_tokens: dict[str, str] = {}
         for key in ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token"):
@@ -210,7 +215,8 @@ class TextModel:
     ) -> TextModel:
         """Load the model folder ``model_dir`` (see the module docstring for its files).
 
-        ``tokenizer_dir``: another folder for the tokenizer's files (``tokenizer.json``,
+        ``tokenizer_dir``: another folder for the tokenizer's files (``tokenizer.json`` or
+        another `tsfront.text.tokenizer_files.TOKENIZER_FILES`,
         ``tokenizer_config.json``, the chat template), as vLLM's ``--tokenizer``; the model's
         ``config.json`` and ``generation_config.json`` still come from ``model_dir``. Either
         may be a Hugging Face id instead (``Qwen/Qwen3-8B``): its text files are fetched into,
@@ -218,20 +224,8 @@ class TextModel:
         """
         folder, from_hub = local_folder(model_dir)
         tok_folder = folder if tokenizer_dir is None else local_folder(tokenizer_dir)[0]
-        path = tok_folder / "tokenizer.json"
-        if not path.is_file():
-            raise TokenizerNotFound(
-                f"{tok_folder} has no tokenizer.json: tsfront needs a fast tokenizer; write one "
-                "with transformers' AutoTokenizer.from_pretrained(...).save_pretrained(folder)"
-            )
-        tokenizers = require("tokenizers")
-        try:
-            tokenizer = tokenizers.Tokenizer.from_file(str(path))
-        except Exception as e:
-            raise TokenizerNotFound(
-                f"{path} cannot be loaded by tokenizers {tokenizers.__version__}: {e}; "
-                "re-save it with a current transformers or upgrade tokenizers"
-            ) from e
+        tokenizer_config = _read_json(tok_folder / "tokenizer_config.json")
+        shipped = load_tokenizer(tok_folder, tokenizer_config)
         template: Any = None
         jinja_file = tok_folder / "chat_template.jinja"
         if jinja_file.is_file():
@@ -239,14 +233,15 @@ class TextModel:
         else:
             template = _read_json(tok_folder / "chat_template.json").get("chat_template")
         model = cls(
-            tokenizer,
+            shipped.tokenizer,
             name=os.fspath(model_dir) if from_hub else folder.resolve().name,
-            tokenizer_config=_read_json(tok_folder / "tokenizer_config.json"),
+            tokenizer_config={**shipped.defaults, **tokenizer_config},
             generation_config=_read_json(folder / "generation_config.json"),
             config=_read_json(folder / "config.json"),
             chat_template=template,
         )
         model.folder, model.tokenizer_folder = folder, tok_folder
+        model.tokenizer_format = shipped.format
         return model
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
