@@ -44,7 +44,7 @@ from tsfront.config import ClientConfig
 from tsfront.errors import Error
 from tsfront.process.sigint import hold_sigint
 from tsfront.process.title import set_title
-from tsfront.serve.core.chatsettings import add_chat_arguments, chat_settings
+from tsfront.serve.core.chatsettings import add_chat_arguments, chat_settings, settle
 from tsfront.serve.core.templates import add_template_arguments, template_options
 from tsfront.serve.edge.settings import add_edge_arguments, edge_settings
 from tsfront.serve.processes.store import DEFAULT_BYTES, DEFAULT_ITEMS
@@ -353,7 +353,7 @@ def _check(args: argparse.Namespace) -> None:
         args.model = args.model_positional
     if args.model is None:
         raise bad("give the model folder or id: tsfront serve MODEL (or --model MODEL)")
-    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+    if args.enable_auto_tool_choice and args.tool_call_parser in (None, "none"):
         raise bad("--enable-auto-tool-choice needs --tool-call-parser NAME (the calls' format)")
     if args.max_model_len is not None and args.max_model_len < 3:
         raise bad(
@@ -454,7 +454,26 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
         chat_template, template_kwargs = template_options(args, text.template_names)
     except ValueError as exc:
         raise UsageError("tsfront serve", str(exc)) from None
-    if chat_template is None and not text.chat_template:
+    try:
+        chat, notes = settle(chat, text, chat_template)
+    except ValueError as exc:
+        raise UsageError("tsfront serve", str(exc)) from None
+    if args.enable_auto_tool_choice and chat.tool_parser is None:
+        raise UsageError(
+            "tsfront serve",
+            "--enable-auto-tool-choice needs --tool-call-parser NAME (the calls' format): "
+            "auto found no tool-call format certain for this model folder",
+        )
+    for line in notes:
+        _note(line)
+    if chat.harmony:
+        from tsfront.text.harmony import load_encoding
+
+        try:  # here, once: its vocabulary is written from the model's tokenizer if need be
+            load_encoding(text)
+        except TextError as exc:
+            raise CommandError(f"--model {args.model}: {exc}") from None
+    elif chat_template is None and not text.chat_template:
         _note(
             f"warning: {args.tokenizer or args.model} has no chat template (no chat_template "
             "in tokenizer_config.json, no chat_template.jinja or .json): chat requests "

@@ -118,7 +118,15 @@ def write_vocabulary(model: TextModel, folder: Path) -> Path | None:
 
 
 def _cache_folder() -> Path:
-    return Path(tempfile.gettempdir()) / f"tsfront-harmony-{os.getuid()}"
+    """The per-user folder the vocabulary is written to; a fresh one if another user holds
+    it (Harmony checks the file's hash anyway: at worst a load would fail)."""
+    folder = Path(tempfile.gettempdir()) / f"tsfront-harmony-{os.getuid()}"
+    try:
+        if folder.stat().st_uid != os.getuid():
+            return Path(tempfile.mkdtemp(prefix="tsfront-harmony-"))
+    except FileNotFoundError:
+        pass
+    return folder
 
 
 _ENCODING: Any = None

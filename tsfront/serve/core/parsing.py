@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING, Any
 from tsfront.text.tools import CallArgs, CallStart, Content
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from tsfront.text.harmony import HarmonyParser
     from tsfront.text.reasoning import ReasoningParser
     from tsfront.text.tools import Delta, ToolParser
 
@@ -63,12 +66,15 @@ class OutputParser:
         reasoning: a fresh `tsfront.text.reasoning.ReasoningParser`, or ``None``.
         tools: a fresh `tsfront.text.tools.ToolParser`, or ``None``.
         parallel: ``False`` keeps only the first call (``parallel_tool_calls: false``).
+        harmony: gpt-oss's parser (`tsfront.text.harmony.HarmonyParser`) instead of the two:
+            it reads the engine's token ids (`feed`'s ``ids``), not the text.
     """
 
     __slots__ = (
         "_blank",
         "_calls",
         "_content",
+        "_harmony",
         "_parallel",
         "_reasoning",
         "_thought",
@@ -82,12 +88,15 @@ class OutputParser:
         reasoning: ReasoningParser | None,
         tools: ToolParser | None,
         parallel: bool = True,
+        *,
+        harmony: HarmonyParser | None = None,
     ) -> None:
         self._reasoning = reasoning
         self._tools = tools
         self._parallel = parallel
+        self._harmony = harmony
         #: Whether the response reports ``reasoning_content`` (a reasoning parser runs).
-        self.has_reasoning = reasoning is not None
+        self.has_reasoning = reasoning is not None or harmony is not None
         self._blank: list[str] = []  # blank content held back, as it came
         self._content: list[str] = []  # all content given out (for `whole`)
         self._thought: list[str] = []
@@ -100,9 +109,14 @@ class OutputParser:
         """Whether a call was parsed (``finish_reason: "tool_calls"`` if the engine stopped)."""
         return bool(self._calls)
 
-    def feed(self, text: str, tokens: int = 0) -> Pieces:
+    def feed(self, text: str, tokens: int = 0, ids: Sequence[int] = ()) -> Pieces:
         """The pieces of the next delta of text (``tokens``: how many engine tokens made it,
-        for `reasoning_tokens`)."""
+        for `reasoning_tokens`; ``ids``: those tokens, which Harmony reads instead of text)."""
+        harmony = self._harmony
+        if harmony is not None:
+            thought, calls = harmony.feed(ids)
+            self.reasoning_tokens = harmony.reasoning_tokens
+            return self._pieces(thought, "", calls, final=False)
         reasoning_parser = self._reasoning
         if reasoning_parser is not None:
             inside = reasoning_parser.in_reasoning
@@ -122,6 +136,9 @@ class OutputParser:
 
     def finish(self, length: bool = False) -> Pieces:
         """What was held back, at the end (``length``: the engine stopped at ``max_tokens``)."""
+        if self._harmony is not None:
+            thought, calls = self._harmony.finish(length)
+            return self._pieces(thought, "", calls, final=True)
         reasoning = content = ""
         if self._reasoning is not None:
             reasoning, content = self._reasoning.finish()

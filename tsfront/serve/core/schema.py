@@ -82,3 +82,5 @@ class ChatRequest(_Sampling, kw_only=True):
     parallel_tool_calls: bool = True
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    #: gpt-oss's (Harmony) reasoning effort: low, medium, high (minimal reads as low).
+    reasoning_effort: str | None = None

@@ -275,6 +275,10 @@ class Service:
         own = [n for n in (getattr(text, "max_model_len", None), max_model_len) if n]
         self._own_context: int | None = min(own, default=None)
         self.chat_settings = chat or ChatSettings()
+        if self.chat_settings.harmony:
+            from tsfront.text.harmony import load_encoding
+
+            load_encoding(text)  # at start, not in a first request (the master checked it)
         self.request_timeout = request_timeout
         self.text = text
         self.model_name = model_name
@@ -362,9 +366,23 @@ class Service:
             return self.text.encode(text, add_special_tokens=special)
         return self.text.encode_batch([text], add_special_tokens=special)[0]
 
-    def rendered_ids(self, *args: Any) -> list[int]:
-        """The token ids of messages rendered as chat renders them (`render_and_encode`)."""
-        return self.render_and_encode(*args)[1]
+    def rendered_ids(
+        self,
+        messages: list[dict[str, Any]],
+        add: bool,
+        kwargs: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+    ) -> list[int]:
+        """The token ids of messages rendered as chat renders them (`render_and_encode`; for
+        gpt-oss, Harmony's render at the server's reasoning effort)."""
+        if self.chat_settings.harmony:
+            return self._render_harmony(messages, tools, self._default_effort())
+        return self.render_and_encode(messages, add, kwargs, tools)[1]
+
+    def _default_effort(self) -> str:
+        from tsfront.text.harmony import reasoning_effort
+
+        return reasoning_effort(self.chat_settings.reasoning_effort, "--reasoning-effort")
 
     async def generate(
         self,
@@ -670,16 +688,25 @@ class Service:
         limit = self.context_limit()
         kwargs = self.template_kwargs_of(req.chat_template_kwargs)
         messages = self.messages_of(req.messages, limit)
-        # Sized by what the template is given: any string of the request (a message's other
-        # fields, a template variable) is part of ``size``, the server's variables are not.
-        prompt, ids = await self.off_loop(
-            size + self.defaults_chars,
-            self.render_and_encode,
-            messages,
-            req.add_generation_prompt,
-            kwargs,
-            tools.tools if tools is not None else None,
-        )
+        if settings.harmony:  # gpt-oss: Harmony renders the prompt (tsfront.text.harmony)
+            effort = self._harmony_checks(req, tools)
+            rendered = None if tools is None or tools.mode == "none" else tools.tools
+            prompt, ids = (
+                "",
+                await self.off_loop(size, self._render_harmony, messages, rendered, effort),
+            )
+        else:
+            # Sized by what the template is given: any string of the request (a message's
+            # other fields, a template variable) is part of ``size``, the server's variables
+            # are not.
+            prompt, ids = await self.off_loop(
+                size + self.defaults_chars,
+                self.render_and_encode,
+                messages,
+                req.add_generation_prompt,
+                kwargs,
+                tools.tools if tools is not None else None,
+            )
         plan.prompts = [ids]
         plan.n = req.n
         # One constraint per request: response_format wins over the tools' (as vLLM, SMG).
@@ -692,7 +719,16 @@ class Service:
             if schema is not None:
                 plan.constraint = Constraint("json_schema", schema, "tool_choice")
                 constrained = True
-        plan.parse = self._parser_factory(tools, constrained, prompt, kwargs)
+        if settings.harmony:
+            if plan.constraint is not None:
+                raise _bad(
+                    f"{plan.constraint.param} with gpt-oss (Harmony): an engine grammar would "
+                    "constrain its channels too; not supported, ask for JSON in the messages",
+                    plan.constraint.param,
+                )
+            plan.parse = self._harmony_factory(tools.parallel if tools is not None else True)
+        else:
+            plan.parse = self._parser_factory(tools, constrained, prompt, kwargs)
         self._fit(plan, limit, "messages")
         if req.stop:
             await self._stops(req, plan)
@@ -712,6 +748,59 @@ class Service:
                 plan.skip_special = False
                 plan.sampling["skip_special_tokens"] = False
         return plan
+
+    def _harmony_checks(self, req: ChatRequest, tools: Any) -> str:
+        """What gpt-oss's Harmony path refuses, each a 400 naming its field; the request's
+        reasoning effort (Harmony's name)."""
+        from tsfront.text import TextError
+        from tsfront.text.harmony import reasoning_effort
+
+        if tools is not None and tools.mode in ("required", "named"):
+            raise _bad(
+                'tool_choice "required" or a named function with gpt-oss (Harmony) is not '
+                'supported: an engine grammar would constrain its channels too; send "auto"',
+                "tool_choice",
+            )
+        if req.stop:
+            raise _bad(
+                "stop strings with gpt-oss (Harmony) are not supported: its output is parsed "
+                "as Harmony messages, which end on their own tokens; omit stop",
+                "stop",
+            )
+        given = req.reasoning_effort
+        try:
+            return reasoning_effort(
+                given if given is not None else self.chat_settings.reasoning_effort,
+                "reasoning_effort",
+            )
+        except TextError as exc:
+            raise _bad(str(exc), "reasoning_effort") from None
+
+    def _render_harmony(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, effort: str
+    ) -> list[int]:
+        from tsfront.text import TextError
+        from tsfront.text.harmony import load_encoding, render_prompt
+
+        try:
+            return render_prompt(load_encoding(self.text), messages, tools, effort)
+        except TextError as exc:
+            raise _bad(str(exc), "messages") from None
+
+    def _harmony_factory(self, parallel: bool) -> Callable[[], OutputParser]:
+        """Each choice's parser of gpt-oss's channels (on the engine's token ids)."""
+        from tsfront.serve.core.parsing import OutputParser
+        from tsfront.text.harmony import HarmonyParser, load_encoding
+
+        encoding = load_encoding(self.text)
+        text = self.text
+
+        def parser() -> OutputParser:
+            return OutputParser(
+                None, None, parallel, harmony=HarmonyParser(encoding, text.detokenizer())
+            )
+
+        return parser
 
     def template_kwargs_of(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """A request's ``chat_template_kwargs`` (checked) over the server's defaults."""
@@ -986,7 +1075,7 @@ class Service:
                 if thinks is not None:
                     text = ch.text(chunk)
                     try:
-                        thinks.feed(text, len(chunk.output_ids))
+                        thinks.feed(text, len(chunk.output_ids), chunk.output_ids)
                     except Exception as exc:  # the parse step's boundary
                         raise _unparseable(exc) from None
                 else:
@@ -1109,7 +1198,9 @@ class Service:
                     last = _abort_event(fmt, ch)
                     break
                 try:  # the parse step's boundary
-                    events = pieces(index, parser.feed(text, len(chunk.output_ids)))
+                    events = pieces(
+                        index, parser.feed(text, len(chunk.output_ids), chunk.output_ids)
+                    )
                     if ch.finish is not None:
                         events += pieces(index, parser.finish(length=ch.finish == "length"))
                         ch.settle()

@@ -77,6 +77,7 @@ _PARAMS = {
     "max_completion_tokens": "max_output_tokens",
     "max_tokens": "max_output_tokens",
     "response_format": "text.format",
+    "reasoning_effort": "reasoning.effort",
 }
 
 
@@ -163,6 +164,14 @@ def _refusals(req: ResponsesRequest) -> None:
         check_json(req.text.get("format"), "text.format")
     check_json(req.tools, "tools")
     check_json(req.tool_choice, "tool_choice")
+
+
+def _effort(reasoning: dict[str, Any] | None) -> str | None:
+    """``reasoning.effort`` as chat's ``reasoning_effort`` (gpt-oss's Harmony reads it)."""
+    effort = (reasoning or {}).get("effort")
+    if effort is not None and not isinstance(effort, str):
+        raise _bad("reasoning.effort must be low, medium or high", "reasoning.effort")
+    return effort
 
 
 def _chat_tools(tools: list[Any] | None) -> list[dict[str, Any]] | None:
@@ -386,6 +395,7 @@ class Responses:
             top_p=req.top_p,
             stream=req.stream,
             response_format=_response_format(req.text),
+            reasoning_effort=_effort(req.reasoning),
         )
         fmt: list[ResponsesFormat] = []
 
@@ -636,7 +646,7 @@ class ResponsesFormat(Format):
             "output": items,
             "parallel_tool_calls": req.parallel_tool_calls,
             "previous_response_id": req.previous_response_id,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": (req.reasoning or {}).get("effort"), "summary": None},
             "store": req.store,
             "temperature": req.temperature if req.temperature is not None else 1.0,
             "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
