@@ -295,3 +295,33 @@ def test_reasoning_effort_names() -> None:
     ]
     with pytest.raises(TextError, match="reasoning_effort 'max'"):
         reasoning_effort("max", "reasoning_effort")
+
+
+@pytest.mark.parametrize(
+    "opening",
+    ["", "<|channel|>final<|message|>", "<|channel|>commentary to=functions.f<|message|>"],
+    ids=["header-never-ends", "content", "call"],
+)
+def test_cost_is_linear_in_the_output(gpt_oss: tuple[TextModel, Any], opening: str) -> None:
+    """n and 4 n tokens one a step (a header Harmony holds, a final message, a call's
+    arguments): CPU time at most 8x (linear is ~4x; reading the parser's state per token
+    was quadratic)."""
+    import time
+
+    model, encoding = gpt_oss
+    prefix, word = model.encode(opening, False), model.encode(" hello", False)
+
+    def cpu(n: int) -> float:
+        best = float("inf")
+        for _ in range(3):
+            parser = HarmonyParser(encoding, model.detokenizer())
+            ids = prefix + word * n
+            t0 = time.process_time()
+            for i in ids:
+                parser.feed([i])
+            parser.finish()
+            best = min(best, time.process_time() - t0)
+        return best
+
+    small, large = cpu(1500), cpu(6000)
+    assert large <= 8.0 * max(small, 1e-4), (small, large)
