@@ -464,8 +464,8 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
             "--enable-auto-tool-choice needs --tool-call-parser NAME (the calls' format): "
             "auto found no tool-call format certain for this model folder",
         )
-    for line in notes:
-        _note(line)
+    # What start-up found out, said once the port is ours: a refused port stays one line.
+    notices = list(notes)
     if chat.harmony:
         from tsfront.text.harmony import load_encoding
 
@@ -474,7 +474,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
         except TextError as exc:
             raise CommandError(f"--model {args.model}: {exc}") from None
     elif chat_template is None and not text.chat_template:
-        _note(
+        notices.append(
             f"warning: {args.tokenizer or args.model} has no chat template (no chat_template "
             "in tokenizer_config.json, no chat_template.jinja or .json): chat requests "
             "(/v1/chat/completions, /v1/responses) will be refused; give one with "
@@ -502,6 +502,8 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
                 listeners.append(claim_port(args.host, args.metrics_port, args.workers))
         except PortInUse as exc:
             raise InUse(str(exc)) from None
+        for line in notices:
+            _note(line)
         port = listeners[0][0].getsockname()[1]
         metrics_port = None if len(listeners) < 2 else listeners[1][0].getsockname()[1]
         if config is not None:
