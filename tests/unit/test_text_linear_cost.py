@@ -156,3 +156,42 @@ def test_a_responses_stream_of_text_costs_linear_time() -> None:
         fmt.pieces(0, Pieces(reasoning="b"))  # closes the message item
 
     assert_linear(run)
+
+
+def test_a_responses_stream_of_call_arguments_costs_linear_time() -> None:
+    # A long call's arguments stream in many fragments (one per token): the function_call
+    # item's arguments are joined once, not re-copied per fragment.
+    from tsfront.text.tools import CallArgs, CallStart
+
+    class Text:
+        pass
+
+    def run(n: int) -> None:
+        fmt = ResponsesFormat("m", Text(), ResponsesRequest())
+        fmt.opening(0)
+        fmt.pieces(0, Pieces(calls=[CallStart(0, "call_x", "f")]))
+        for _ in range(n):
+            fmt.pieces(0, Pieces(calls=[CallArgs(0, "a" * 128)]))
+        fmt.pieces(0, Pieces(reasoning="b"))  # closes the function_call item
+
+    assert_linear(run)
+
+
+def test_a_long_call_streamed_one_character_at_a_time_costs_linear_time() -> None:
+    # Every format reads a call's text once, however it is split (hermes, a JSON string
+    # argument one character per delta; qwen3_coder, an XML string value).
+    for name, head, tail in (
+        ("hermes", '<tool_call>{"name": "f", "arguments": {"content": "', '"}}</tool_call>'),
+        ("qwen3_coder", "<tool_call><function=f><parameter=content>", "</parameter>"),
+        ("mistral", '[TOOL_CALLS]f[ARGS]{"content": "', '"}'),
+    ):
+
+        def run(n: int, name: str = name, head: str = head, tail: str = tail) -> None:
+            parser = make_tool_parser(name)
+            parser.feed(head)
+            for _ in range(n * 8):
+                parser.feed("x")
+            parser.feed(tail)
+            parser.finish()
+
+        assert_linear(run)

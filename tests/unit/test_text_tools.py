@@ -4,12 +4,14 @@ Every format has realistic outputs (several calls, text then a call, a parameter
 nested JSON with braces, quotes, escapes and non-ASCII text in strings, a call after a
 reasoning section). Hypothesis splits each one at random points; the joined deltas must be
 the non-streamed result, which must be the intended content and calls (arguments parsed as
-JSON equal to the intended objects), with no markup in the content. Cutting an output at a
-random point (a stream that ends mid-call at ``max_tokens``) must give a prefix of the full
-result: the calls already emitted are the full output's first calls, and a call that was cut
-is reported ``incomplete``, never emitted. Then the same through a real tokenizer, with the
-tags as single added tokens and split over several tokens, streamed by the detokenizer in
-random chunks.
+JSON equal to the intended objects), with no markup in the content. Arguments stream: each
+call's start goes out before its end is read, and its fragments are the canonical JSON text
+in pieces. Cutting an output at a random point (a stream that ends mid-call at ``max_tokens``)
+must give a prefix of the full result: the calls emitted are the full output's first calls,
+whole, but for a call the cut broke, whose arguments are a prefix of its full arguments (and
+never valid JSON); then the parser is ``incomplete``. Then the same through a real tokenizer,
+with the tags as single added tokens and split over several tokens, streamed by the
+detokenizer in random chunks.
 """
 
 from __future__ import annotations
@@ -314,6 +316,26 @@ def test_one_character_at_a_time(name: str, case: int) -> None:
     assert shape(assemble(deltas)) == shape(make_tool_parser(name, TOOLS).parse(text))
 
 
+@pytest.mark.parametrize("name", sorted(TOOL_PARSERS))
+def test_arguments_stream_as_the_model_writes_them(name: str) -> None:
+    # The write_file call's start goes out before its content argument is read, then its
+    # arguments in many fragments (one character per delta here): not one at the call's end.
+    text = next(t for t, _, calls in CASES[name] if any(n == "write_file" for n, _ in calls))
+    parser = make_tool_parser(name, TOOLS)
+    started = -1
+    index = -1
+    fragments = 0
+    for i, ch in enumerate(text):
+        for d in parser.feed(ch):
+            if isinstance(d, CallStart) and d.name == "write_file":
+                started, index = i, d.index
+            elif isinstance(d, CallArgs) and d.index == index:
+                fragments += 1
+    assert 0 <= started < text.index("return")
+    # Values stream as they come (pythonic: each argument when it ends).
+    assert fragments >= (2 if name == "pythonic" else 40), fragments
+
+
 @settings(max_examples=60, deadline=None)
 @given(data=st.data())
 @pytest.mark.parametrize(("name", "case"), ALL)
@@ -323,37 +345,62 @@ def test_truncated_stream_is_a_consistent_prefix(name: str, case: int, data: Any
     cuts = data.draw(st.lists(st.integers(0, cut), max_size=10))
     deltas, parser = stream(name, split(text[:cut], cuts), length=True)
     got = assemble(deltas, parser.incomplete)
-    assert shape(got) == shape(make_tool_parser(name, TOOLS).parse(text[:cut], length=True))
+    whole = make_tool_parser(name, TOOLS)
+    assert shape(got) == shape(whole.parse(text[:cut], length=True))
     if calls:
-        # What was emitted stays true: the first calls, whole, and part of the content.
+        full = make_tool_parser(name, TOOLS).parse(text)
+        # What was emitted stays true: the first calls, and part of the content.
         assert content.startswith(got.content)
-        assert [(c.name, json.loads(c.arguments)) for c in got.calls] == calls[: len(got.calls)]
+        for call in got.calls:
+            ref = full.calls[call.index]
+            assert call.name == ref.name
+            if call.index in parser.broken:
+                # Cut while its arguments were written: a prefix of them, never JSON.
+                assert ref.arguments.startswith(call.arguments) and got.incomplete
+                assert call.arguments != ref.arguments
+                with pytest.raises(ValueError):
+                    json.loads(call.arguments)
+            else:
+                assert call.arguments == ref.arguments
         for tag in MARKUP[name]:
             assert tag not in got.content
-        if got.incomplete and not name.startswith("deepseek"):
-            # Reported cut only when a call really was cut (DeepSeek: or its section).
-            assert len(got.calls) < len(calls)
+        assert len(got.calls) <= len(calls)
     if cut == len(text):
-        assert not got.incomplete
+        assert not got.incomplete and not parser.broken
 
 
+# (parser, an output the end cuts inside a call, its content, the cut call's arguments or
+# None if it had not started)
 TRUNCATED = [
-    ("hermes", 'Hi <tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', "Hi "),
-    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", ""),
-    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"ci', ""),
-    ("mistral", "[TOOL_CALLS]get_weather[ARGS]{", ""),
-    ("deepseek_v3", "x" + DS_BEGIN + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_", "x"),
-    ("deepseek_v31", DS_BEGIN + "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{", ""),
-    ("pythonic", '[get_weather(city="Pa', ""),
-]
+    ("hermes", 'Hi <tool_call>\n{"name": "get_weather", "arguments": {"city": "Par', "Hi ",
+     '{"city":"Par'),
+    ("hermes", 'Hi <tool_call>\n{"name": "get_weather", "argu', "Hi ", None),
+    ("qwen3_coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", "",
+     '{"city":"Par'),
+    ("qwen3_coder", "<tool_call>\n<function=get_wea", "", None),
+    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"ci', "", '{"ci'),
+    ("mistral", "[TOOL_CALLS]get_weather[ARGS]{", "", "{"),
+    ("mistral", "[TOOL_CALLS]get_weather[AR", "", None),
+    ("deepseek_v3", "x" + DS_BEGIN + "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_", "x", None),
+    ("deepseek_v31", DS_BEGIN + "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{", "", "{"),
+    ("pythonic", '[get_weather(city="Pa', "", None),
+    ("pythonic", '[get_weather(days=3, city="Pa', "", '{"days":3'),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("name", "text", "content"), TRUNCATED)
-def test_a_call_cut_by_the_end_is_incomplete_and_not_emitted(
-    name: str, text: str, content: str
+@pytest.mark.parametrize(("name", "text", "content", "args"), TRUNCATED)
+def test_a_call_cut_by_the_end_is_incomplete_and_as_far_as_it_went(
+    name: str, text: str, content: str, args: str | None
 ) -> None:
-    parsed = make_tool_parser(name, TOOLS).parse(text)
-    assert parsed.incomplete and not parsed.calls and parsed.content == content
+    parser = make_tool_parser(name, TOOLS)
+    deltas = parser.feed(text) + parser.finish(length=True)
+    parsed = assemble(deltas, parser.incomplete)
+    assert parsed.incomplete and parsed.content == content
+    if args is None:
+        assert parsed.calls == [] and parser.broken == []
+    else:
+        assert [(c.name, c.arguments) for c in parsed.calls] == [("get_weather", args)]
+        assert parser.broken == [0]
 
 
 def test_a_start_tag_cut_by_max_tokens_is_not_content() -> None:
@@ -373,9 +420,11 @@ def test_hermes_block_without_close_tag_is_a_call_when_its_json_is_complete() ->
     [
         ("hermes", "Look: <tool_call>\n{not json}\n</tool_call>"),
         ("hermes", '<tool_call>\n{"arguments": {}}\n</tool_call>'),
-        ("hermes", '<tool_call>\n{"name": "f", "arguments": {"x": NaN}}\n</tool_call>'),
+        ("hermes", '<tool_call>\n{"name": "f", "arguments": [1]}\n</tool_call>'),
+        ("hermes", '<tool_call>\n{"name": "f", "arguments": NaN}\n</tool_call>'),
         ("qwen3_coder", "<tool_call>\nno function here\n</tool_call>"),
         ("mistral", "[TOOL_CALLS] [{bad}]"),
+        ("mistral", "[TOOL_CALLS]f[ARGS][1]"),
         ("pythonic", '[f(a=__import__("os").system("true"))]'),
         ("pythonic", "[f(1, 2)]"),
         ("pythonic", "[f(**{'a': 1})]"),
@@ -383,15 +432,52 @@ def test_hermes_block_without_close_tag_is_a_call_when_its_json_is_complete() ->
     ],
 )
 def test_unparseable_call_falls_back_to_content(name: str, text: str) -> None:
+    # Nothing of a call went out (its arguments had not begun): the text is content.
     parsed = make_tool_parser(name).parse(text)
     assert parsed.calls == [] and parsed.content == text and not parsed.incomplete
 
 
+# (parser, a call the model breaks after its arguments began, the arguments it keeps)
+BROKEN = [
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"x": NaN}}\n</tool_call>', '{"x":'),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"x": "a\nb"}}</tool_call>', '{"x":"a'),
+    ("llama3_json", '{"name": "f", "parameters": {"a": 1,}}; {"name": "g"}', '{"a":1,'),
+    ("mistral", "[TOOL_CALLS]f[ARGS]{'a': 1}[TOOL_CALLS]g[ARGS]{}", "{"),
+    ("deepseek_v31", DS_BEGIN + DS31_CALL.format(name="f", args='{"a": 1e999}') + DS_END, '{"a":'),
+    ("qwen3_coder", "<tool_call><function=f><parameter=a>1</parameter><parameter=b\n2"
+     "</parameter></function></tool_call>", '{"a":"1"'),
+    ("pythonic", "[f(a=1, b=x), g()]", '{"a":1'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "text", "args"), BROKEN)
+def test_a_call_broken_after_its_start_keeps_what_went_out(name: str, text: str, args: str) -> None:
+    # The rule of docs/TEXT.md: the call stays a call with the arguments written so far, an
+    # unclosed object no JSON parser accepts; streamed as whole.
+    for pieces in ([text], list(text)):
+        parser = make_tool_parser(name, TOOLS)
+        deltas: list[Delta] = []
+        for piece in pieces:
+            deltas += parser.feed(piece)
+        deltas += parser.finish()
+        parsed = assemble(deltas, parser.incomplete)
+        assert (parsed.calls[0].name, parsed.calls[0].arguments) == ("f", args)
+        assert parser.broken == [0] and not parsed.incomplete
+        with pytest.raises(ValueError):
+            json.loads(parsed.calls[0].arguments)
+        assert parsed.content == ""
+
+
 def test_deepseek_bad_call_inside_the_section_is_dropped_the_others_kept() -> None:
-    bad = "<｜tool▁call▁begin｜>f<｜tool▁sep｜>{bad<｜tool▁call▁end｜>"
+    # Arguments that are no object: no call went out, it is dropped; one broken after its
+    # start stays as it went out.
+    bad = "<｜tool▁call▁begin｜>f<｜tool▁sep｜>[1]<｜tool▁call▁end｜>"
+    broken = "<｜tool▁call▁begin｜>g<｜tool▁sep｜>{bad<｜tool▁call▁end｜>"
     good = DS31_CALL.format(name="get_time", args="{}")
-    parsed = make_tool_parser("deepseek_v31").parse("Hi" + DS_BEGIN + bad + good + DS_END)
-    assert parsed.content == "Hi" and [c.name for c in parsed.calls] == ["get_time"]
+    parser = make_tool_parser("deepseek_v31")
+    parsed = parser.parse("Hi" + DS_BEGIN + bad + broken + good + DS_END)
+    assert parsed.content == "Hi"
+    assert [(c.name, c.arguments) for c in parsed.calls] == [("g", "{"), ("get_time", "{}")]
     assert not parsed.incomplete
 
 
@@ -620,4 +706,8 @@ def test_arbitrary_markup_never_raises_and_is_split_invariant(
     assert shape(got) == shape(make_tool_parser(name, TOOLS).parse(text, length))
     assert got.incomplete == make_tool_parser(name, TOOLS).parse(text, length).incomplete
     for call in got.calls:
-        assert isinstance(json.loads(call.arguments), dict)
+        if call.index in parser.broken:
+            with pytest.raises(ValueError):
+                json.loads(call.arguments)
+        else:
+            assert isinstance(json.loads(call.arguments), dict)

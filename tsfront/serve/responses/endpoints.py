@@ -546,15 +546,18 @@ class ResponsesFormat(Format):
             elif type(delta) is CallArgs:
                 item = self._calls.get(delta.index)
                 if item is not None and delta.text:
-                    item["arguments"] += delta.text
+                    if item is self._open:
+                        # Joined once when the item closes: the fragments of a long call
+                        # are many (the arguments stream).
+                        self._texts.append(delta.text)
+                        index = len(self.items) - 1
+                    else:
+                        item["arguments"] += delta.text
+                        index = self._index(item)
                     out.append(
                         self._event(
                             "response.function_call_arguments.delta",
-                            {
-                                "item_id": item["id"],
-                                "output_index": self._index(item),
-                                "delta": delta.text,
-                            },
+                            {"item_id": item["id"], "output_index": index, "delta": delta.text},
                         )
                     )
         return b"".join(out)
@@ -747,6 +750,8 @@ class ResponsesFormat(Format):
         index = self._index(item)
         item["status"] = "completed"
         if item["type"] == "function_call":
+            item["arguments"] += "".join(self._texts)
+            self._texts.clear()
             if not item["arguments"]:
                 item["arguments"] = "{}"
             out.append(

@@ -13,6 +13,11 @@ per format family:
 and the constrained-decoding side (:mod:`~tsfront.text.tools.constrained`): the engine
 schemas for ``tool_choice: "required"`` and a named tool, and parsers of their output. A new
 format is one module with a :class:`ToolParser` subclass and one line in :data:`TOOL_PARSERS`.
+
+What formats are made of: :mod:`~tsfront.text.tools.reading` (the cursor and small readers of
+a call's text as it arrives), :mod:`~tsfront.text.tools.jsontext` (JSON arguments written
+canonically as they are read) and :mod:`~tsfront.text.tools.params` (tagged parameter values
+written as JSON by the tool's schema).
 """
 
 from __future__ import annotations

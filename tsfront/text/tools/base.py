@@ -9,55 +9,80 @@ turns the streamed text of one choice into :data:`Delta` values: :class:`Content
     for text in stream:
         for delta in parser.feed(text):
             ...                      # Content / CallStart / CallArgs
-    for delta in parser.finish():    # what was held back; an unfinished call is dropped
+    for delta in parser.finish():    # what was held back
         ...
-    parser.called, parser.incomplete
+    parser.called, parser.incomplete, parser.broken
 
 Rules every parser keeps, whatever the split of the text into deltas:
 
 - **No part of a call's markup is ever content.** Text that could still grow into a start
-  marker is held back (as :class:`~tsfront.text.stop.StopMatcher` holds a stop string), and
-  a call's text is held until the call is complete.
-- **A call is emitted whole.** Its :class:`CallStart` and one :class:`CallArgs` with the
-  final arguments are emitted together, once the call's end is seen and its arguments
-  parsed. So the streamed fragments always concatenate to exactly the non-streamed
-  ``arguments`` string, and an unparseable call can still fall back to content (nothing of it
-  was sent). The price: arguments do not trickle out while the model writes them.
-- **Arguments are canonical JSON text**: the parsed object re-serialised compactly
-  (``separators=(",", ":")``, non-ASCII kept, ``NaN``/``Infinity`` refused); a call without
-  arguments has ``"{}"``.
+  marker is held back (as :class:`~tsfront.text.stop.StopMatcher` holds a stop string).
+- **Arguments stream as the model writes them.** A call's :class:`CallStart` goes out as soon
+  as its name is known and its arguments have begun (the ``{`` of a JSON object; for formats
+  whose arguments are tagged values, the name's end); then :class:`CallArgs` fragments as the
+  text arrives. JSON arguments are written in their *canonical* form as they are read
+  (:mod:`~tsfront.text.tools.jsontext`: blanks dropped, strings re-escaped, numbers as Python
+  writes them, a lone surrogate as its escape; nothing but what could still end the value is
+  held); tagged values are written as JSON by the tool's schema
+  (:mod:`~tsfront.text.tools.params`). The fragments of a call concatenate to its
+  ``arguments``, and :meth:`ToolParser.parse` (the whole text at once) gives the same text.
 - **Content is the text before the first call.** Text between and after calls is dropped,
   as vLLM's non-streamed parsers drop it.
-- **An unparseable call falls back to content** (its raw text, markup included) when no call
-  came before it, as vLLM returns the raw output; after a call it is dropped like any text.
-- **A call the stream ends inside** (``max_tokens``) is dropped and :attr:`incomplete` is
-  set, so the server keeps ``finish_reason: "length"``.
+- **Markup that is no call falls back to content** (its raw text, markup included) when no
+  call came before it and nothing of a call went out yet: bad JSON before the arguments
+  begin, no name, arguments that are not an object. After a call such text is dropped.
+- **A call the model breaks after its start went out** (its arguments stop being JSON, a tag
+  out of place, the stream ending inside it) *stays a call*, with the arguments written so
+  far and nothing more: an unclosed JSON object, which no JSON parser accepts, so a client
+  never runs a tool with half its arguments (an agent loop hands the parse error back to the
+  model instead). Its index is in :attr:`ToolParser.broken`; a call cut by the end of the
+  output (``max_tokens``) also sets :attr:`ToolParser.incomplete`, so the server keeps
+  ``finish_reason: "length"``.
 
 :meth:`ToolParser.parse` is the non-streamed result: the whole text fed to a fresh parser,
 so it equals the concatenated deltas of every split by construction.
 
+How a format is written: it names the ``markers`` that open a call region (and ``leading``
+characters that open one as the first non-blank text), and reads a region with a generator
+method ``_read(cursor)`` made of the readers in :mod:`~tsfront.text.tools.reading` and the
+ones here (:meth:`ToolParser.call_object`, :meth:`ToolParser.stream_json`); it emits with
+:meth:`ToolParser.open_call`, :meth:`ToolParser.call_args`, :meth:`ToolParser.close_call`.
+
 Cost: while no call is in progress and nothing is held, :meth:`ToolParser.feed` returns at
 once for a delta in which no marker's first character occurs (``str`` membership, in C).
-Whatever the text, a stream costs time linear in its length: held text is kept as the deltas
-it came in, and an undecided call is given to the format again only when a new delta brings
-what it waits for (a :class:`Wait`: an end marker, a non-blank character, its bracketed value
-closing, the end of a name); a delta longer than :data:`STEP` characters is taken in slices of
-that size, so what is copied after each call is bounded too.
+Whatever the text, a stream costs time linear in its length: a region is read once (each
+reader consumes what it looked at); held text is bounded by a marker's length; a delta longer
+than :data:`STEP` characters is taken in slices of that size, so what is scanned again after
+each call is bounded too.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tsfront.ids import call_id
 from tsfront.text.errors import TextError
+from tsfront.text.tools.jsontext import DONE, ERROR, JsonCanon
+from tsfront.text.tools.reading import (
+    TRUNCATED,
+    Cursor,
+    NoCall,
+    Reader,
+    blank,
+    json_string,
+    literal,
+)
 
 __all__ = [
-    "Balance",
+    "BROKE",
+    "CALL",
+    "CUT",
+    "NOT",
+    "STEP",
     "CallArgs",
     "CallStart",
     "Content",
@@ -66,7 +91,6 @@ __all__ = [
     "ToolCall",
     "ToolCallError",
     "ToolParser",
-    "Wait",
     "assemble",
     "call_from_object",
     "canonical_arguments",
@@ -81,6 +105,12 @@ _BLANKS = re.compile(r"\s*")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 #: The longest slice of a delta :meth:`ToolParser.feed` works on at once (see the module doc).
 STEP = 1024
+
+# What `ToolParser.call_object` found.
+CALL = 0  #: a call, emitted whole (its arguments closed)
+NOT = 1  #: no call; nothing was emitted (the caller may fall back to content)
+BROKE = 2  #: a call whose start went out, then broken by the model (in `broken`)
+CUT = 3  #: the output ended inside it (a call started is left open: the region end cuts it)
 
 
 class ToolCallError(TextError):
@@ -127,12 +157,14 @@ class ToolCall:
 
 @dataclass(slots=True)
 class Parsed:
-    """A whole output parsed: ``content`` (text before the first call), the calls, and
-    whether the output ended inside a call (``incomplete``)."""
+    """A whole output parsed: ``content`` (text before the first call), the calls, whether
+    the output ended inside a call (``incomplete``), and the indices of the calls broken
+    after their start went out (``broken``: their arguments are an unclosed object)."""
 
     content: str
     calls: list[ToolCall]
     incomplete: bool
+    broken: list[int] = field(default_factory=list)
 
 
 def random_call_id(length: int = 24, prefix: str = "call_") -> str:
@@ -224,138 +256,20 @@ def tool_parameters(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict
     return out
 
 
-class Wait:
-    """What an undecided call waits for before its format can decide more.
-
-    :meth:`ready` is given each new delta of the call, in order, and says whether the format's
-    ``_take`` may now decide more; it keeps what it needs to say so of the next delta. This
-    base waits for any text (a format that set no wait).
-    """
-
-    __slots__ = ()
-
-    def ready(self, text: str) -> bool:
-        """Whether ``text``, the call's next delta, may let the format decide more."""
-        return bool(text)
-
-
-class _Marker(Wait):
-    """Waits for ``marker`` (which may begin in the ``carry``, the text before)."""
-
-    __slots__ = ("carry", "marker")
-
-    def __init__(self, marker: str, carry: str) -> None:
-        self.marker = marker
-        self.carry = carry
-
-    def ready(self, text: str) -> bool:
-        window = self.carry + text
-        if self.marker in window:
-            return True
-        self.carry = window[max(0, len(window) - len(self.marker) + 1) :]
-        return False
-
-
-class _Blank(Wait):
-    """Waits for a character that is not whitespace."""
-
-    __slots__ = ()
-
-    def ready(self, text: str) -> bool:
-        return bool(text) and not text.isspace()
-
-
-class _Outside(Wait):
-    """Waits for a character that ``pattern`` (a negated class) finds: the end of a run."""
-
-    __slots__ = ("pattern",)
-
-    def __init__(self, pattern: re.Pattern[str]) -> None:
-        self.pattern = pattern
-
-    def ready(self, text: str) -> bool:
-        return self.pattern.search(text) is not None
-
-
-_BLANK = _Blank()
-
-
-class Balance(Wait):
-    """Incremental matcher of one bracketed value (JSON, or Python literals with ``python``).
-
-    :meth:`scan` continues where the previous call stopped, and as a :class:`Wait` it scans
-    each new delta of the call, so a value streamed over many deltas is scanned once. Strings
-    are skipped (with backslash escapes); Python's triple-quoted strings are not understood.
-    """
-
-    __slots__ = ("depth", "end", "escape", "pos", "quote", "quotes", "start")
-
-    _OPEN = frozenset("{[(")
-    _CLOSE = frozenset("}])")
-
-    def __init__(self, start: int, *, python: bool = False) -> None:
-        self.start = start
-        self.pos = start
-        self.depth = 0
-        self.quote = ""
-        self.escape = False
-        self.quotes = "\"'" if python else '"'
-        self.end = -1
-
-    def scan(self, buf: str) -> int:
-        """The end (exclusive) of the value that starts at ``start``, or -1 if not yet closed."""
-        return self._scan(buf, 0)
-
-    def ready(self, text: str) -> bool:
-        return self._scan(text, self.pos) >= 0
-
-    def _scan(self, text: str, offset: int) -> int:
-        # ``text`` starts at position ``offset`` of the call's text; scanning resumes at pos.
-        if self.end >= 0:
-            return self.end
-        depth, quote, escape = self.depth, self.quote, self.escape
-        quotes, opens, closes = self.quotes, self._OPEN, self._CLOSE
-        i, n = self.pos - offset, len(text)
-        while i < n:
-            c = text[i]
-            i += 1
-            if quote:
-                if escape:
-                    escape = False
-                elif c == "\\":
-                    escape = True
-                elif c == quote:
-                    quote = ""
-            elif c in quotes:
-                quote = c
-            elif c in opens:
-                depth += 1
-            elif c in closes:
-                depth -= 1
-                if depth <= 0:
-                    self.end = offset + i
-                    self.pos, self.depth, self.quote, self.escape = self.end, depth, quote, escape
-                    return self.end
-        self.pos, self.depth, self.quote, self.escape = offset + i, depth, quote, escape
-        return -1
-
-
-Take = tuple[int, list[tuple[str, str]] | None] | None
-"""What :meth:`ToolParser._take` answers: ``None`` (need more text), ``(n, None)`` (the first
-``n`` characters are no call: content) or ``(n, calls)`` (they hold these ``(name,
-arguments)`` calls; an empty list is markup with no call)."""
+def valid_name(name: str | None) -> bool:
+    """Whether ``name`` can name a function: not empty, no surrogate (an escape the model
+    wrote decodes to one; no UTF-8 text can carry it)."""
+    return bool(name) and _SURROGATE.search(name or "") is None
 
 
 class ToolParser:
-    """Base of every tool-call format: text/call states, holding back, emission.
+    """Base of every tool-call format: the text state, the call regions, emission.
 
-    A format sets ``name``, ``markers`` (strings that open a call anywhere in the text),
-    ``leading`` (characters that open a call only as the first non-blank text of the output,
-    or after a call, e.g. ``"{"`` for Llama-3 JSON) and implements :meth:`_take`; it may
-    override :meth:`_unfinished`, :meth:`_unclosed` and :meth:`_new_id`. While ``_take``
-    cannot decide, it says what it waits for through the helpers it uses
-    (:meth:`find_resumed`, :meth:`balanced_end`, :meth:`blank_end`, :meth:`wait_outside`);
-    it is asked again only when a delta brings that (or any text, if it said nothing).
+    A format sets ``name``, ``markers`` (strings that open a call region anywhere in the
+    text), ``leading`` (characters that open one only as the first non-blank text of the
+    output, or after a call, e.g. ``"{"`` for Llama-3 JSON), ``special`` (its tokens a
+    tokenizer may hold as special tokens: the server's detokenizer hands them to the parser
+    even when special tokens are skipped) and implements :meth:`_read`.
 
     Args:
         tools: the request's OpenAI ``tools`` (function schemas; formats that type their
@@ -365,6 +279,7 @@ class ToolParser:
     name: ClassVar[str] = ""
     markers: ClassVar[tuple[str, ...]] = ()
     leading: ClassVar[str] = ""
+    special: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.tools_given = tools
@@ -374,20 +289,24 @@ class ToolParser:
         self._prefixes = frozenset(m[:k] for m in markers for k in range(1, len(m)))
         self._first = "".join(dict.fromkeys(m[0] for m in markers))
         self._first_after = "".join(dict.fromkeys(self._first + self.leading))
-        self._buf = ""  # the text held back (from the call's start, in a call)
-        self._more: list[str] = []  # deltas held after _buf that _wait found nothing in
-        self._in_call = False
-        self._begin = bool(self.leading)
-        # What the held text waits for (None: any text). Blanks, at the start of a format
-        # with leading characters.
-        self._wait: Wait | None = _BLANK if self._begin else None
-        self._section = False
+        self._hold = ""  # text that could start a marker, held back
+        self._begin = bool(self.leading)  # no non-blank text yet (leading characters count)
+        self._blanks: list[str] = []  # the blank deltas before the first non-blank (begin)
+        self._region: Reader | None = None  # the format's reader of the region being read
+        self._cursor: Cursor | None = None
+        self._raw: list[str] | None = None  # the region's text until a call of it went out
+        self._out: list[Delta] = []  # what the current feed / finish returns
+        self._parts: list[str] = []  # the open call's argument text not put in a delta yet
+        self._section = False  # a call (or a format's call section) came: content has ended
         self._count = 0
-        self._balance: Balance | None = None
-        self._searched = 0
+        self._open = -1  # the index of the call whose arguments are being written
+        self._final = False
         self._finished = False
-        #: Whether the output ended inside a call (dropped; the server keeps ``length``).
+        #: Whether the output ended inside a call or its markup (the server keeps ``length``).
         self.incomplete = False
+        #: The indices of calls whose start went out and that the model then broke (their
+        #: arguments are what was written: an unclosed object). See the module doc.
+        self.broken: list[int] = []
 
     @property
     def called(self) -> bool:
@@ -398,7 +317,7 @@ class ToolParser:
 
     def feed(self, text: str) -> list[Delta]:
         """Add the next delta of text; return the deltas now known."""
-        if not self._buf and not self._in_call and not self._begin:
+        if self._region is None and not self._hold and not self._begin:
             # Fast path (plain text): no character of the delta can start a call.
             for c in self._first_after if self._section else self._first:
                 if c in text:
@@ -406,28 +325,20 @@ class ToolParser:
             else:
                 return [Content(text)] if text and not self._section else []
         if len(text) > STEP:
-            # A long text (a whole output) in slices, so what each call leaves to re-read is
-            # bounded; each slice takes the path below.
+            # A long text (a whole output) in slices, so what is scanned again after each
+            # region is bounded; each slice takes the path below.
             out: list[Delta] = []
             for i in range(0, len(text), STEP):
                 out += self.feed(text[i : i + STEP])
             return _joined(out)
-        wait = self._wait
-        if wait is not None:  # (only then can deltas be held in _more)
-            more = self._more
-            if not wait.ready(text):
-                more.append(text)  # nothing to decide in it: held as it came, never re-read
-                return []
-            if more:
-                more.append(text)
-                text = "".join(more)
-                more.clear()
-        self._buf += text
-        return self._advance(False)
+        out = self._out = []
+        self._run(text)
+        self._flush()
+        return out
 
     def finish(self, length: bool = False) -> list[Delta]:
-        """At the end of the stream: what was held back; an unfinished call is dropped and
-        sets :attr:`incomplete`.
+        """At the end of the stream: what was held back; a call the end cut is left as it
+        went out and sets :attr:`incomplete`.
 
         ``length``: the engine stopped at ``max_tokens`` (``finish_reason: "length"``), so
         held-back text that could start a marker is a cut-off start tag: it is dropped (and
@@ -436,28 +347,31 @@ class ToolParser:
         if self._finished:
             return []
         self._finished = True
-        if self._more:
-            self._buf += "".join(self._more)
-            self._more.clear()
-        out = self._advance(True)
-        rest, self._buf = self._buf, ""
-        if rest:
-            if (self._in_call and self._unfinished(rest)) or (
-                length and not self._in_call and self._held(rest) == len(rest)
-            ):
+        self._final = True
+        out = self._out = []
+        if self._begin and self._blanks:
+            self._begin = False
+            blanks = "".join(self._blanks)
+            self._blanks.clear()
+            self._run(blanks)
+        if self._region is not None:
+            assert self._cursor is not None
+            self._cursor.final = True
+            self._run("")
+        if self._hold:
+            rest, self._hold = self._hold, ""
+            if length and self._held(rest) == len(rest):
                 self.incomplete = True
             else:
-                self._content(out, rest)
-        self._in_call = False
-        if self._unclosed():
-            self.incomplete = True
+                self._content(rest)
+        self._flush()
         return out
 
     def parse(self, text: str, length: bool = False) -> Parsed:
         """The non-streamed result of ``text``: ``text`` fed to a fresh parser at once."""
         fresh = self._spawn()
         deltas = fresh.feed(text) + fresh.finish(length)
-        return assemble(deltas, fresh.incomplete)
+        return assemble(deltas, fresh.incomplete, fresh.broken)
 
     def _spawn(self) -> ToolParser:
         """A parser that has seen nothing, configured as this one."""
@@ -465,132 +379,331 @@ class ToolParser:
 
     # -- what a format implements -----------------------------------------------------------
 
-    def _take(self, buf: str, final: bool) -> Take:
-        """Decide the call that ``buf`` starts with (at a marker or a leading character).
-
-        ``final``: no more text will come (answer ``None`` only for a truncated call).
-        """
+    def _read(self, c: Cursor) -> Reader:
+        """Read the region that ``c`` starts with (at a marker or a leading character)."""
         raise NotImplementedError
-
-    def _unfinished(self, buf: str) -> bool:
-        """At the end, whether the undecided ``buf`` is a truncated call (else content)."""
-        return True
-
-    def _unclosed(self) -> bool:
-        """At the end, whether the format's call section is still open (truncation)."""
-        return False
+        yield  # (a generator)
 
     def _new_id(self) -> str:
         return random_call_id()
 
-    # -- helpers for _take: each, when it finds the call undecided, says what it waits for --
+    # -- what a format's reader emits with ---------------------------------------------------
 
-    def find_resumed(self, buf: str, marker: str, start: int) -> int:
-        """``buf.find(marker, start)`` for the call being read, resumed where the previous
-        search failed, so a long call is searched once, not once per delta. Not found: the
-        call waits for ``marker``."""
-        i = buf.find(marker, max(start, self._searched))
-        if i < 0:
-            self._searched = max(start, len(buf) - len(marker) + 1)
-            self._wait = _Marker(marker, buf[self._searched :])
-        return i
+    def open_call(self, name: str, id: str | None = None) -> None:
+        """A call starts: its :class:`CallStart` goes out (the region can no longer fall back
+        to content)."""
+        self._flush()
+        if self._open >= 0:
+            self._open = -1
+        self._raw = None
+        self._section = True
+        index = self._count
+        self._count += 1
+        self._open = index
+        self._out.append(CallStart(index, id or self._new_id(), name))
 
-    def balanced_end(self, buf: str, start: int, *, python: bool = False) -> int:
-        """End of the bracketed value at ``buf[start]``, scanned incrementally; -1 if open
-        (the call waits for the value to close)."""
-        bal = self._balance
-        if bal is None or bal.start != start:
-            bal = self._balance = Balance(start, python=python)
-        end = bal.scan(buf)
-        if end < 0:
-            self._wait = bal
-        return end
+    def call_args(self, text: str) -> None:
+        """The next fragment of the open call's arguments."""
+        if text and self._open >= 0:
+            self._parts.append(text)
 
-    def blank_end(self, buf: str, start: int) -> int:
-        """:func:`skip_blank`; at the end of ``buf``, the call waits for a non-blank."""
-        i = skip_blank(buf, start)
-        if i >= len(buf):
-            self._wait = _BLANK
-        return i
+    def close_call(self) -> None:
+        """The open call's arguments are complete."""
+        self._flush()
+        self._open = -1
 
-    def wait_outside(self, pattern: re.Pattern[str]) -> None:
-        """The call waits for a character ``pattern`` (a negated class) finds: a name or an
-        id that reaches the end of the text so far may go on."""
-        self._wait = _Outside(pattern)
+    def break_call(self) -> None:
+        """The model broke the open call: it stays as it went out (see the module doc)."""
+        self._flush()
+        if self._open >= 0:
+            self.broken.append(self._open)
+            self._open = -1
+
+    def commit(self) -> None:
+        """The region is the format's call section even before a call of it: it is not
+        content, and text after it is dropped (as after a call)."""
+        self._raw = None
+        self._section = True
+
+    @property
+    def committed(self) -> bool:
+        """Whether the region being read can no longer fall back to content."""
+        return self._raw is None
+
+    def region_text(self) -> str:
+        """The region's text so far (before it commits; ``""`` after)."""
+        return "".join(self._raw) if self._raw is not None else ""
+
+    # -- readers a format's reader is made of -------------------------------------------------
+
+    def stream_json(self, c: Cursor, top: str = "{") -> Generator[None, None, bool]:
+        """The JSON value at ``c.pos`` written to the open call's arguments as it is read
+        (canonical). ``True`` when it closed; ``False`` when it broke (not JSON, or the output
+        ended inside it: ``c.final``)."""
+        canon = JsonCanon(top)
+        while True:
+            c.pos = canon.feed(c.text, c.pos)
+            if canon.out:
+                self.call_args("".join(canon.out))
+                canon.out.clear()
+            if canon.state == DONE:
+                return True
+            if canon.state == ERROR:
+                return False
+            if c.final:
+                canon.finish()
+                if canon.out:
+                    self.call_args("".join(canon.out))
+                return canon.state == DONE
+            yield
+
+    def read_json(
+        self, c: Cursor, top: str = "", sink: list[str] | None = None
+    ) -> Generator[None, None, bool]:
+        """The JSON value at ``c.pos``, read; its canonical text appended to ``sink`` (or
+        dropped). ``True`` when it closed, ``False`` otherwise."""
+        canon = JsonCanon(top)
+        while True:
+            c.pos = canon.feed(c.text, c.pos)
+            if sink is not None:
+                sink += canon.out
+            canon.out.clear()
+            if canon.state == DONE:
+                return True
+            if canon.state == ERROR:
+                return False
+            if c.final:
+                canon.finish()
+                if sink is not None:
+                    sink += canon.out
+                return canon.state == DONE
+            yield
+
+    def call_object(
+        self,
+        c: Cursor,
+        keys: tuple[str, ...] = ("arguments", "parameters"),
+        call_id: str | None = None,
+    ) -> Generator[None, None, int]:
+        """The call object at ``c.pos`` (its ``{``): ``{"name": NAME, KEY: {…}}`` for the
+        first of ``keys`` present (``{}`` when none is; ``null`` too; a JSON string holding
+        an object is parsed). Other keys are read and ignored.
+
+        The call starts when the name is known and the arguments begin (arguments written
+        before the name are held, then sent with the start). Returns `CALL`, `NOT` (nothing
+        emitted: no name, not JSON, arguments that are not an object), `BROKE` or `CUT` (the
+        output ended before the object's ``}``; a call already whole stays emitted).
+        """
+        c.pos += 1
+        name: str | None = None
+        held: str | None = None  # the arguments' text, read before the name
+        called = False
+        first = True
+        while True:
+            if not (yield from blank(c)):
+                return CUT
+            ch = c.text[c.pos]
+            if ch == "}" and first:
+                c.pos += 1
+                break
+            if ch != '"':
+                return CALL if called else NOT
+            key = yield from json_string(c)
+            if key is None:
+                return CUT if c.final else (CALL if called else NOT)
+            first = False
+            if not (yield from blank(c)):
+                return CUT
+            if c.text[c.pos] != ":":
+                return CALL if called else NOT
+            c.pos += 1
+            if not (yield from blank(c)):
+                return CUT
+            ch = c.text[c.pos]
+            if key == "name" and name is None:
+                if ch != '"':
+                    return CALL if called else NOT
+                value = yield from json_string(c)
+                if value is None:
+                    return CUT if c.final else (CALL if called else NOT)
+                if not valid_name(value):
+                    return CALL if called else NOT
+                name = value
+                if held is not None:
+                    self.open_call(name, call_id)
+                    self.call_args(held)
+                    self.close_call()
+                    called = True
+            elif key in keys and held is None and not called:
+                if ch == "{":
+                    if name is not None:
+                        self.open_call(name, call_id)
+                        if not (yield from self.stream_json(c)):
+                            if c.final:
+                                return CUT
+                            self.break_call()
+                            return BROKE
+                        self.close_call()
+                        called = True
+                    else:
+                        sink: list[str] = []
+                        if not (yield from self.read_json(c, "{", sink)):
+                            return CUT if c.final else NOT
+                        held = "".join(sink)
+                elif ch == '"':
+                    value = yield from json_string(c)
+                    if value is None:
+                        return CUT if c.final else NOT
+                    try:
+                        text = canonical_arguments(loads_json(value) if value.strip() else {})
+                    except ValueError:
+                        text = None
+                    if text is None:
+                        return NOT
+                    held = text
+                elif ch == "n":
+                    if not (yield from literal(c, "null")):
+                        return CUT if c.final else NOT
+                    held = "{}"
+                else:
+                    return NOT
+                if held is not None and name is not None:
+                    self.open_call(name, call_id)
+                    self.call_args(held)
+                    self.close_call()
+                    called = True
+            elif not (yield from self.read_json(c, "", None)):
+                return CUT if c.final else (CALL if called else NOT)
+            if not (yield from blank(c)):
+                return CUT
+            ch = c.text[c.pos]
+            if ch == ",":
+                c.pos += 1
+                continue
+            if ch == "}":
+                c.pos += 1
+                break
+            return CALL if called else NOT
+        if called:
+            return CALL
+        if name is None:
+            return NOT
+        self.open_call(name, call_id)
+        self.call_args(held if held is not None else "{}")
+        self.close_call()
+        return CALL
 
     # -- the machinery ----------------------------------------------------------------------
 
-    def _content(self, out: list[Delta], text: str) -> None:
+    def _flush(self) -> None:
+        if self._parts:
+            self._out.append(CallArgs(self._open, "".join(self._parts)))
+            self._parts.clear()
+
+    def _content(self, text: str) -> None:
         if text and not self._section:
-            if out and isinstance(out[-1], Content):
+            out = self._out
+            if out and type(out[-1]) is Content:
                 out[-1] = Content(out[-1].text + text)
             else:
                 out.append(Content(text))
 
-    def _emit(self, out: list[Delta], calls: list[tuple[str, str]]) -> None:
-        self._section = True
-        for name, arguments in calls:
-            index = self._count
-            self._count += 1
-            out.append(CallStart(index, self._new_id(), name))
-            out.append(CallArgs(index, arguments))
+    def _run(self, text: str) -> None:
+        # Text state and regions, in turn, until the text is used up (or held).
+        while True:
+            if self._region is None:
+                started = self._scan(text)
+                if started is None:
+                    return
+                text = started
+            rest = self._resume(text)
+            if rest is None:
+                return
+            text = rest
 
-    def _advance(self, final: bool) -> list[Delta]:
-        out: list[Delta] = []
-        while self._buf:
-            buf = self._buf
-            if self._in_call:
-                self._wait = None
-                taken = self._take(buf, final)
-                if taken is None:
-                    break  # self._wait: what the helpers _take used said it waits for
-                n, calls = taken
-                n = max(n, 1)
-                self._buf = buf[n:]
-                self._in_call = False
-                self._wait = None
-                self._balance = None
-                self._searched = 0
-                if calls is None:
-                    self._content(out, buf[:n])
-                else:
-                    self._emit(out, calls)
-                continue
-            if self._begin:
-                stripped = buf.lstrip()
-                if not stripped:
-                    self._wait = _BLANK
-                    break
-                self._begin = False
-                self._wait = None
-                if stripped[0] in self.leading:
-                    self._in_call = True
-                    continue
-            pos, n = self._find(buf)
-            if pos >= 0:
-                self._content(out, buf[:pos])
-                self._buf = buf[pos:]
-                self._in_call = True
-                continue
-            keep = self._held(buf)
-            self._content(out, buf[: len(buf) - keep])
-            self._buf = buf[len(buf) - keep :]
-            break
-        return out
+    def _scan(self, text: str) -> str | None:
+        """The text state: content until a region starts. Returns the text from the
+        region's start (the region is set up), or ``None`` (all used or held)."""
+        if self._begin:
+            if not text or text.isspace():
+                if text:
+                    self._blanks.append(text)  # kept as they came, joined once
+                return None
+            self._begin = False
+            if self._blanks:
+                self._blanks.append(text)
+                text = "".join(self._blanks)
+                self._blanks.clear()
+            if text[skip_blank(text, 0)] in self.leading:
+                self._start()
+                return text
+        buf = self._hold + text if self._hold else text
+        self._hold = ""
+        pos = self._find(buf)
+        if pos >= 0:
+            self._content(buf[:pos])
+            self._start()
+            return buf[pos:]
+        keep = self._held(buf)
+        self._content(buf[: len(buf) - keep])
+        self._hold = buf[len(buf) - keep :]
+        return None
 
-    def _find(self, buf: str) -> tuple[int, int]:
+    def _start(self) -> None:
+        self._cursor = Cursor("", self._final)
+        self._raw = []
+        self._region = self._read(self._cursor)
+
+    def _resume(self, text: str) -> str | None:
+        """Give the region ``text`` and run its reader; the text after the region when it
+        ended, else ``None``."""
+        c = self._cursor
+        assert c is not None and self._region is not None
+        if text:
+            c.add(text)
+            if self._raw is not None:
+                self._raw.append(text)
+        try:
+            next(self._region)
+        except StopIteration as stop:
+            return self._end(stop.value)
+        if c.final:
+            return self._end(TRUNCATED)  # a reader still waiting at the end: cut
+        return None
+
+    def _end(self, outcome: object) -> str:
+        c, raw = self._cursor, self._raw
+        assert c is not None
+        self._region = self._cursor = self._raw = None
+        if self._open >= 0:
+            # The region ended with a call's arguments unfinished: cut by the end of the
+            # output, or broken by the model.
+            if c.final:
+                self.incomplete = True
+            self.break_call()
+        if isinstance(outcome, NoCall) and raw is not None:
+            whole = "".join(raw)
+            n = min(max(outcome.n, 1), len(whole))
+            self._content(whole[:n])
+            return whole[n:]
+        if outcome is TRUNCATED:
+            self.incomplete = True
+            return ""
+        return c.rest()
+
+    def _find(self, buf: str) -> int:
         """The earliest marker (or, after a call, leading character) in ``buf``."""
-        best, size = -1, 0
+        best = -1
         for m in self.markers:
             i = buf.find(m)
             if i >= 0 and (best < 0 or i < best):
-                best, size = i, len(m)
+                best = i
         if self._section:
-            for c in self.leading:
-                i = buf.find(c)
+            for ch in self.leading:
+                i = buf.find(ch)
                 if i >= 0 and (best < 0 or i < best):
-                    best, size = i, 1
-        return best, size
+                    best = i
+        return best
 
     def _held(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that could start a marker."""
@@ -607,25 +720,39 @@ class ToolParser:
 
 
 def _joined(out: list[Delta]) -> list[Delta]:
-    """``out`` with each run of `Content` deltas as one (joined once, not per piece)."""
+    """``out`` with each run of `Content` deltas as one, and each run of one call's
+    `CallArgs` as one (joined once, not per piece)."""
     if len(out) < 2:
         return out
     joined: list[Delta] = []
+    head: Content | CallArgs | None = None  # the first delta of the run being joined
     run: list[str] = []
     for d in out:
-        if type(d) is Content:
+        if head is not None and (
+            (type(d) is Content and type(head) is Content)
+            or (type(d) is CallArgs and type(head) is CallArgs and d.index == head.index)
+        ):
             run.append(d.text)
             continue
-        if run:
-            joined.append(Content("".join(run)))
-            run = []
-        joined.append(d)
-    if run:
-        joined.append(Content("".join(run)))
+        if head is not None:
+            joined.append(_with_text(head, "".join(run)))
+            head = None
+        if type(d) is Content or type(d) is CallArgs:
+            head, run = d, [d.text]
+        else:
+            joined.append(d)
+    if head is not None:
+        joined.append(_with_text(head, "".join(run)))
     return joined
 
 
-def assemble(deltas: Sequence[Delta], incomplete: bool = False) -> Parsed:
+def _with_text(delta: Content | CallArgs, text: str) -> Delta:
+    return Content(text) if type(delta) is Content else CallArgs(delta.index, text)  # type: ignore[union-attr]
+
+
+def assemble(
+    deltas: Sequence[Delta], incomplete: bool = False, broken: Sequence[int] = ()
+) -> Parsed:
     """Join streamed deltas into the non-streamed :class:`Parsed` shape."""
     content: list[str] = []
     starts: dict[int, CallStart] = {}
@@ -641,4 +768,4 @@ def assemble(deltas: Sequence[Delta], incomplete: bool = False) -> Parsed:
     calls = [
         ToolCall(i, starts[i].id, starts[i].name, "".join(args[i]) or "{}") for i in sorted(starts)
     ]
-    return Parsed("".join(content), calls, incomplete)
+    return Parsed("".join(content), calls, incomplete, list(broken))

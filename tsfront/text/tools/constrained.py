@@ -6,9 +6,9 @@ array of ``{"name": NAME, "parameters": {…}}`` objects, one ``anyOf`` branch p
 (``{"type": "function", "function": {"name": …}}``) it is given that function's
 ``parameters`` schema itself (:func:`named_schema`). The output is then JSON and no tool
 markup: :class:`RequiredToolParser` and :class:`NamedToolParser` are tool parsers over it, with
-the same streaming interface and rules as the format parsers (a call is emitted whole, the
-arguments canonical JSON text). ``tool_choice: "auto"`` is not constrained: it uses the
-format parser.
+the same streaming interface and rules as the format parsers (arguments stream as canonical
+JSON text; the named tool's call starts with the output's first ``{``). ``tool_choice:
+"auto"`` is not constrained: it uses the format parser.
 """
 
 from __future__ import annotations
@@ -17,16 +17,9 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tsfront.text.tools.base import (
-    Parsed,
-    Take,
-    ToolCallError,
-    ToolParser,
-    call_from_object,
-    canonical_arguments,
-    loads_json,
-    tool_parameters,
-)
+from tsfront.text.tools.base import CUT, NOT, Parsed, ToolCallError, ToolParser, tool_parameters
+from tsfront.text.tools.hermes import read_call_list
+from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank
 
 __all__ = [
     "NamedToolParser",
@@ -91,21 +84,11 @@ class RequiredToolParser(ToolParser):
     name = "required"
     leading = "["
 
-    def _take(self, buf: str, final: bool) -> Take:
-        i = self.blank_end(buf, 0)
-        end = self.balanced_end(buf, i)
-        if end < 0:
-            return None
-        try:
-            items = loads_json(buf[i:end])
-        except ValueError:
-            return end, None
-        if not isinstance(items, list) or not items:
-            return end, None
-        calls = [call_from_object(item, ("parameters", "arguments")) for item in items]
-        if any(c is None for c in calls):
-            return end, None
-        return end, [c for c in calls if c is not None]
+    def _read(self, c: Cursor) -> Reader:
+        got = yield from read_call_list(self, c, ("parameters", "arguments"))
+        if got == CUT:
+            return TRUNCATED
+        return NoCall(c.offset) if got == NOT else None
 
 
 class NamedToolParser(ToolParser):
@@ -121,16 +104,17 @@ class NamedToolParser(ToolParser):
     def _spawn(self) -> ToolParser:
         return NamedToolParser(self.tools_given, self.function)
 
-    def _take(self, buf: str, final: bool) -> Take:
-        i = self.blank_end(buf, 0)
-        end = self.balanced_end(buf, i)
-        if end < 0:
-            return None
-        try:
-            arguments = canonical_arguments(loads_json(buf[i:end]))
-        except ValueError:
-            arguments = None
-        return end, None if arguments is None else [(self.function, arguments)]
+    def _read(self, c: Cursor) -> Reader:
+        if not (yield from blank(c)):
+            return TRUNCATED
+        if c.text[c.pos] != "{":
+            return NoCall(c.offset + 1)
+        self.open_call(self.function)
+        if (yield from self.stream_json(c)):
+            self.close_call()
+        elif not c.final:
+            self.break_call()
+        return None
 
 
 def parse_required(text: str) -> Parsed:

@@ -14,19 +14,28 @@ DeepSeek-V3.1 drops the type and the fence::
 
 (one line in the output).
 
-(The bars are U+FF5C, the blanks U+2581, as in DeepSeek's tokenizer.) Each call is emitted at
-its ``<｜tool▁call▁end｜>``; an output that ends after ``<｜tool▁calls▁begin｜>`` without
-``<｜tool▁calls▁end｜>`` is truncated (:attr:`incomplete`), even after complete calls.
+(The bars are U+FF5C, the blanks U+2581, as in DeepSeek's tokenizer, where each tag is one
+special token.) The section is one region: text in it between calls is dropped, a call that
+is not one (no separator, no name, arguments that are not an object) is dropped and the
+others kept. Each call starts at its arguments' ``{`` and streams. An output that ends
+inside the section, even after complete calls, is truncated (:attr:`incomplete`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from tsfront.text.tools.base import ToolParser, valid_name
+from tsfront.text.tools.reading import (
+    TRUNCATED,
+    Cursor,
+    NoCall,
+    Reader,
+    Step,
+    blank,
+    literal,
+    until,
+)
 
-from tsfront.text.tools.base import Take, ToolParser, canonical_arguments, loads_json
-
-__all__ = ["DeepSeekV3Parser", "DeepSeekV31Parser"]
+__all__ = ["DeepSeekV3Parser", "DeepSeekV31Parser", "SectionParser"]
 
 CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
 CALLS_END = "<｜tool▁calls▁end｜>"
@@ -35,53 +44,93 @@ CALL_END = "<｜tool▁call▁end｜>"
 SEP = "<｜tool▁sep｜>"
 
 
-def _args(text: str) -> str | None:
-    try:
-        return canonical_arguments(loads_json(text.strip()) if text.strip() else {})
-    except ValueError:
+class SectionParser(ToolParser):
+    """Formats whose calls stand in a section (``section_begin`` … ``section_end``), each
+    call between ``call_begin`` and ``call_end``; a lone call (no section) is read too.
+    :meth:`_call` reads one call after its ``call_begin``."""
+
+    section_begin = ""
+    section_end = ""
+    call_begin = ""
+    call_end = ""
+
+    def _read(self, c: Cursor) -> Reader:
+        if c.text.startswith(self.section_begin, c.pos):
+            c.pos += len(self.section_begin)
+            self.commit()
+            while True:
+                found = yield from until(c, (self.call_begin, self.section_end))
+                if found < 0:
+                    return TRUNCATED  # the section never closed
+                if found == 1:
+                    return None
+                yield from self._call(c)
+        if c.text.startswith(self.section_end, c.pos):
+            c.pos += len(self.section_end)  # a stray end: markup, which ends the content
+            self.commit()
+            return None
+        c.pos += len(self.call_begin)
+        start = c.offset
+        yield from self._call(c)
+        if not self.committed:
+            return TRUNCATED if c.final else NoCall(start)
         return None
 
+    def _call(self, c: Cursor) -> Step:
+        raise NotImplementedError
+        yield
 
-class DeepSeekV3Parser(ToolParser):
+    def _skip_call(self, c: Cursor) -> Step:
+        """Drop the rest of a call that is no call (to its end)."""
+        yield from until(c, (self.call_end,))
+
+    def _args(self, c: Cursor, name: str, call_id: str | None = None) -> Step:
+        """The arguments of the call named ``name`` (at ``c.pos``, blanks first) to its end:
+        an object streams; none at all (the end right away) is ``{}``."""
+        if not (yield from blank(c)):
+            return
+        if c.text[c.pos] == "{":
+            self.open_call(name, call_id)
+            if not (yield from self.stream_json(c)):
+                if not c.final:
+                    self.break_call()
+                    yield from self._skip_call(c)
+                return
+            self.close_call()
+            yield from self._skip_call(c)
+            return
+        if (yield from literal(c, self.call_end)):
+            self.open_call(name, call_id)
+            self.call_args("{}")
+            self.close_call()
+            return
+        yield from self._skip_call(c)
+
+
+class DeepSeekV3Parser(SectionParser):
     """``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{…}\\n```<｜tool▁call▁end｜>``."""
 
     name = "deepseek_v3"
     markers = (CALLS_BEGIN, CALL_BEGIN, CALLS_END)
+    special = (CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END, SEP)
+    section_begin, section_end, call_begin, call_end = CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END
 
-    def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
-        super().__init__(tools)
-        self._open = False
-
-    def _take(self, buf: str, final: bool) -> Take:
-        if buf.startswith(CALLS_BEGIN):
-            self._open = True
-            return len(CALLS_BEGIN), []
-        if buf.startswith(CALLS_END):
-            self._open = False
-            return len(CALLS_END), []
-        end = self.find_resumed(buf, CALL_END, len(CALL_BEGIN))
-        if end < 0:
-            return None
-        call = self._call(buf[len(CALL_BEGIN) : end])
-        return end + len(CALL_END), None if call is None else [call]
-
-    def _unclosed(self) -> bool:
-        return self._open
-
-    def _call(self, body: str) -> tuple[str, str] | None:
-        _kind, sep, rest = body.partition(SEP)
-        if not sep:
-            return None
-        name, _, args = rest.partition("\n")
-        args = args.strip()
-        if args.startswith("```json"):
-            args = args[len("```json") :]
-        elif args.startswith("```"):
-            args = args[3:]
-        if args.endswith("```"):
-            args = args[:-3]
-        text = _args(args)
-        return None if text is None or not name.strip() else (name.strip(), text)
+    def _call(self, c: Cursor) -> Step:
+        found = yield from until(c, (SEP, self.call_end))
+        if found != 0:
+            return
+        parts: list[str] = []
+        found = yield from until(c, ("\n", self.call_end), parts.append)
+        name = "".join(parts).strip()
+        if found < 0 or not valid_name(name):
+            if found == 0:
+                yield from self._skip_call(c)
+            return
+        if found == 1:
+            c.pos -= len(self.call_end)
+        if (yield from blank(c)) and not (yield from literal(c, "```json")):
+            yield from literal(c, "```")
+        yield from self._args(c, name)
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):
@@ -89,9 +138,12 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
 
     name = "deepseek_v31"
 
-    def _call(self, body: str) -> tuple[str, str] | None:
-        name, sep, args = body.partition(SEP)
-        if not sep or not name.strip():
-            return None
-        text = _args(args)
-        return None if text is None else (name.strip(), text)
+    def _call(self, c: Cursor) -> Step:
+        parts: list[str] = []
+        found = yield from until(c, (SEP, self.call_end), parts.append)
+        name = "".join(parts).strip()
+        if found != 0 or not valid_name(name):
+            if found == 0:
+                yield from self._skip_call(c)
+            return
+        yield from self._args(c, name)

@@ -6,33 +6,60 @@ One block per call::
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-The block's body is one JSON object (``"arguments"``, or ``"parameters"``, may be missing:
-``{}``; a JSON string holding an object is parsed), or a JSON array of such objects. A block
-the output ends in without ``</tool_call>`` is still a call when its body is complete JSON
-(models sometimes stop at EOS before the close tag); otherwise it is a truncated call.
+The block's body is one JSON call object (``"arguments"``, or ``"parameters"``, may be
+missing: ``{}``; a JSON string holding an object is parsed), or a JSON array of them. The
+arguments stream from their ``{`` on. A block the output ends in without ``</tool_call>`` is
+still a call when its object closed (models sometimes stop at EOS before the close tag).
+A block whose body is no call object is content (markup included) if no call came before.
 """
 
 from __future__ import annotations
 
-from tsfront.text.tools.base import Take, ToolParser, call_from_object, loads_json
+from tsfront.text.tools.base import BROKE, CALL, CUT, NOT, ToolParser
+from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank, until
 
-__all__ = ["HermesParser"]
+__all__ = ["HermesParser", "read_call_list"]
 
 START = "<tool_call>"
 END = "</tool_call>"
 
 
-def parse_json_calls(body: str) -> list[tuple[str, str]] | None:
-    """The calls of a JSON body: one call object or an array of them; ``None`` if not."""
-    try:
-        obj = loads_json(body)
-    except ValueError:
-        return None
-    items = obj if isinstance(obj, list) else [obj]
-    calls = [call_from_object(item) for item in items]
-    if not calls or any(c is None for c in calls):
-        return None
-    return [c for c in calls if c is not None]
+def read_call_list(
+    parser: ToolParser, c: Cursor, keys: tuple[str, ...] = ("arguments", "parameters")
+) -> Reader:
+    """The JSON body at ``c.pos`` (after blanks): one call object or an array of them.
+    Returns `CALL` (every element a call), `NOT` (no call: not an object or array of them, or
+    an empty array), or the `ToolParser.call_object` outcome that stopped it (`BROKE`, `CUT`;
+    `NOT` after calls: the rest is dropped)."""
+    if not (yield from blank(c)):
+        return CUT
+    ch = c.text[c.pos]
+    if ch == "{":
+        return (yield from parser.call_object(c, keys))
+    if ch != "[":
+        return NOT
+    c.pos += 1
+    got = NOT
+    while True:
+        if not (yield from blank(c)):
+            return CUT
+        ch = c.text[c.pos]
+        if ch == "]" and got == NOT:
+            c.pos += 1
+            return NOT
+        if ch != "{":
+            return got
+        got = yield from parser.call_object(c, keys)
+        if got != CALL:
+            return got
+        if not (yield from blank(c)):
+            return CUT
+        ch = c.text[c.pos]
+        c.pos += 1
+        if ch == "]":
+            return CALL
+        if ch != ",":
+            return CALL
 
 
 class HermesParser(ToolParser):
@@ -40,12 +67,18 @@ class HermesParser(ToolParser):
 
     name = "hermes"
     markers = (START,)
+    special = (START, END)
 
-    def _take(self, buf: str, final: bool) -> Take:
-        end = self.find_resumed(buf, END, len(START))
-        if end < 0:
-            if not final:
-                return None
-            calls = parse_json_calls(buf[len(START) :])
-            return None if calls is None else (len(buf), calls)
-        return end + len(END), parse_json_calls(buf[len(START) : end])
+    def _read(self, c: Cursor) -> Reader:
+        c.pos += len(START)
+        got = yield from read_call_list(self, c)
+        if got == CUT or (got == NOT and c.final):
+            return TRUNCATED
+        if got == NOT:
+            # No call: the block, close tag included, is text (if it closes).
+            if (yield from until(c, (END,))) < 0:
+                return TRUNCATED
+            return NoCall(c.offset)
+        if got in (BROKE, CALL):
+            yield from until(c, (END,))  # what is left of the block, dropped
+        return None

@@ -6,15 +6,16 @@ separated by ``;``::
     <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": …}
 
 A bare ``{`` opens a call only as the first non-blank text of the output (or after a call),
-as vLLM's parser requires the output to start with it; ``<|python_tag|>`` opens one anywhere.
+as vLLM's parser requires the output to start with it; ``<|python_tag|>`` (a special token:
+the server hands it to the parser whatever ``skip_special_tokens`` says) opens one anywhere.
 An object without a string ``name`` is content (a plain JSON answer). Llama's built-in tools
-(``<|python_tag|>brave_search.call(query=…)``) are not parsed: that text is content. A JSON
-answer is held back until its object closes (it cannot be told from a call before).
+(``<|python_tag|>brave_search.call(query=…)``) are not parsed: that text is content.
 """
 
 from __future__ import annotations
 
-from tsfront.text.tools.base import Take, ToolParser, call_from_object, loads_json
+from tsfront.text.tools.base import CUT, NOT, ToolParser
+from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank
 
 __all__ = ["Llama3JsonParser"]
 
@@ -27,25 +28,27 @@ class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     markers = (TAG,)
     leading = "{"
+    special = (TAG,)
 
-    def _take(self, buf: str, final: bool) -> Take:
-        tagged = buf.startswith(TAG)
-        i = self.blank_end(buf, len(TAG) if tagged else 0)
-        if i >= len(buf):
-            return None
-        if buf[i] != "{":
-            return (len(TAG), None) if tagged else (i + 1, None)
-        end = self.balanced_end(buf, i)
-        if end < 0:
-            return None
-        try:
-            call = call_from_object(loads_json(buf[i:end]), ("parameters", "arguments"))
-        except ValueError:
-            call = None
-        return end, None if call is None else [call]
+    def _read(self, c: Cursor) -> Reader:
+        tagged = c.text.startswith(TAG, c.pos)
+        if tagged:
+            c.pos += len(TAG)
+        if not (yield from blank(c)):
+            return TRUNCATED
+        if c.text[c.pos] != "{":
+            return NoCall(len(TAG) if tagged else c.offset + 1)
+        got = yield from self.call_object(c, ("parameters", "arguments"))
+        if got == NOT:
+            return NoCall(c.offset)
+        if got == CUT and not self.committed:
+            return TRUNCATED if self._unfinished(self.region_text()) else NoCall(c.offset)
+        return None if got != CUT else TRUNCATED
 
-    def _unfinished(self, buf: str) -> bool:
-        if TAG in buf:
+    @staticmethod
+    def _unfinished(text: str) -> bool:
+        """At the end, whether the cut region looked like a call (else it is an answer)."""
+        if TAG in text:
             return True
-        compact = "".join(buf[:64].split())
+        compact = "".join(text[:64].split())
         return compact.startswith('{"name"') or '{"name"'.startswith(compact)

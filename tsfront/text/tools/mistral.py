@@ -9,24 +9,18 @@ Both forms after the ``[TOOL_CALLS]`` control token:
   missing (``[TOOL_CALLS]f{…}``, v11's first form) and a ``[CALL_ID]id`` may stand before it.
 
 Ids are 9 letters and digits, as Mistral's own validator requires (a ``[CALL_ID]`` the model
-wrote is used when it is that shape). ``[TOOL_CALLS]`` is a special token: the server must
-detokenize with ``skip_special_tokens=False`` for this parser, as vLLM does.
+wrote is used when it is that shape). ``[TOOL_CALLS]`` is a special token: the server hands it
+to the parser whatever ``skip_special_tokens`` says.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Generator
 
-from tsfront.text.tools.base import (
-    Take,
-    ToolParser,
-    call_from_object,
-    canonical_arguments,
-    loads_json,
-    random_call_id,
-)
+from tsfront.text.tools.base import CUT, NOT, ToolParser, random_call_id
+from tsfront.text.tools.hermes import read_call_list
+from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank, literal
 
 __all__ = ["MistralParser"]
 
@@ -35,9 +29,25 @@ ARGS = "[ARGS]"
 CALL_ID = "[CALL_ID]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _ID = re.compile(r"[A-Za-z0-9]+")
-# What ends a name, an id (the characters the two above do not take).
-_AFTER_NAME = re.compile(r"[^A-Za-z0-9_.\-]")
-_AFTER_ID = re.compile(r"[^A-Za-z0-9]")
+
+
+def read_run(c: Cursor, pattern: re.Pattern[str]) -> Generator[None, None, str]:
+    """The run of characters ``pattern`` matches at ``c.pos`` (it ends at the first other
+    character, or the end of the output)."""
+    parts: list[str] = []
+    while True:
+        m = pattern.match(c.text, c.pos)
+        if m is not None:
+            parts.append(m.group())
+            c.pos = m.end()
+        if c.pos < len(c.text) or c.final:
+            return "".join(parts)
+        yield
+
+
+def _cut_tag(rest: str) -> bool:
+    # At the end of the output: whether what is left is the start of a tag (cut there).
+    return bool(rest) and (CALL_ID.startswith(rest) or ARGS.startswith(rest))
 
 
 class MistralParser(ToolParser):
@@ -45,69 +55,40 @@ class MistralParser(ToolParser):
 
     name = "mistral"
     markers = (TOOL_CALLS,)
-
-    def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
-        super().__init__(tools)
-        self._ids: list[str] = []
+    special = (TOOL_CALLS, ARGS, CALL_ID)
 
     def _new_id(self) -> str:
-        given = self._ids.pop(0) if self._ids else ""
-        return given if len(given) == 9 and given.isalnum() else random_call_id(9, "")
+        return random_call_id(9, "")
 
-    def _take(self, buf: str, final: bool) -> Take:
-        i = self.blank_end(buf, len(TOOL_CALLS))
-        if i >= len(buf):
-            return None
-        if buf[i] in "[{":
-            end = self.balanced_end(buf, i)
-            if end < 0:
-                return None
-            try:
-                obj = loads_json(buf[i:end])
-            except ValueError:
-                return end, None
-            items = obj if isinstance(obj, list) else [obj]
-            calls = [call_from_object(item) for item in items]
-            if not calls or any(c is None for c in calls):
-                return end, None
-            self._ids = [""] * len(calls)
-            return end, [c for c in calls if c is not None]
-        name = _NAME.match(buf, i)
-        if name is None:
-            return len(TOOL_CALLS), None
-        j = name.end()
-        if j == len(buf):
-            self.wait_outside(_AFTER_NAME)
-            return None
-        call_id = ""
-        if buf.startswith(CALL_ID, j):
-            k = j + len(CALL_ID)
-            ident = _ID.match(buf, k)
-            if ident is None:
-                return None if k == len(buf) else (j, None)
-            if ident.end() == len(buf):
-                self.wait_outside(_AFTER_ID)
-                return None
-            call_id, j = ident.group(), ident.end()
-        elif j < len(buf) and CALL_ID.startswith(buf[j:]):
-            return None
-        if buf.startswith(ARGS, j):
-            j += len(ARGS)
-        elif ARGS.startswith(buf[j:]):
-            return None
-        j = self.blank_end(buf, j)
-        if j >= len(buf):
-            return None
-        if buf[j] != "{":
-            return j, None
-        end = self.balanced_end(buf, j)
-        if end < 0:
-            return None
-        try:
-            args = canonical_arguments(loads_json(buf[j:end]))
-        except ValueError:
-            args = None
-        if args is None:
-            return end, None
-        self._ids = [call_id]
-        return end, [(name.group(), args)]
+    def _read(self, c: Cursor) -> Reader:
+        c.pos += len(TOOL_CALLS)
+        if not (yield from blank(c)):
+            return TRUNCATED
+        if c.text[c.pos] in "[{":
+            got = yield from read_call_list(self, c)
+            if got == CUT:
+                return TRUNCATED
+            return NoCall(c.offset) if got == NOT else None
+        name = yield from read_run(c, _NAME)
+        if not name:
+            return NoCall(len(TOOL_CALLS))
+        if c.pos >= len(c.text):
+            return TRUNCATED
+        given = None
+        before = c.offset
+        if (yield from literal(c, CALL_ID)):
+            given = yield from read_run(c, _ID)
+            if not given:
+                return TRUNCATED if c.final else NoCall(before)
+        if not (yield from literal(c, ARGS)) and c.final and _cut_tag(c.rest()):
+            return TRUNCATED
+        if not (yield from blank(c)):
+            return TRUNCATED
+        if c.text[c.pos] != "{":
+            return NoCall(c.offset)
+        self.open_call(name, given if len(given or "") == 9 else None)
+        if (yield from self.stream_json(c)):
+            self.close_call()
+        elif not c.final:
+            self.break_call()
+        return None

@@ -4,28 +4,40 @@
 
     [get_weather(city="Paris", days=3), get_time(tz='UTC')]
 
-The list is parsed with :mod:`ast` and only literals are accepted (``ast.literal_eval`` of
-each keyword value: strings, numbers, ``True``/``False``/``None``, lists, dicts, tuples);
-anything else (a name, an operation, a call as a value, ``**kwargs``, positional arguments) is
-no call and the text is content. Nothing is ever evaluated. A ``[`` opens a call only as the
-first non-blank text of the output (or after a call); Llama-4's ``<|python_start|>…
-<|python_end|>`` wrapper opens one anywhere. Python's triple-quoted strings are not handled.
+Only keyword arguments whose values are literals are a call (``ast.literal_eval`` of each
+value: strings, numbers, ``True``/``False``/``None``, lists, dicts, tuples); anything else (a
+name, an operation, a call as a value, ``**kwargs``, positional arguments) is no call, and
+the text is content if nothing of a call went out. Nothing is ever evaluated. A call starts
+when its first argument is read (or at its ``)`` without arguments), and each argument is
+written as it ends. A ``[`` opens a call list only as the first non-blank text of the output
+(or after a call); Llama-4's ``<|python_start|>…<|python_end|>`` wrapper opens one anywhere.
+Python's triple-quoted strings are not handled.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Generator
 from typing import Any
 
-from tsfront.text.tools.base import Take, ToolParser, canonical_arguments
+from tsfront.text.tools.base import ToolParser
+from tsfront.text.tools.jsontext import value_text
+from tsfront.text.tools.params import json_key
+from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank, until
 
-__all__ = ["PythonicParser", "parse_call_list"]
+__all__ = ["PythonicParser"]
 
 START = "<|python_start|>"
 END = "<|python_end|>"
+_DOTTED = re.compile(r"[^\W\d][\w.]*")
+_IDENT = re.compile(r"[^\W\d]\w*")
+_DOTTED_MORE = re.compile(r"[\w.]+")
+_IDENT_MORE = re.compile(r"\w+")
 # The start of a call list with blanks removed: "[", "[name", "[name(…".
 _CALL_PREFIX = re.compile(r"\[(?:[A-Za-z_][\w.]*(?:\(.*)?)?\Z", re.DOTALL)
+_OPEN = "([{"
+_CLOSE = ")]}"
 
 
 def _dotted(node: ast.expr) -> str | None:
@@ -41,44 +53,85 @@ def _dotted(node: ast.expr) -> str | None:
     return ".".join(reversed(parts))
 
 
-def parse_call_list(text: str) -> list[tuple[str, str]] | None:
-    """``[f(a=1), g(b="x")]`` (or one call) as ``(name, arguments JSON)``; ``None`` if not."""
+def _function_name(text: str) -> str | None:
+    """``text`` if it is a (dotted) Python name that Python's parser builds, else ``None``
+    (deeper than it builds: no call)."""
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        node = ast.parse(text, mode="eval").body
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
-    node = tree.body
-    items = node.elts if isinstance(node, ast.List) else [node]
-    calls: list[tuple[str, str]] = []
-    for item in items:
-        if not isinstance(item, ast.Call) or item.args:
-            return None
-        name = _dotted(item.func)
-        if name is None:
-            return None
-        args: dict[str, Any] = {}
-        for kw in item.keywords:
-            if kw.arg is None:
-                return None
-            try:
-                args[kw.arg] = _jsonable(ast.literal_eval(kw.value))
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return None
-        arguments = canonical_arguments(args)
-        if arguments is None:
-            return None
-        calls.append((name, arguments))
-    return calls or None
+    return _dotted(node)
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, list):
+    if isinstance(value, (tuple, list)):
         return [_jsonable(v) for v in value]
     if isinstance(value, dict):
         return {k: _jsonable(v) for k, v in value.items()}
     return value
+
+
+def _literal(text: str) -> str | None:
+    """The JSON text of the Python literal ``text``, or ``None``."""
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+    try:
+        return value_text(_jsonable(value))
+    except RecursionError:
+        return None
+
+
+def _run(c: Cursor, first: re.Pattern[str], more: re.Pattern[str]) -> Generator[None, None, str]:
+    """The name at ``c.pos``: ``first`` matches its start, ``more`` what follows a delta's
+    end (it ends at the first character neither takes, or the end of the output)."""
+    parts: list[str] = []
+    while True:
+        m = (more if parts else first).match(c.text, c.pos)
+        if m is not None:
+            parts.append(m.group())
+            c.pos = m.end()
+        if c.pos < len(c.text) or c.final:
+            return "".join(parts)
+        yield
+
+
+def _value(c: Cursor) -> Generator[None, None, str | None]:
+    """The text of a keyword argument's value, to (not past) the ``,`` or ``)`` that ends it
+    at depth 0; ``None`` if the output ends first."""
+    parts: list[str] = []
+    depth, quote, escaped = 0, "", False
+    while True:
+        text, start = c.text, c.pos
+        i, n = start, len(text)
+        while i < n:
+            ch = text[i]
+            if quote:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == quote:
+                    quote = ""
+            elif ch in "'\"":
+                quote = ch
+            elif ch in _OPEN:
+                depth += 1
+            elif ch in _CLOSE:
+                if depth == 0:
+                    break
+                depth -= 1
+            elif ch == "," and depth == 0:
+                break
+            i += 1
+        parts.append(text[start:i])
+        c.pos = i
+        if i < n:
+            return "".join(parts)
+        if c.final:
+            return None
+        yield
 
 
 class PythonicParser(ToolParser):
@@ -87,23 +140,89 @@ class PythonicParser(ToolParser):
     name = "pythonic"
     markers = (START,)
     leading = "["
+    special = (START, END)
 
-    def _take(self, buf: str, final: bool) -> Take:
-        if buf.startswith(START):
-            end = self.find_resumed(buf, END, len(START))
-            if end < 0:
-                if final:
-                    calls = parse_call_list(buf[len(START) :])
-                    return None if calls is None else (len(buf), calls)
+    def _read(self, c: Cursor) -> Reader:
+        wrapped = c.text.startswith(START, c.pos)
+        if wrapped:
+            c.pos += len(START)
+        if not (yield from blank(c)):
+            return TRUNCATED
+        listed = c.text[c.pos] == "["
+        if listed:
+            c.pos += 1
+        while True:
+            if not (yield from blank(c)):
+                return self._cut()
+            if listed and c.text[c.pos] == "]" and self.committed:
+                c.pos += 1
+                break
+            ok = yield from self._call(c)
+            if not ok:
+                if c.final:
+                    return self._cut()
+                return None if self.committed else NoCall(c.offset)
+            if not listed:
+                break
+            if not (yield from blank(c)):
+                return None  # (the list's "]" missing at the end: its calls are whole)
+            ch = c.text[c.pos]
+            c.pos += 1
+            if ch == "]":
+                break
+            if ch != ",":
                 return None
-            return end + len(END), parse_call_list(buf[len(START) : end])
-        i = self.blank_end(buf, 0)
-        end = self.balanced_end(buf, i, python=True)
-        if end < 0:
-            return None
-        return end, parse_call_list(buf[i:end])
+        if wrapped:
+            yield from until(c, (END,))
+        return None
 
-    def _unfinished(self, buf: str) -> bool:
-        if buf.startswith(START):
-            return True
-        return _CALL_PREFIX.match("".join(buf[:200].split())) is not None
+    def _cut(self) -> object:
+        """At the end: a cut call list is truncated; text that never looked like one is
+        content."""
+        if self.committed:
+            return TRUNCATED
+        text = self.region_text()
+        if text.startswith(START) or _CALL_PREFIX.match("".join(text[:200].split())):
+            return TRUNCATED
+        return NoCall(len(text))
+
+    def _call(self, c: Cursor) -> Generator[None, None, bool]:
+        """One ``name(k=v, …)``; ``True`` if it was a call (emitted)."""
+        name = yield from _run(c, _DOTTED, _DOTTED_MORE)
+        if not name or _function_name(name) is None:
+            return False
+        if not (yield from blank(c)) or c.text[c.pos] != "(":
+            return False
+        c.pos += 1
+        opened = False
+        while True:
+            if not (yield from blank(c)):
+                return False
+            if c.text[c.pos] == ")":
+                c.pos += 1
+                if not opened:
+                    self.open_call(name)
+                    self.call_args("{")
+                self.call_args("}")
+                self.close_call()
+                return True
+            key = yield from _run(c, _IDENT, _IDENT_MORE)
+            if not key or not (yield from blank(c)) or c.text[c.pos] != "=":
+                return self._bad(opened)
+            c.pos += 1
+            text = yield from _value(c)
+            value = _literal(text) if text is not None and text.strip() else None
+            if value is None:
+                return self._bad(opened)
+            if not opened:
+                self.open_call(name)
+                self.call_args("{")
+            self.call_args(json_key(key, not opened) + value)
+            opened = True
+            if c.text[c.pos] == ",":
+                c.pos += 1
+
+    def _bad(self, opened: bool) -> bool:
+        if opened:
+            self.break_call()
+        return False

@@ -1,4 +1,4 @@
-"""``qwen3_coder``: Qwen3-Coder's XML-like tool calls.
+"""``qwen3_coder``: Qwen3-Coder's (and Qwen3.5's, Nemotron-3's) XML-like tool calls.
 
 ::
 
@@ -13,90 +13,45 @@
     </function>
     </tool_call>
 
-Parameter values are text; one leading and one trailing newline are removed, and the value is
-converted by the type the tool's JSON schema gives the parameter, as vLLM's ``qwen3_coder``
-parser does: ``null`` is null for any type; string types stay text; integer types
-(``int…``, ``uint…``, ``long``, ``short``, ``unsigned``) become ints and number types
-(``num…``, ``float…``) numbers (integral values as ints), text that does not convert stays
-text; booleans are ``true`` when the text is ``true`` (any case), else false; objects and
-arrays are parsed as JSON, then as Python literals, else kept as text. A parameter the schema
-does not name (or a tool not in ``tools``) stays text. A missing ``</parameter>`` ends at the
-next ``<parameter=`` or ``</function>``. Several ``<function=…>`` in one block are several
-calls; a ``<function=…>…</function>`` without ``<tool_call>`` around it is a call too.
+The call starts at the function name's ``>``; each parameter is written as JSON as it arrives
+(:mod:`~tsfront.text.tools.params`: one newline trimmed at each end; a string-typed or unknown
+parameter streams as a JSON string, other types are converted by the schema when the value
+ends, as vLLM's ``qwen3_coder`` parser converts them; ``null`` is null for any type). A missing
+``</parameter>`` ends at the next ``<parameter=`` or ``</function>``; ``</tool_call>`` ends a
+function left open. Several ``<function=…>`` in one block are several calls; a
+``<function=…>…</function>`` without ``<tool_call>`` around it is a call too. A block with no
+function is content (if no call came before).
 """
 
 from __future__ import annotations
 
-import ast
-import json
-import re
+from collections.abc import Generator
 from typing import Any
 
-from tsfront.text.tools.base import Take, ToolParser, canonical_arguments, loads_json
+from tsfront.text.tools.base import ToolParser, valid_name
+from tsfront.text.tools.params import ParamValue, convert_parameter, json_key, read_param
+from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, Step, until
 
-__all__ = ["Qwen3CoderParser", "convert_parameter"]
+__all__ = ["Qwen3CoderParser", "convert_parameter", "read_tag_name"]
 
 START = "<tool_call>"
 END = "</tool_call>"
 FUNCTION = "<function="
 FUNCTION_END = "</function>"
-
-# A name stops at "<" too: a name never holds one, and a search that tried each of many
-# "<function=" without ">" would otherwise read to the end of the line from each (quadratic).
-_FUNCTION_RE = re.compile(r"<function=([^<>\n]*)>(.*?)(?:</function>|\Z)", re.DOTALL)
-_PARAM_RE = re.compile(
-    r"<parameter=([^<>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|(?=</function>)|\Z)", re.DOTALL
-)
-_STRINGS = ("string", "str", "text", "varchar", "char", "enum")
-_INTS = ("int", "uint", "long", "short", "unsigned")
+PARAMETER = "<parameter="
+PARAMETER_END = "</parameter>"
+# What ends a name in <function=NAME> / <parameter=NAME> ("<" and a newline: a malformed tag).
+_NAME_ENDS = (">", "<", "\n")
 
 
-def _schema_type(schema: Any) -> str:
-    if not isinstance(schema, dict):
-        return "string"
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "string")
-    if not isinstance(kind, str):
-        return "string"
-    return kind.strip().lower()
-
-
-def convert_parameter(value: str, name: str, properties: dict[str, Any]) -> Any:
-    """Convert parameter ``name``'s text ``value`` by its schema in ``properties``."""
-    if value.lower() == "null":
-        return None
-    if name not in properties:
-        return value
-    kind = _schema_type(properties[name])
-    if kind in _STRINGS:
-        return value
-    if kind.startswith(_INTS):
-        try:
-            return int(value)
-        except ValueError:
-            return value
-    if kind.startswith(("num", "float")):
-        try:
-            number = float(value)
-        except ValueError:
-            return value
-        if number != number or number in (float("inf"), float("-inf")):
-            return value
-        return int(number) if number.is_integer() else number
-    if kind in ("boolean", "bool", "binary"):
-        return value.lower() == "true"
-    if kind in ("object", "array", "arr") or kind.startswith(("dict", "list")):
-        try:
-            return loads_json(value)
-        except ValueError:
-            pass
-    try:
-        literal = ast.literal_eval(value)
-        json.dumps(literal, allow_nan=False)
-        return literal
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return value
+def read_tag_name(
+    c: Cursor, ends: tuple[str, ...] = _NAME_ENDS
+) -> Generator[None, None, tuple[str, bool]]:
+    """The name of ``<function=NAME>``: ``(name, True)`` when ``>`` ended it, else
+    ``(text, False)``."""
+    parts: list[str] = []
+    found = yield from until(c, ends, parts.append)
+    return "".join(parts).strip(), found == 0
 
 
 class Qwen3CoderParser(ToolParser):
@@ -104,42 +59,64 @@ class Qwen3CoderParser(ToolParser):
 
     name = "qwen3_coder"
     markers = (START, FUNCTION)
+    special = (START, END, FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END)
 
-    def _take(self, buf: str, final: bool) -> Take:
-        if buf.startswith(START):
-            end = self.find_resumed(buf, END, len(START))
-            if end >= 0:
-                return end + len(END), self._calls(buf[len(START) : end])
-            # Ended without </tool_call>: a call only if its function was closed.
-            if final and FUNCTION_END in buf:
-                return len(buf), self._calls(buf[len(START) :])
-            return None
-        end = self.find_resumed(buf, FUNCTION_END, 0)
-        if end < 0:
-            return None
-        return end + len(FUNCTION_END), self._calls(buf[: end + len(FUNCTION_END)])
+    def _read(self, c: Cursor) -> Reader:
+        wrapped = c.text.startswith(START, c.pos)
+        if wrapped:
+            c.pos += len(START)
+            found = yield from until(c, (FUNCTION, END))
+            if found != 0:  # a block with no function: text (or cut)
+                return NoCall(c.offset) if found == 1 else TRUNCATED
+        else:
+            c.pos += len(FUNCTION)
+        while True:
+            name, ok = yield from read_tag_name(c)
+            if not ok or not valid_name(name):
+                if self.committed:
+                    if wrapped:
+                        yield from until(c, (END,))
+                    return None
+                return TRUNCATED if c.final else NoCall(c.offset)
+            yield from self._function(c, name)
+            if not wrapped:
+                return None
+            found = yield from until(c, (FUNCTION, END))
+            if found != 0:
+                return None
 
-    def _calls(self, body: str) -> list[tuple[str, str]] | None:
-        calls: list[tuple[str, str]] = []
-        for fn in _FUNCTION_RE.finditer(body):
-            name = fn.group(1).strip()
-            if not name:
-                return None
-            schema = self.tools.get(name, {})
-            properties = schema.get("properties") if isinstance(schema, dict) else None
-            if not isinstance(properties, dict):
-                properties = {}
-            args: dict[str, Any] = {}
-            for param in _PARAM_RE.finditer(fn.group(2)):
-                key = param.group(1).strip()
-                value = param.group(2)
-                if value.startswith("\n"):
-                    value = value[1:]
-                if value.endswith("\n"):
-                    value = value[:-1]
-                args[key] = convert_parameter(value, key, properties)
-            text = canonical_arguments(args)
-            if text is None:
-                return None
-            calls.append((name, text))
-        return calls or None
+    def _function(self, c: Cursor, name: str) -> Step:
+        """The parameters of a function whose name was read, to its ``</function>`` (or the
+        block's end)."""
+        schema: Any = self.tools.get(name, {})
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if not isinstance(props, dict):
+            props = {}
+        self.open_call(name)
+        self.call_args("{")
+        count = 0
+        while True:
+            found = yield from until(c, (PARAMETER, FUNCTION_END, END))
+            if found == 0:
+                key, ok = yield from read_tag_name(c)
+                if not ok:
+                    if not c.final:  # (cut: the call stays open, the region's end cuts it)
+                        self.break_call()
+                    return
+                value = ParamValue(key, props, trim=True, null_word=True)
+                self.call_args(json_key(key, count == 0))
+                count += 1
+                ended = yield from read_param(self, c, value, (PARAMETER_END, PARAMETER,
+                                                               FUNCTION_END, END))  # fmt: skip
+                if ended < 0:
+                    return  # cut: the call stays open
+                if ended > 0:
+                    c.pos -= len((PARAMETER_END, PARAMETER, FUNCTION_END, END)[ended])
+                continue
+            if found < 0:
+                return  # cut
+            if found == 2:
+                c.pos -= len(END)
+            self.call_args("}")
+            self.close_call()
+            return

@@ -1,0 +1,227 @@
+"""Parameter values of the XML-style formats, typed by the tool's JSON schema, written as JSON.
+
+Formats such as ``qwen3_coder``, GLM, MiniMax and DeepSeek's DSML write a call's arguments as
+one tagged value per parameter. The JSON of the arguments is built as the values arrive
+(:class:`ParamValue`, one per value):
+
+- a parameter whose schema type is a string type (or one the schema does not name, or of a
+  tool not in ``tools``) is a JSON string, written as its text arrives, escaped (a trailing
+  newline the format trims is held until the value's end says);
+- any other value is converted when its end tag comes, by its schema type
+  (:func:`convert_parameter`, vLLM's rules for ``qwen3_coder``): integers, numbers,
+  booleans, objects and arrays (as JSON, then as a Python literal), else its text.
+
+``null`` (any case) is JSON null for any type in the formats that say so (``null_word``):
+such a string value is held while it could still be ``null``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Generator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from tsfront.text.tools.base import loads_json
+from tsfront.text.tools.jsontext import escape_text, value_text
+from tsfront.text.tools.reading import Cursor, until
+
+if TYPE_CHECKING:
+    from tsfront.text.tools.base import ToolParser
+
+__all__ = [
+    "ParamValue",
+    "convert_parameter",
+    "is_string_param",
+    "json_key",
+    "read_param",
+    "schema_type",
+]
+
+_STRINGS = ("string", "str", "text", "varchar", "char", "enum")
+_INTS = ("int", "uint", "long", "short", "unsigned")
+_NULL = "null"
+
+
+def schema_type(schema: Any) -> str:
+    """The JSON-schema ``type`` of a parameter, lowercased (the first non-null of a list;
+    ``"string"`` when there is none)."""
+    if not isinstance(schema, Mapping):
+        return "string"
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if not isinstance(kind, str):
+        return "string"
+    return kind.strip().lower()
+
+
+def is_string_param(name: str, properties: Mapping[str, Any]) -> bool:
+    """Whether parameter ``name`` is written as a JSON string: its schema type is a string
+    type, or the schema does not name it."""
+    return name not in properties or schema_type(properties[name]) in _STRINGS
+
+
+def convert_parameter(value: str, name: str, properties: Mapping[str, Any]) -> Any:
+    """Convert parameter ``name``'s text ``value`` by its schema in ``properties``."""
+    if value.lower() == _NULL:
+        return None
+    if name not in properties:
+        return value
+    kind = schema_type(properties[name])
+    if kind in _STRINGS:
+        return value
+    if kind.startswith(_INTS):
+        try:
+            return int(value)
+        except ValueError:
+            return value
+    if kind.startswith(("num", "float")):
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        if number != number or number in (float("inf"), float("-inf")):
+            return value
+        return int(number) if number.is_integer() else number
+    if kind in ("boolean", "bool", "binary"):
+        return value.lower() == "true"
+    if kind in ("object", "array", "arr") or kind.startswith(("dict", "list")):
+        try:
+            return loads_json(value)
+        except ValueError:
+            pass
+    try:
+        literal = ast.literal_eval(value)
+        json.dumps(literal, allow_nan=False)
+        return literal
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return value
+
+
+def _jsonable(value: Any) -> Any:
+    # A Python literal's tuples (and tuples inside) as JSON arrays.
+    if isinstance(value, (tuple, list)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
+
+
+class ParamValue:
+    """One parameter's value: its text given in pieces (`add`), its JSON returned in pieces.
+
+    Args:
+        name: the parameter.
+        properties: the tool's schema ``properties``.
+        trim: remove one newline at each end of the value (``qwen3_coder`` writes them).
+        null_word: ``null`` (any case) is JSON null whatever the type.
+        string: force the kind (``True``: a JSON string; ``False``: converted whole);
+            ``None``: by the schema.
+    """
+
+    __slots__ = ("_first", "_held", "_kind", "_name", "_null", "_open", "_parts", "_props",
+                 "_trim")  # fmt: skip
+
+    def __init__(
+        self,
+        name: str,
+        properties: Mapping[str, Any],
+        *,
+        trim: bool = False,
+        null_word: bool = True,
+        string: bool | None = None,
+    ) -> None:
+        self._name = name
+        self._props = properties
+        self._kind = is_string_param(name, properties) if string is None else string
+        self._trim = trim
+        self._null = null_word
+        self._first = True  # no character of the value seen yet (a leading newline to trim)
+        self._open = False  # the string's opening quote went out
+        self._held = ""  # text not written yet: a trailing newline, or a possible "null"
+        self._parts: list[str] = []  # a converted value's text
+
+    def add(self, text: str) -> str:
+        """The next piece of the value's text; returns the JSON text to send now."""
+        if not text:
+            return ""
+        if self._first:
+            self._first = False
+            if self._trim and text[0] == "\n":
+                text = text[1:]
+                if not text:
+                    return ""
+        if not self._kind:
+            self._parts.append(text)
+            return ""
+        if self._open:
+            text = self._held + text
+            self._held = ""
+        else:
+            held = self._held + text
+            if self._null and len(held) <= len(_NULL) + 1 and _could_be_null(held):
+                self._held = held
+                return ""
+            self._held = ""
+            self._open = True
+            text = held
+            if self._trim and text.endswith("\n"):
+                self._held = "\n"
+                text = text[:-1]
+            return '"' + escape_text(text)
+        if self._trim and text.endswith("\n"):
+            self._held = "\n"
+            text = text[:-1]
+        return escape_text(text)
+
+    def close(self) -> str:
+        """The value ended: the JSON text that completes it."""
+        if not self._kind:
+            text = "".join(self._parts)
+            if self._trim and text.endswith("\n"):
+                text = text[:-1]
+            value = convert_parameter(text, self._name, self._props)
+            out = value_text(_jsonable(value))
+            return out if out is not None else '"' + escape_text(text) + '"'
+        if self._open:
+            return '"'  # a held trailing newline is the one trimmed
+        held = self._held
+        if self._trim and held.endswith("\n"):
+            held = held[:-1]
+        if self._null and held.lower() == _NULL:
+            return "null"
+        return '"' + escape_text(held) + '"'
+
+    def cut(self) -> str:
+        """The output ended inside the value: nothing more is sent (the call is cut: its
+        arguments stay as they went out, a prefix of what they would have been)."""
+        return ""
+
+
+def _could_be_null(text: str) -> bool:
+    # Whether a string value written so far may still turn out to be the word null
+    # (with the trailing newline a trimming format removes).
+    low = text.lower()
+    return _NULL.startswith(low) or low == _NULL + "\n"
+
+
+def json_key(name: str, first: bool) -> str:
+    """The JSON text of an arguments object's key ``name`` (after a comma unless
+    ``first``)."""
+    return ("" if first else ",") + '"' + escape_text(name) + '":'
+
+
+def read_param(
+    parser: ToolParser, c: Cursor, value: ParamValue, ends: tuple[str, ...]
+) -> Generator[None, None, int]:
+    """Read a value's text up to the first of ``ends`` (consumed), written to the open
+    call's arguments as it arrives; return the index of the end found, or -1 when the output
+    ended inside the value (what could be sent of it was)."""
+
+    def take(piece: str) -> None:
+        parser.call_args(value.add(piece))
+
+    found = yield from until(c, ends, take)
+    parser.call_args(value.close() if found >= 0 else value.cut())
+    return found
