@@ -5,11 +5,12 @@ each against an in-process simulated rank whose script (`tsfront.sim.script.Scri
 a marker in the prompt with a model's text: a tool call in the parser's format, a reasoning
 block, JSON. The rank streams in chunks of 1 to 4 tokens drawn per request
 (``chunk_tokens``), so every streamed request splits the output differently; the tags are
-several tokens of the byte-level test tokenizer (``[TOOL_CALLS]`` is one special token, as
-Mistral's is). The server's ``--chat-template`` is the file below, so the prompts it renders
-(tools, tool calls, tool results, reasoning) are known, and a script rule that matches only
-a correctly rendered prompt proves the rendering. What reached the engine (the grammar
-field) is read from the rank's log.
+several tokens of the byte-level test tokenizer (``[TOOL_CALLS]`` and ``<|python_tag|>`` are
+each one special token, as Mistral's and Llama-3's are: the parser reads them though
+``skip_special_tokens`` is on). The server's ``--chat-template`` is the file below, so the
+prompts it renders (tools, tool calls, tool results, reasoning) are known, and a script rule
+that matches only a correctly rendered prompt proves the rendering. What reached the engine
+(the grammar field) is read from the rank's log.
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ def rules() -> list[tuple[str, str]]:
         out.append((f"PAIR {name}<", text))
     out += [
         ("ONE_CALL", ONE_CALL),
+        ("BUILTIN", '<|python_tag|>brave_search.call(query="weather")'),
         ("THINK_CALL", '<think>\nA tool.\n</think>\n\n<tool_call>\n{"name": "get_time", '
          '"arguments": {}}\n</tool_call>'),
         ("THINK", THOUGHT),
@@ -182,7 +184,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("tools")
     model = make_test_model(base / "tool-model", "bytelevel")
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
-    tok.add_special_tokens(["[TOOL_CALLS]"])  # Mistral's: a special token
+    # Special tokens, as in the real tokenizers: Mistral's [TOOL_CALLS], Llama-3's
+    # <|python_tag|> (skip_special_tokens drops their text; the parser reads them).
+    tok.add_special_tokens(["[TOOL_CALLS]", "<|python_tag|>"])
     tok.save(str(model / "tokenizer.json"))
     (base / "template.jinja").write_text(TEMPLATE)
     return model
@@ -374,6 +378,21 @@ def test_parser_whole_and_streamed_in_random_chunks(
         assert got["finish"] == "tool_calls"
         for piece in got["content_deltas"]:
             assert not any(m in piece for m in MARKUP), piece
+
+
+def test_a_marker_left_as_text_obeys_skip_special_tokens(servers: dict[str, Served]) -> None:
+    # <|python_tag|> (a special token) reaches the parser either way; when it opens no call
+    # (a Llama built-in tool), skip_special_tokens decides whether its text is content.
+    s = servers["llama3_json"]
+    text = 'brave_search.call(query="weather")'
+    for skip, want in ((None, text), (True, text), (False, "<|python_tag|>" + text)):
+        extra = {} if skip is None else {"skip_special_tokens": skip}
+        (choice,) = chat(s, "BUILTIN", tools=TOOLS, extra_body=extra)["choices"]
+        # (Kept, the special tokens show: the end-of-text token after the text too.)
+        content = choice["message"]["content"].removesuffix("<|end_of_text|>")
+        assert content == want and choice["finish_reason"] == "stop"
+        got = assemble(stream(s, "BUILTIN", tools=TOOLS, extra_body=extra))
+        assert got["content"].removesuffix("<|end_of_text|>") == want and not got["calls"]
 
 
 def test_text_only_answers_are_content_on_a_parsing_server(servers: dict[str, Served]) -> None:

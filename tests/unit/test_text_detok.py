@@ -373,3 +373,57 @@ def test_a_prompt_cut_anywhere_then_output_decodes_as_the_whole(
         detok = model.detokenizer(ids[:cut], algorithm="table")
         out = "".join(detok.step([t]) for t in ids[cut:]) + detok.flush()
         assert out == full_of[len(ids)][len(head) :], f"cut at {cut}"
+
+
+MARKERS = ["<|python_tag|>", "[TOOL_CALLS]"]
+
+
+@pytest.fixture(scope="module")
+def marker_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, TextModel]:
+    from tsfront.text.testing import make_test_model
+
+    base = tmp_path_factory.mktemp("marker-models")
+    return {
+        k: TextModel.load(make_test_model(base / k, k, special_tokens=MARKERS))
+        for k in ("bytelevel", "metaspace", "unigram")
+    }
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("kind", ["bytelevel", "metaspace", "unigram"])
+def test_kept_special_tokens_are_text_while_the_others_are_skipped(
+    marker_models: dict[str, TextModel], kind: str, algorithm: str
+) -> None:
+    # A parser's markers (special tokens) reach it with skip_special_tokens; the others
+    # (the end of turn) stay skipped: the text is the full decode of the ids less those.
+    model = marker_models[kind]
+    keep = model.special_ids(["<|python_tag|>"])
+    (tag,) = keep
+    end = model.tokenizer.token_to_id(SPECIAL[kind])
+    other = model.tokenizer.token_to_id("[TOOL_CALLS]")
+    rng = random.Random(f"{kind}-{algorithm}")
+    for seed in range(5):
+        # Markers between pieces of text (as a model writes them: between characters).
+        ids = []
+        for k, marker in enumerate((tag, end, other, rng.choice([tag, end, other]))):
+            ids += model.encode(mixed_text(seed * 10 + k, rng.randint(3, 20)), False)
+            ids.append(marker)
+        ids += model.encode(mixed_text(seed * 10 + 9, 5), False)
+        prompt = model.encode(mixed_text(seed + 50, 12), False)
+        detok = model.detokenizer(prompt, skip_special_tokens=True, keep=keep, algorithm=algorithm)
+        text, i = [], 0
+        while i < len(ids):
+            n = rng.randint(1, 4)
+            text.append(detok.step(ids[i : i + n]))
+            i += n
+        text.append(detok.flush())
+        special = {i for i, t in model.tokenizer.get_added_tokens_decoder().items() if t.special}
+        head = [t for t in prompt[-4:] if t not in special]
+        kept = [t for t in ids if t not in special or t in keep]
+        want = model.decode([*head, *kept], skip_special_tokens=False)
+        want = want[len(model.decode(head, skip_special_tokens=False)) :]
+        assert "".join(text) == want
+        assert "<|python_tag|>" in want and "[TOOL_CALLS]" not in "".join(text)
+    # Not kept, the marker is skipped as before.
+    plain = model.detokenizer(None, skip_special_tokens=True, algorithm=algorithm)
+    assert plain.step([tag]) + plain.flush() == ""

@@ -191,6 +191,19 @@ def token_tables(tokenizer: Any) -> dict[bool, TokenTable] | None:
     }
 
 
+def kept_table(tables: dict[bool, TokenTable], keep: frozenset[int]) -> TokenTable:
+    """The table that skips special tokens but those of ``keep`` (a parser's markers: their
+    text is given, the other special tokens' is not)."""
+    full, skipped = tables[False], tables[True]
+    pieces = list(skipped.pieces)
+    for i in keep:
+        if 0 <= i < len(pieces):
+            pieces[i] = full.pieces[i]
+    return TokenTable(
+        pieces, skipped.first, skipped.special - keep, True, skipped.strip_space, skipped.errors
+    )
+
+
 def _sentencepiece_shape(spec: dict[str, Any]) -> tuple[tuple[str, str], bool] | None:
     """``((pattern, content), strip)`` for ``Sequence[Replace, ByteFallback, Fuse, Strip?]``."""
     if spec.get("type") != "Sequence":
@@ -358,6 +371,7 @@ class StreamDetokenizer(Detokenizer):
     """Any tokenizer: ``DecodeStream`` when given, else the prefix/read-offset algorithm."""
 
     __slots__ = (
+        "_drop",
         "_emitted",
         "_ids",
         "_limit",
@@ -376,15 +390,19 @@ class StreamDetokenizer(Detokenizer):
         prompt_ids: Sequence[int] | None = None,
         skip_special_tokens: bool = True,
         id_limit: int | None = None,
+        drop: frozenset[int] = frozenset(),
     ) -> None:
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
+        # Ids dropped before decoding: the special tokens a request skips but for those a
+        # parser reads (decoded with skip_special_tokens=False: the same text).
+        self._drop = drop
         # Ids at or above this (or negative) have no token: no text, as Tokenizer.decode skips
         # an unknown id (and refuses a negative one).
         self._limit = id_limit if id_limit is not None else vocabulary_limit(tokenizer)
         limit = self._limit
         if prompt_ids:
-            prompt_ids = [t for t in prompt_ids[-_CONTEXT_MAX:] if 0 <= t < limit]
+            prompt_ids = [t for t in prompt_ids[-_CONTEXT_MAX:] if 0 <= t < limit and t not in drop]
         context, pending = prompt_context(tokenizer, prompt_ids, skip_special_tokens)
         # Every id fed (context first) and how many of them the emitted text covers; the rest
         # are held (an incomplete character) and decoded by flush(). The held ids are decoded
@@ -429,11 +447,14 @@ class StreamDetokenizer(Detokenizer):
     def step(self, token_ids: Sequence[int]) -> str:
         """The new text for these tokens (``""`` while a character is incomplete)."""
         limit = self._limit
+        drop = self._drop
         if len(token_ids) == 1:
-            if not 0 <= token_ids[0] < limit:
+            if not 0 <= token_ids[0] < limit or (drop and token_ids[0] in drop):
                 return ""
-        elif not all(0 <= t < limit for t in token_ids):
-            token_ids = [t for t in token_ids if 0 <= t < limit]
+        elif not all(0 <= t < limit for t in token_ids) or (
+            drop and any(t in drop for t in token_ids)
+        ):
+            token_ids = [t for t in token_ids if 0 <= t < limit and t not in drop]
         if not token_ids:
             return ""
         ids = self._ids
@@ -526,6 +547,7 @@ class StreamDetokenizer(Detokenizer):
         other = StreamDetokenizer.__new__(StreamDetokenizer)
         other._tokenizer = self._tokenizer
         other._skip = self._skip
+        other._drop = self._drop
         other._stream = None
         if self._stream is not None:
             try:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from tsfront.text.detok import (
     StreamDetokenizer,
     TableDetokenizer,
     TokenTable,
+    kept_table,
     token_tables,
     vocabulary_limit,
 )
@@ -162,6 +163,10 @@ class TextModel:
         self._byte_level = type(tokenizer.decoder) is decoders.ByteLevel
         # Keyed by skip_special_tokens; built at load (see docs/TEXT.md for the time it takes).
         self._tables: dict[bool, TokenTable] = token_tables(tokenizer) or {}
+        self._kept_tables: dict[frozenset[int], TokenTable] = {}
+        self._special = frozenset(
+            i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special
+        )
         self._id_limit = vocabulary_limit(tokenizer)
         # The most characters of text one token can stand for: a token's text in the vocabulary
         # is at least as long as the input it covers (byte-level: one character per byte).
@@ -268,14 +273,20 @@ class TextModel:
         skip_special_tokens: bool = True,
         *,
         algorithm: str | None = None,
+        keep: Iterable[int] = (),
     ) -> Detokenizer:
         """A new incremental :class:`Detokenizer` for one output stream, decoding after the
         tail of ``prompt_ids``.
 
+        ``keep``: special token ids whose text is given even when ``skip_special_tokens``
+        drops the others (a tool or reasoning parser's markers, :meth:`special_ids`).
         ``algorithm`` (``"table"``, ``"decode_stream"`` or ``"offsets"``) overrides
         :attr:`detokenizer_algorithm`, for measurements and tests.
         """
         algorithm = algorithm or self.detokenizer_algorithm
+        kept = frozenset(keep) & self._special if skip_special_tokens else frozenset()
+        if kept:
+            return self._detokenizer_keeping(prompt_ids, kept, algorithm)
         if algorithm == "table":
             if not self._tables:
                 raise TextError(
@@ -300,6 +311,30 @@ class TextModel:
                 self.tokenizer, None, prompt_ids, skip_special_tokens, self._id_limit
             )
         raise TextError(f"algorithm={algorithm!r}: use 'table', 'decode_stream' or 'offsets'")
+
+    def _detokenizer_keeping(
+        self, prompt_ids: Sequence[int] | None, kept: frozenset[int], algorithm: str
+    ) -> Detokenizer:
+        # Special tokens skipped but ``kept``: a table of its own (made once per set), or the
+        # other special ids dropped before decoding.
+        if algorithm == "table" and self._tables:
+            table = self._kept_tables.get(kept)
+            if table is None:
+                table = self._kept_tables[kept] = kept_table(self._tables, kept)
+            return TableDetokenizer(table, prompt_ids)
+        stream = self._decode_stream if algorithm != "offsets" else None
+        drop = self._special - kept
+        return StreamDetokenizer(self.tokenizer, stream, prompt_ids, False, self._id_limit, drop)
+
+    def special_ids(self, texts: Iterable[str]) -> frozenset[int]:
+        """The ids of the special tokens whose text is one of ``texts`` (``skip_special_tokens``
+        drops them; other texts are not single special tokens here)."""
+        wanted = set(texts)
+        return frozenset(
+            i
+            for i, t in self.tokenizer.get_added_tokens_decoder().items()
+            if t.special and t.content in wanted
+        )
 
     def token_text(self, token_id: int) -> str:
         """The text of one token as it shows inside a stream, for logprobs display (cached).

@@ -75,6 +75,9 @@ class ReasoningParser:
     name = "deepseek_r1"
     start = START
     end = END
+    #: Its tags, which a tokenizer may hold as special tokens (the server's detokenizer hands
+    #: them to the parser whatever ``skip_special_tokens`` says).
+    special: tuple[str, ...] = (START, END)
 
     __slots__ = ("_blanks", "_buf", "_initial", "_state")
 

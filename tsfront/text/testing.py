@@ -212,6 +212,8 @@ def make_test_model(
     vocab_size: int | None = None,
     max_position_embeddings: int = 4096,
     added_tokens: Sequence[str] = (),
+    special_tokens: Sequence[str] = (),
+    chat_template: str | None = None,
 ) -> Path:
     """Write a small model folder of ``kind`` into ``directory`` (created) and return its path.
 
@@ -219,7 +221,9 @@ def make_test_model(
     32000 for ``"wordlevel"`` (the simulator's default vocabulary). ``added_tokens`` become
     single (non-special) added tokens, as a model's tool-call and reasoning tags are, e.g.
     Qwen2.5's ``<tool_call>`` or DeepSeek-R1's ``<think>``; without them a tag is split over
-    several tokens.
+    several tokens. ``special_tokens`` become single *special* tokens (``skip_special_tokens``
+    drops them), as Llama-3's ``<|python_tag|>``, Mistral's ``[TOOL_CALLS]`` or DeepSeek's
+    tool-call tags are. ``chat_template`` replaces the kind's template.
     """
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
@@ -252,6 +256,10 @@ def make_test_model(
         raise ValueError(f"kind={kind!r}: use 'bytelevel', 'metaspace', 'unigram' or 'wordlevel'")
     if added_tokens:
         tok.add_tokens(list(added_tokens))
+    if special_tokens:
+        tok.add_special_tokens(list(special_tokens))
+    if chat_template is not None:
+        template = chat_template
     tok.save(str(folder / "tokenizer.json"))
     config_eos = gen_eos[0] if isinstance(gen_eos, list) else gen_eos
     files: dict[str, dict[str, Any]] = {

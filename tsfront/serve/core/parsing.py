@@ -14,6 +14,10 @@ Two rules of the server's own, on top of the parsers':
   it. So ``content`` is ``null`` rather than ``"\\n\\n"`` before a call or after a thought,
   streamed or not.
 - ``parallel_tool_calls: false`` keeps the first call only.
+- *Markers skipped as special tokens stay out of content*: the detokenizer hands the parsers
+  their markers even when the request skips special tokens (``keep``); one the parsers did not
+  consume as markup (``<|python_tag|>`` before no call) is dropped from the content, as
+  ``skip_special_tokens`` says (`hide`).
 
 It also counts the thought's tokens (``usage.output_tokens_details.reasoning_tokens``) from
 the engine's tokens, as they arrive, instead of encoding the thought again: each delta is fed
@@ -30,6 +34,7 @@ clean error (``_unparseable``).
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from tsfront.text.tools import CallArgs, CallStart, Content
@@ -75,6 +80,7 @@ class OutputParser:
         "_calls",
         "_content",
         "_harmony",
+        "_hidden",
         "_parallel",
         "_reasoning",
         "_thought",
@@ -103,6 +109,14 @@ class OutputParser:
         self._calls: dict[int, list[Any]] = {}  # index -> [id, name, argument parts]
         #: The engine tokens of the reasoning section so far (deltas fed with their count).
         self.reasoning_tokens = 0
+        self._hidden: re.Pattern[str] | None = None  # `hide`
+
+    def hide(self, markers: tuple[str, ...]) -> OutputParser:
+        """Drop these texts (special tokens the request skips, decoded for the parsers) from
+        the content; returns the parser."""
+        if markers:
+            self._hidden = re.compile("|".join(map(re.escape, markers)))
+        return self
 
     @property
     def called(self) -> bool:
@@ -179,6 +193,9 @@ class OutputParser:
         return out
 
     def _add_content(self, out: Pieces, text: str) -> None:
+        if self._hidden is not None and text:
+            # (A marker is one token: its text arrives whole in one delta.)
+            text = self._hidden.sub("", text)
         if not text:
             return
         if not self._content and text.isspace():

@@ -207,6 +207,7 @@ class Plan:
         "constraint",
         "include_stop",
         "include_usage",
+        "keep",
         "logprobs",
         "max_tokens",
         "n",
@@ -225,6 +226,7 @@ class Plan:
     parse: Callable[[], OutputParser] | None  # a fresh parser per choice (tools, reasoning)
     include_stop: bool
     include_usage: bool
+    keep: frozenset[int]  # special tokens decoded though skipped: the parsers' markers
     logprobs: bool
     max_tokens: int | None
     n: int
@@ -297,6 +299,7 @@ class Service:
         self.defaults_chars = len(_JSON.encode(self._template_kwargs)) if template_kwargs else 0
         #: When this worker's service began (the model card's ``created``).
         self.created = int(time.time())
+        self._markers: tuple[frozenset[int], tuple[str, ...]] | None = None  # `_marker_ids`
 
     # ------------------------------------------------------------------ plain routes
 
@@ -494,6 +497,7 @@ class Service:
         """The engine's sampling values and the output options (after the prompts are known)."""
         plan.include_stop = req.include_stop_str_in_output
         plan.skip_special = req.skip_special_tokens
+        plan.keep = frozenset()
         plan.stream = req.stream
         plan.include_usage = bool(
             req.stream and req.stream_options and req.stream_options.include_usage
@@ -743,10 +747,13 @@ class Service:
                     "supported; send stream: false for logprobs",
                     "logprobs",
                 )
-            if tools is not None and tools.mode == "auto" and settings.tool_parser == "mistral":
-                # [TOOL_CALLS] is a special token: the parser must see it (as vLLM does).
-                plan.skip_special = False
-                plan.sampling["skip_special_tokens"] = False
+            # A format's markers may be special tokens ([TOOL_CALLS], <|python_tag|>, ...): the
+            # parsers read them whatever skip_special_tokens says; it governs the others, and
+            # a marker left over as text is not content.
+            plan.keep, hidden = self._marker_ids()
+            make = plan.parse
+            if plan.keep and plan.skip_special:
+                plan.parse = lambda: make().hide(hidden)
         return plan
 
     def _harmony_checks(self, req: ChatRequest, tools: Any) -> str:
@@ -801,6 +808,26 @@ class Service:
             )
 
         return parser
+
+    def _marker_ids(self) -> tuple[frozenset[int], tuple[str, ...]]:
+        """The ids of the special tokens the server's parsers read, and their texts (made
+        once)."""
+        found = self._markers
+        if found is None:
+            from tsfront.text.reasoning import REASONING_PARSERS
+            from tsfront.text.tools import TOOL_PARSERS
+
+            settings = self.chat_settings
+            texts: list[str] = []
+            if settings.tool_parser in TOOL_PARSERS:
+                texts += TOOL_PARSERS[settings.tool_parser].special
+            if settings.reasoning_parser in REASONING_PARSERS:
+                texts += REASONING_PARSERS[settings.reasoning_parser].special
+            special_ids = getattr(self.text, "special_ids", None)
+            ids = special_ids(texts) if special_ids and texts else frozenset()
+            hidden = tuple(self.text.tokenizer.id_to_token(i) for i in ids)
+            found = self._markers = (ids, hidden)
+        return found
 
     def template_kwargs_of(self, given: dict[str, Any] | None) -> dict[str, Any]:
         """A request's ``chat_template_kwargs`` (checked) over the server's defaults."""
@@ -993,7 +1020,9 @@ class Service:
                         if plan.stop is not None
                         else None
                     )
-                    detok = text.detokenizer(prompt_ids=ids, skip_special_tokens=plan.skip_special)
+                    detok = text.detokenizer(
+                        prompt_ids=ids, skip_special_tokens=plan.skip_special, keep=plan.keep
+                    )
                     parser = plan.parse() if plan.parse is not None else None
                     choices.append(Choice(index, stream, detok, stop, len(ids), parser))
                     index += 1
