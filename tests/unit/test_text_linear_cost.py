@@ -82,7 +82,19 @@ STREAMED = [
     ("required", "", BLANK),
     ("required", "[", BLANK),
     ("named", "{", BLANK),
-]
+    ("deepseek_v32", "<｜DSML｜function_calls>", BLANK),
+    ("deepseek_v32", '<｜DSML｜function_calls><｜DSML｜invoke name="f">', "<" * 128),
+    ("deepseek_v4", '<｜DSML｜tool_calls><｜DSML｜invoke name="f"><｜DSML｜parameter name="k" '
+     'string="false">', "</｜DSML｜para" * 10),
+    ("kimi_k2", "<|tool_calls_section_begin|>", BLANK),
+    ("kimi_k2", "<|tool_calls_section_begin|><|tool_call_begin|>", "a" * 128),
+    ("glm45", "<tool_call>", "a" * 128),
+    ("glm45", "<tool_call>f\n<arg_key>k</arg_key><arg_value>", "</arg_valu" * 12),
+    ("minimax_m2", '<minimax:tool_call><invoke name="f"><parameter name="k">', "<" * 128),
+    ("minimax_m2", "<minimax:tool_call><invoke ", "a" * 128),
+    ("longcat", "<longcat_tool_call>", BLANK),
+    ("nemotron", "<TOOLCALL>[", BLANK),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("name", "first", "delta"), STREAMED)
@@ -107,7 +119,13 @@ WHOLE = [
     ("pythonic", lambda n: "[f()]" + "[]" * n * 8),
     ("mistral", lambda n: "[TOOL_CALLS]f[ARGS]{}" * n * 2),
     ("llama3_json", lambda n: '{"name": "f"};' * n * 4),
-]
+    ("glm45", lambda n: "<tool_call>f</tool_call>" * n * 4),
+    ("deepseek_v32", lambda n: "<｜DSML｜function_calls>"
+     + '<｜DSML｜invoke name="f"></｜DSML｜invoke>' * n * 4 + "</｜DSML｜function_calls>"),
+    ("kimi_k2", lambda n: ("<|tool_calls_section_begin|><|tool_calls_section_end|>") * n * 2),
+    ("minimax_m2", lambda n: "<minimax:tool_call>" + '<invoke name="f"></invoke>' * n * 4
+     + "</minimax:tool_call>"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,16 @@ CASES = [
      f"{ANSWER}<think>x</think>"),
     ("qwen3", False, False, f"{ANSWER} <think>", "", f"{ANSWER} <think>"),
     ("qwen3", False, True, "<think>\n\n</think>\n\nHi", "\n\n", "\n\nHi"),
+    # The other families: their own tags, the same rules.
+    ("glm47", True, True, f"{THOUGHT}</think>{ANSWER}", THOUGHT, ANSWER),
+    ("kimi", False, True, f"◁think▷{THOUGHT}◁/think▷{ANSWER}", THOUGHT, ANSWER),
+    ("longcat", True, True, f"{THOUGHT}</longcat_think>{ANSWER}", THOUGHT, ANSWER),
+    ("longcat", False, True, f"<longcat_think>{THOUGHT}</longcat_think>{ANSWER}", THOUGHT,
+     ANSWER),
+    ("minimax_m3", False, True, f"<mm:think>{THOUGHT}</mm:think>{ANSWER}", THOUGHT, ANSWER),
+    # A bare close tag first: a turn without reasoning.
+    ("minimax_m3", False, True, f"</mm:think>{ANSWER}", "", ANSWER),
+    ("deepseek_r1", False, True, f"\n</think>{ANSWER}", "", ANSWER),
 ]  # fmt: skip
 
 
@@ -70,7 +80,8 @@ def test_every_split_gives_the_same_fields(case: tuple[Any, ...], data: Any) -> 
     got = run(case, [text[a:b] for a, b in pairwise(bounds)])
     assert got == (reasoning, content)
     if case[2]:
-        assert "</think>" not in got[0] and "<think>" not in got[0]
+        cls = REASONING_PARSERS[case[0]]
+        assert cls.end not in got[0] and cls.start not in got[0]
 
 
 def test_tag_prefix_is_held_back_then_released() -> None:
@@ -83,13 +94,18 @@ def test_tag_prefix_is_held_back_then_released() -> None:
 
 
 def test_starts_in_reasoning_from_the_prompt_tail() -> None:
+    assert REASONING_PARSERS["longcat"].prompt_opens("<longcat_assistant><longcat_think>\n")
+    assert not REASONING_PARSERS["longcat"].prompt_opens("<longcat_assistant>")
     assert starts_in_reasoning("<｜User｜>Hi<｜Assistant｜><think>\n")
     assert not starts_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not starts_in_reasoning("<|im_start|>assistant\n")
 
 
 def test_registry_and_unknown_name() -> None:
-    assert set(REASONING_PARSERS) == {"deepseek_r1", "qwen3"}
+    assert set(REASONING_PARSERS) == {
+        "deepseek_r1", "qwen3", "deepseek_v3", "deepseek_v31", "deepseek_v4", "glm45", "glm47",
+        "kimi_k2", "minimax_m2", "nemotron_v3", "kimi", "longcat", "minimax_m3",
+    }  # fmt: skip
     assert isinstance(make_reasoning_parser("qwen3"), ReasoningParser)
     with pytest.raises(ValueError, match="deepseek_r1"):
         make_reasoning_parser("nope")

@@ -67,6 +67,7 @@ VALUES = [
 ]
 NAMES = ['"f"', '"\\ud800"', '"f\\udfff"', '"' + "a." * 2000 + 'f"']
 DS_CALLS_BEGIN, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+DSML = "｜DSML｜"
 DS_CALL_BEGIN, DS_CALL_END, DS_SEP = (
     "<｜tool▁call▁begin｜>",
     "<｜tool▁call▁end｜>",
@@ -114,6 +115,39 @@ def outputs(parser: str, name: str, value: str) -> list[str]:
             f"[{bare}(obj={value})]",
             f"<|python_start|>{bare}(obj={value}, more=[{value}])<|python_end|>",
             f"[{'a.' * 2000}f(x={value})]",
+        ]
+    if parser in ("deepseek_v32", "deepseek_v4"):
+        block = "function_calls" if parser == "deepseek_v32" else "tool_calls"
+        return [
+            f'<{DSML}{block}><{DSML}invoke name="{bare}"><{DSML}parameter name="obj" '
+            f'string="{kind}">{value}</{DSML}parameter></{DSML}invoke></{DSML}{block}>'
+            for kind in ("true", "false")
+        ]
+    if parser == "kimi_k2":
+        return [
+            f"<|tool_calls_section_begin|><|tool_call_begin|>functions.{bare}:0"
+            f"<|tool_call_argument_begin|>{args}<|tool_call_end|><|tool_calls_section_end|>",
+            f"<|tool_call_begin|>{bare}:1<|tool_call_argument_begin|>{value}<|tool_call_end|>",
+        ]
+    if parser in ("glm45", "glm47", "longcat"):
+        p = "longcat_" if parser == "longcat" else ""
+        return [
+            f"<{p}tool_call>{bare}\n<{p}arg_key>{key}</{p}arg_key>\n<{p}arg_value>{value}"
+            f"</{p}arg_value>\n</{p}tool_call>"
+            for key in ("obj", "num", "text", "other")
+        ] + ([f'<longcat_tool_call>{{"name": {name}, "arguments": {args}}}</longcat_tool_call>']
+             if parser == "longcat" else [])  # fmt: skip
+    if parser == "minimax_m2":
+        return [
+            f'<minimax:tool_call><invoke name="{bare}"><parameter name="{key}">{value}'
+            "</parameter></invoke></minimax:tool_call>"
+            for key in ("obj", "int", "text", "other")
+        ]
+    if parser == "nemotron":
+        return [
+            f'<TOOLCALL>[{{"name": {name}, "arguments": {args}}}]</TOOLCALL>',
+            f"<tool_call><function={bare}><parameter=obj>{value}</parameter></function>"
+            "</tool_call>",
         ]
     if parser == "required":
         return [f'[{{"name": {name}, "parameters": {args}}}]']
@@ -216,6 +250,19 @@ LONE = {
     "qwen3_coder": '<tool_call><function=f><parameter=k>"\\ud800"</parameter></function>'
     "</tool_call>",
     "pythonic": '[f(k="\\ud800")]',
+    "deepseek_v32": f'<{DSML}function_calls><{DSML}invoke name="f"><{DSML}parameter name="k" '
+    f'string="false">"\\ud800"</{DSML}parameter></{DSML}invoke></{DSML}function_calls>',
+    "deepseek_v4": f'<{DSML}tool_calls><{DSML}invoke name="f"><{DSML}parameter name="k" '
+    f'string="false">"\\ud800"</{DSML}parameter></{DSML}invoke></{DSML}tool_calls>',
+    "kimi_k2": '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"k": "\\ud800"}'
+    "<|tool_call_end|>",
+    "glm45": '<tool_call>f<arg_key>k</arg_key><arg_value>"\\ud800"</arg_value></tool_call>',
+    "glm47": '<tool_call>f<arg_key>k</arg_key><arg_value>"\\ud800"</arg_value></tool_call>',
+    "minimax_m2": '<minimax:tool_call><invoke name="f"><parameter name="k">"\\ud800"</parameter>'
+    "</invoke></minimax:tool_call>",
+    "longcat": '<longcat_tool_call>{"name": "f", "arguments": {"k": "\\ud800"}}'
+    "</longcat_tool_call>",
+    "nemotron": '<TOOLCALL>[{"name": "f", "arguments": {"k": "\\ud800"}}]</TOOLCALL>',
     "required": '[{"name": "f", "parameters": {"k": "\\ud800"}}]',
     "named": '{"k": "\\ud800"}',
 }

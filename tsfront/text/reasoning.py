@@ -24,7 +24,10 @@ Parsers (the tags are the same, ``<think>`` and ``</think>``):
 
 The section is the first one only: after ``</think>`` everything is content, a later
 ``<think>`` included. Text that could be the start of a tag is held back, so a tag split across
-deltas never shows in either field; blank text before an opening ``<think>`` is dropped.
+deltas never shows in either field; blank text before an opening ``<think>`` is dropped, and so
+is a bare ``</think>`` the output starts with (a turn without reasoning). The other families
+(:data:`FAMILIES`: DeepSeek-V3.1 to V4, GLM, Kimi-K2, MiniMax, Nemotron, LongCat) follow the
+same rules with their tags.
 
 Cost: linear in the output, whatever it is. What is held back is at most a tag's length but
 for the blanks before the output opens (or not) its section: those are kept as the deltas they
@@ -91,6 +94,12 @@ class ReasoningParser:
         # _BEFORE: the blank deltas before anything else (content if no section opens).
         self._blanks: list[str] = []
 
+    @classmethod
+    def prompt_opens(cls, prompt: str) -> bool:
+        """Whether the rendered ``prompt`` leaves the output inside this format's section
+        (:func:`starts_in_reasoning` with its open tag)."""
+        return starts_in_reasoning(prompt, cls.start)
+
     @property
     def in_reasoning(self) -> bool:
         """Whether the stream is inside the reasoning section right now."""
@@ -101,7 +110,7 @@ class ReasoningParser:
         state = self._state
         if state == _CONTENT:
             return "", text
-        if state == _REASONING and not self._buf and "<" not in text:
+        if state == _REASONING and not self._buf and self.end[0] not in text:
             return text, ""
         if state == _BEFORE and not self._buf and text.isspace():
             self._blanks.append(text)
@@ -139,7 +148,16 @@ class ReasoningParser:
                     self._blanks.clear()
                     self._state = _REASONING
                     continue
-                if stripped and (final or not self.start.startswith(stripped)):
+                if stripped.startswith(self.end):
+                    # A bare close tag first: a turn without reasoning (MiniMax-M3 writes
+                    # one when thinking is off).
+                    buf = stripped[len(self.end) :]
+                    self._blanks.clear()
+                    self._state = _CONTENT
+                    continue
+                if stripped and (
+                    final or not (self.start.startswith(stripped) or self.end.startswith(stripped))
+                ):
                     self._state = _CONTENT
                     buf = self._take_blanks(buf)
                     continue
@@ -180,9 +198,47 @@ class Qwen3ReasoningParser(ReasoningParser):
     __slots__ = ()
 
 
-REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
-    cls.name: cls for cls in (ReasoningParser, Qwen3ReasoningParser)
-}
+# The other families whose reasoning is one tagged section first, as DeepSeek-R1's: (name,
+# open tag, close tag, the models). Each one's chat template opens the section in the
+# prompt when thinking is on (the output then has only the close tag: `prompt_opens`) or
+# closes it there when off (no section), or lets the model open it; the rules above cover
+# the three.
+FAMILIES = [
+    ("deepseek_v3", START, END, "DeepSeek-V3.1 / V3.2, thinking on or off (vLLM's name)"),
+    ("deepseek_v31", START, END, "DeepSeek-V3.1, V3.2 (SMG's name)"),
+    ("deepseek_v4", START, END, "DeepSeek-V4, V4.1"),
+    ("glm45", START, END, "GLM-4.5, 4.6"),
+    ("glm47", START, END, "GLM-4.7, GLM-5"),
+    ("kimi_k2", START, END, "Kimi-K2-Thinking, K2.5"),
+    ("minimax_m2", START, END, "MiniMax-M2 (the prompt opens the section)"),
+    ("nemotron_v3", START, END, "Nemotron-3, Nemotron-Nano-v2"),
+    ("kimi", "◁think▷", "◁/think▷", "Kimi-VL-Thinking, Kimi-k1.5 (SMG's kimi)"),
+    ("longcat", "<longcat_think>", "</longcat_think>", "LongCat-Flash-Thinking, LongCat-2.0"),
+    ("minimax_m3", "<mm:think>", "</mm:think>", "MiniMax-M3"),
+]
+
+
+def _family(name: str, start: str, end: str, models: str) -> type[ReasoningParser]:
+    return type(
+        f"ReasoningParser_{name}",
+        (ReasoningParser,),
+        {
+            "__slots__": (),
+            "__doc__": f"{models}: ``{start}…{end}``.",
+            "name": name,
+            "start": start,
+            "end": end,
+            "special": (start, end),
+        },
+    )
+
+
+_CLASSES: list[type[ReasoningParser]] = [
+    ReasoningParser,
+    Qwen3ReasoningParser,
+    *(_family(*f) for f in FAMILIES),
+]
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {cls.name: cls for cls in _CLASSES}
 """``--reasoning-parser`` name → parser class."""
 
 

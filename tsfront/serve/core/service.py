@@ -858,15 +858,16 @@ class Service:
     ) -> Callable[[], OutputParser] | None:
         """What makes each choice's `OutputParser`, or ``None`` (the text is the content)."""
         from tsfront.serve.core.parsing import OutputParser
-        from tsfront.text.reasoning import make_reasoning_parser, starts_in_reasoning
+        from tsfront.text.reasoning import REASONING_PARSERS, make_reasoning_parser
 
         reasoning_name = self.chat_settings.reasoning_parser
         parses_tools = tools is not None and tools.parser(constrained) is not None
         if reasoning_name is None and not parses_tools:
             return None
-        # A template that opens <think> in the prompt leaves the output inside the section;
-        # enable_thinking: false (Qwen3) closes it there: no reasoning at all.
-        inside = starts_in_reasoning(prompt)
+        # A template that opens <think> (its format's tag) in the prompt leaves the output
+        # inside the section; enable_thinking: false (Qwen3) closes it there: no reasoning.
+        kind = REASONING_PARSERS.get(reasoning_name) if reasoning_name is not None else None
+        inside = kind is not None and kind.prompt_opens(prompt)
         enabled = kwargs.get("enable_thinking") is not False
         parallel = tools.parallel if tools is not None else True
 

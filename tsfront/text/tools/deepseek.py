@@ -80,11 +80,11 @@ class SectionParser(ToolParser):
         raise NotImplementedError
         yield
 
-    def _skip_call(self, c: Cursor) -> Step:
+    def skip_call(self, c: Cursor) -> Step:
         """Drop the rest of a call that is no call (to its end)."""
         yield from until(c, (self.call_end,))
 
-    def _args(self, c: Cursor, name: str, call_id: str | None = None) -> Step:
+    def read_args(self, c: Cursor, name: str, call_id: str | None = None) -> Step:
         """The arguments of the call named ``name`` (at ``c.pos``, blanks first) to its end:
         an object streams; none at all (the end right away) is ``{}``."""
         if not (yield from blank(c)):
@@ -94,17 +94,17 @@ class SectionParser(ToolParser):
             if not (yield from self.stream_json(c)):
                 if not c.final:
                     self.break_call()
-                    yield from self._skip_call(c)
+                    yield from self.skip_call(c)
                 return
             self.close_call()
-            yield from self._skip_call(c)
+            yield from self.skip_call(c)
             return
         if (yield from literal(c, self.call_end)):
             self.open_call(name, call_id)
             self.call_args("{}")
             self.close_call()
             return
-        yield from self._skip_call(c)
+        yield from self.skip_call(c)
 
 
 class DeepSeekV3Parser(SectionParser):
@@ -124,13 +124,13 @@ class DeepSeekV3Parser(SectionParser):
         name = "".join(parts).strip()
         if found < 0 or not valid_name(name):
             if found == 0:
-                yield from self._skip_call(c)
+                yield from self.skip_call(c)
             return
         if found == 1:
             c.pos -= len(self.call_end)
         if (yield from blank(c)) and not (yield from literal(c, "```json")):
             yield from literal(c, "```")
-        yield from self._args(c, name)
+        yield from self.read_args(c, name)
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):
@@ -144,6 +144,6 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
         name = "".join(parts).strip()
         if found != 0 or not valid_name(name):
             if found == 0:
-                yield from self._skip_call(c)
+                yield from self.skip_call(c)
             return
-        yield from self._args(c, name)
+        yield from self.read_args(c, name)

@@ -118,10 +118,13 @@ class ParamValue:
         null_word: ``null`` (any case) is JSON null whatever the type.
         string: force the kind (``True``: a JSON string; ``False``: converted whole);
             ``None``: by the schema.
+        json: a value converted whole is JSON text the model wrote (DeepSeek's
+            ``string="false"``, Kimi-K3's typed arguments): read as JSON, else kept as text;
+            not converted by the schema.
     """
 
-    __slots__ = ("_first", "_held", "_kind", "_name", "_null", "_open", "_parts", "_props",
-                 "_trim")  # fmt: skip
+    __slots__ = ("_first", "_held", "_json", "_kind", "_name", "_null", "_open", "_parts",
+                 "_props", "_trim")  # fmt: skip
 
     def __init__(
         self,
@@ -131,8 +134,10 @@ class ParamValue:
         trim: bool = False,
         null_word: bool = True,
         string: bool | None = None,
+        json: bool = False,
     ) -> None:
         self._name = name
+        self._json = json
         self._props = properties
         self._kind = is_string_param(name, properties) if string is None else string
         self._trim = trim
@@ -181,7 +186,13 @@ class ParamValue:
             text = "".join(self._parts)
             if self._trim and text.endswith("\n"):
                 text = text[:-1]
-            value = convert_parameter(text, self._name, self._props)
+            if self._json:
+                try:
+                    value: Any = loads_json(text)
+                except ValueError:
+                    value = text
+            else:
+                value = convert_parameter(text, self._name, self._props)
             out = value_text(_jsonable(value))
             return out if out is not None else '"' + escape_text(text) + '"'
         if self._open:

@@ -26,7 +26,7 @@ function is content (if no call came before).
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import Any
+from typing import Any, ClassVar
 
 from tsfront.text.tools.base import ToolParser, valid_name
 from tsfront.text.tools.params import ParamValue, convert_parameter, json_key, read_param
@@ -58,8 +58,15 @@ class Qwen3CoderParser(ToolParser):
     """``<tool_call><function=NAME><parameter=K>V</parameter></function></tool_call>``."""
 
     name = "qwen3_coder"
-    markers = (START, FUNCTION)
-    special = (START, END, FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END)
+    markers: ClassVar[tuple[str, ...]] = (START, FUNCTION)
+    special: ClassVar[tuple[str, ...]] = (
+        START,
+        END,
+        FUNCTION,
+        FUNCTION_END,
+        PARAMETER,
+        PARAMETER_END,
+    )
 
     def _read(self, c: Cursor) -> Reader:
         wrapped = c.text.startswith(START, c.pos)

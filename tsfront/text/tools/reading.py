@@ -26,6 +26,7 @@ __all__ = [
     "NoCall",
     "Reader",
     "Step",
+    "attributes",
     "blank",
     "held_prefix",
     "json_string",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 _BLANKS = re.compile(r"\s*")
+# key="value" (or key='value', or key=value) in a tag's attribute text.
+_ATTRIBUTE = re.compile(r"""([\w:.-]+)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""")
+_ENTITIES = (("&quot;", '"'), ("&apos;", "'"), ("&lt;", "<"), ("&gt;", ">"), ("&amp;", "&"))
 # The next quote or backslash inside a JSON string.
 _STRING_STOP = re.compile(r'["\\]')
 
@@ -224,3 +228,24 @@ def json_string(c: Cursor) -> Generator[None, None, str | None]:
         if c.final:
             return None
         yield
+
+
+def attributes(c: Cursor, entities: bool = False) -> Generator[None, None, dict[str, str] | None]:
+    """The attributes of the tag whose name was just read, up to and past its ``>``:
+    ``{key: value}``; ``None`` when the tag does not end (a ``<`` first, or the end of the
+    output). ``entities``: the format escapes ``&``, ``"`` (and ``<``, ``>``, ``'``) in
+    attribute values as XML does."""
+    parts: list[str] = []
+    found = yield from until(c, (">", "<"), parts.append)
+    if found != 0:
+        if found == 1:
+            c.pos -= 1
+        return None
+    out: dict[str, str] = {}
+    for m in _ATTRIBUTE.finditer("".join(parts)):
+        value = next(v for v in m.groups()[1:] if v is not None)
+        if entities and "&" in value:
+            for entity, char in _ENTITIES:
+                value = value.replace(entity, char)
+        out.setdefault(m.group(1), value)
+    return out
