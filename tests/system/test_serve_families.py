@@ -290,8 +290,13 @@ QWEN_XML = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parame
             "</parameter>"]  # fmt: skip
 GLM_TAGS = ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>",
             "</arg_value>", "<think>", "</think>"]  # fmt: skip
-KIMI_TAGS = ["<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-             "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"]  # fmt: skip
+KIMI_TAGS = [
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+]
 
 FAMILIES = [
     Family("DeepSeek-V3 / R1-0528", "deepseek_v3", deepseek_v3, "deepseek_r1",
