@@ -19,7 +19,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tsfront.text.tools.base import canonical_arguments
-from tsfront.text.tools.jsontext import DONE, ERROR, MAX_DEPTH, JsonCanon, escape_text, value_text
+from tsfront.text.tools.jsontext import (
+    DONE,
+    ERROR,
+    MAX_DEPTH,
+    JsonCanon,
+    close_object,
+    escape_text,
+    value_text,
+)
 
 
 def run(text: str, cuts: list[int], top: str = "{") -> tuple[int, str, int | None]:
@@ -139,3 +147,31 @@ def test_escape_text_and_value_text_match_json_dumps() -> None:
     )
     assert value_text({"k": [1, 2.5, None, "é"]}) == '{"k":[1,2.5,null,"é"]}'
     assert value_text(float("nan")) is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.dictionaries(st.text(max_size=5), JSON, max_size=5), data=st.data())
+def test_an_object_cut_anywhere_closes_where_it_was_cut(value: dict[str, Any], data: Any) -> None:
+    # A call the model broke is sent back in the history as it went out: the beginning of an
+    # object's JSON text, cut anywhere. It reads back as an object, whose canonical text
+    # starts as the cut text's (what was cut inside, a number or a key, is dropped).
+    text = json.dumps(value, ensure_ascii=data.draw(st.booleans()))
+    cut = data.draw(st.integers(1, len(text)))
+    closed = close_object(text[:cut])
+    assert isinstance(closed, dict)
+    if cut == len(text):
+        assert closed == value
+    canon = run(text[:cut], [])[1]  # what the cut text was written as
+    written = canonical_arguments(closed)
+    assert written is not None
+    # The closed object is what had been written, less its closers (and the quote that
+    # closes a string cut inside).
+    head = written.rstrip("}]")
+    assert canon.startswith(head) or canon.startswith(head[:-1])
+
+
+def test_text_that_breaks_where_it_stands_does_not_close() -> None:
+    for text in ("{city: Paris", '{"x": NaN}', "[1]", '{"a": 1} more', "", "x"):
+        assert close_object(text) is None
+    assert close_object('{"city": "Par') == {"city": "Par"}
+    assert close_object('{"a": [1, {"b": "x\\\\"') == {"a": [1, {"b": "x\\"}]}

@@ -45,6 +45,7 @@ from tsfront.text.tools import (
     required_schema,
 )
 from tsfront.text.tools.constrained import NamedToolParser, RequiredToolParser
+from tsfront.text.tools.jsontext import close_object
 
 TOOLS = [
     {
@@ -619,6 +620,8 @@ def test_a_call_broken_after_its_start_keeps_what_went_out(name: str, text: str,
         with pytest.raises(ValueError):
             json.loads(parsed.calls[0].arguments)
         assert parsed.content == ""
+        # Sent back in a conversation's history, it reads as the object cut where it broke.
+        assert isinstance(close_object(parsed.calls[0].arguments), dict)
 
 
 def test_deepseek_bad_call_inside_the_section_is_dropped_the_others_kept() -> None:

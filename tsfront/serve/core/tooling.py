@@ -171,8 +171,10 @@ def tool_plan(
 def history_message(i: int, message: dict[str, Any]) -> dict[str, Any]:
     """``messages[i]`` for the template: an assistant's ``tool_calls`` with their
     ``function.arguments`` parsed from JSON text into objects (Hugging Face templates write
-    them with ``tojson``). Raises `Refused` for arguments that are not JSON, nest too deep or
-    hold a lone surrogate."""
+    them with ``tojson``); arguments that are an object cut short (a call the model broke,
+    which an agent sends back with the error its tool gave) closed where they were cut.
+    Raises `Refused` for other arguments that are not JSON, and arguments that nest too deep
+    or hold a lone surrogate."""
     calls = message.get("tool_calls")
     if not calls:
         return message
@@ -196,10 +198,17 @@ def history_message(i: int, message: dict[str, Any]) -> dict[str, Any]:
                 # json.loads recurses: past ~1,000 levels (the text may hold any depth).
                 raise too_deep(where, "messages") from None
             except ValueError as exc:
-                raise Refused(
-                    f"{where} is not JSON ({exc}): send the arguments the call had, as JSON text",
-                    "messages",
-                ) from None
+                # A call the model broke (docs/TEXT.md), sent back as this server sent it: an
+                # object cut short, given to the template closed where it was cut.
+                from tsfront.text.tools.jsontext import close_object
+
+                arguments = close_object(function["arguments"])
+                if arguments is None:
+                    raise Refused(
+                        f"{where} is not JSON ({exc}): send the arguments the call had, as "
+                        "JSON text",
+                        "messages",
+                    ) from None
             # Parsed here, not by the body's decoder: lone surrogates are possible.
             check_json(arguments, "messages", where, text=True)
         elif arguments is None:

@@ -16,6 +16,9 @@ digits), and nesting deeper than :data:`MAX_DEPTH`. Not done: duplicate keys sta
 model wrote them (``{"a":1,"a":2}``: valid JSON text, whose last value JSON parsers keep), as
 a streamed value cannot take back what it wrote.
 
+:func:`close_object` reads such arguments back: the object a JSON text cut short stood for
+(a call the model broke, sent back in a conversation's history), closed where it was cut.
+
 Cost: strings are copied in runs (one regular-expression match per run of plain characters),
 so a token of a long string argument costs a match and a few appends; each structural
 character is one step of a small loop. A number, an escape or a literal cut by the end of a
@@ -33,7 +36,7 @@ import re
 from json.encoder import encode_basestring
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "JsonCanon", "JsonWriter", "escape_text", "value_text"]
+__all__ = ["MAX_DEPTH", "JsonCanon", "JsonWriter", "close_object", "escape_text", "value_text"]
 
 #: The deepest nesting of arrays and objects read (deeper is refused: many JSON parsers,
 #: Python's among them, recurse per level).
@@ -383,3 +386,66 @@ class JsonWriter:
 
     def close(self) -> str:
         return "}"
+
+
+def close_object(text: str) -> Any:
+    """The object that ``text``, a JSON object cut short (the arguments a call had when the
+    model broke it, sent back in a conversation), stood for: closed where it was cut, a
+    string value cut inside kept as far as it went, a member without its value dropped.
+    ``None`` when ``text`` is not the beginning of an object's JSON text."""
+    canon = JsonCanon("{")
+    end = canon.feed(text, 0)
+    if canon.state == DONE:
+        return json.loads("".join(canon.out)) if not text[end:].strip() else None
+    if canon.state == ERROR:
+        return None  # not the start of one: broken where it stands, not cut short
+    written = "".join(canon.out)  # (a number or literal pending at the end is dropped)
+    if not written.startswith("{"):
+        return None
+    # One pass over the canonical prefix: the last place where it can be cut and closed
+    # (after a container opens, after a whole member or element, or inside a string value),
+    # and the closers the open containers need there.
+    stack: list[str] = []
+    cut, closers = 0, ""
+    in_string = escaped = is_key = False
+    expect_key = False  # the next string in this object is a key
+    i, n = 0, len(written)
+    while i < n:
+        c = written[i]
+        i += 1
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+                if not is_key:
+                    cut, closers = i, "".join(reversed(stack))
+            elif not is_key and not escaped:
+                cut, closers = i, '"' + "".join(reversed(stack))
+            continue
+        if c == '"':
+            in_string, is_key = True, expect_key
+            expect_key = False
+        elif c in "{[":
+            stack.append("}" if c == "{" else "]")
+            expect_key = c == "{"
+            cut, closers = i, "".join(reversed(stack))
+        elif c in "}]":
+            stack.pop()
+            cut, closers = i, "".join(reversed(stack))
+        elif c == ",":
+            expect_key = bool(stack) and stack[-1] == "}"
+        elif c in "0123456789-." or c.isalpha():
+            # A number or literal the canonical text holds whole: the member ends with it.
+            j = i
+            while j < n and written[j] not in ",}]":
+                j += 1
+            i = j
+            cut, closers = i, "".join(reversed(stack))
+    try:
+        value = json.loads(written[:cut] + closers)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
