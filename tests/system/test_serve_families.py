@@ -254,6 +254,75 @@ def nemotron(calls: list[Call]) -> str:
     return "<TOOLCALL>" + _j([{"name": n, "arguments": a} for n, a in calls]) + "</TOOLCALL>"
 
 
+K3 = ("<|open|>", "<|close|>", "<|sep|>")
+
+
+def _k3_tag(name: str, **attrs: Any) -> str:
+    text = "".join(
+        f' {k}="{str(v).replace("&", "&amp;").replace(chr(34), "&quot;")}"'
+        for k, v in attrs.items()
+    )
+    return f"<|open|>{name}{text}<|sep|>"
+
+
+_K3_TYPES = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object",
+             list: "array", type(None): "null"}  # fmt: skip
+
+
+def kimi_k3(calls: list[Call], text: str = "") -> str:
+    body = "".join(
+        _k3_tag("call", tool=n, index=i + 1)
+        + "".join(
+            _k3_tag("argument", key=k, type=_K3_TYPES[type(v)]) + _raw(v)
+            + "<|close|>argument<|sep|>"
+            for k, v in a.items()
+        )
+        + "<|close|>call<|sep|>"
+        for i, (n, a) in enumerate(calls)
+    )  # fmt: skip
+    return (
+        f"<|open|>response<|sep|>{text}<|close|>response<|sep|><|open|>tools<|sep|>{body}"
+        "<|close|>tools<|sep|><|close|>message<|sep|>"
+    )
+
+
+NS = "]<]minimax[>["
+
+
+def _m3_value(v: Any) -> str:
+    if isinstance(v, dict):
+        return "".join(f"{NS}<{k}>{_m3_value(x)}{NS}</{k}>" for k, x in v.items())
+    if isinstance(v, list):
+        return "".join(f"{NS}<item>{_m3_value(x)}{NS}</item>" for x in v)
+    return _raw(v)
+
+
+def minimax_m3(calls: list[Call]) -> str:
+    invokes = "".join(
+        f'{NS}<invoke name="{n}">\n'
+        + "".join(f"{NS}<{k}>{_m3_value(v)}{NS}</{k}>\n" for k, v in a.items())
+        + f"{NS}</invoke>\n"
+        for n, a in calls
+    )
+    return f"{NS}<tool_call>\n{invokes}{NS}</tool_call>"
+
+
+def inkling(calls: list[Call]) -> str:
+    return (
+        "".join(
+            f"<|message_model|>{n}<|content_invoke_tool_json|>{_j({'name': n, 'args': a})}"
+            "<|end_message|>"
+            for n, a in calls
+        )
+        + "<|content_model_end_sampling|>"
+    )
+
+
+INKLING = ["<|message_model|>", "<|content_text|>", "<|content_thinking|>",
+           "<|content_invoke_tool_json|>", "<|content_invoke_tool_text|>", "<|end_message|>",
+           "<|content_model_end_sampling|>"]  # fmt: skip
+
+
 @dataclass
 class Family:
     """One row of the table: how its model writes calls, and how its tokenizer holds tags."""
@@ -277,11 +346,16 @@ class Family:
         if case == "two":
             two: list[Call] = [("get_weather", ARGS), ("get_time", TZ)]
             return self.write(two), "", two, ""
-        call = (self.text_then or self.write)(one)
         thought = ""
         if self.reasoning is not None:
             start, end = self.think
             thought = f"{start}{THOUGHT}{end}"
+        if self.parser == "kimi_k3":  # the answer inside its channel
+            return thought + kimi_k3(one, TEXT), TEXT, one, THOUGHT
+        if self.parser == "inkling":
+            text = f"<|message_model|><|content_text|>{TEXT}<|end_message|>"
+            return thought + text + inkling(one), TEXT, one, THOUGHT
+        call = (self.text_then or self.write)(one)
         return thought + TEXT + call, TEXT, one, THOUGHT if self.reasoning else ""
 
 
@@ -324,6 +398,12 @@ FAMILIES = [
            text_then=lambda calls: pythonic(calls, tagged=True)),
     Family("Nemotron", "nemotron", nemotron, "nemotron_v3",
            special=["<TOOLCALL>", "</TOOLCALL>", "<think>", "</think>"]),
+    Family("Kimi-K3", "kimi_k3", kimi_k3, "kimi_k3", think=("<|open|>think<|sep|>",
+           "<|close|>think<|sep|>"), special=[*K3, "<|end_of_msg|>"]),
+    Family("MiniMax-M3", "minimax_m3", minimax_m3, "minimax_m3",
+           think=("<mm:think>", "</mm:think>"), special=[NS, "<mm:think>", "</mm:think>"]),
+    Family("Inkling", "inkling", inkling, "inkling",
+           think=("<|content_thinking|>", "<|end_message|>"), special=INKLING),
     Family("LongCat-Flash", "longcat", longcat, "longcat",
            think=("<longcat_think>", "</longcat_think>"),
            special=["<longcat_tool_call>", "</longcat_tool_call>", "<longcat_think>",
@@ -457,7 +537,8 @@ def ask(s: Served, case: str, stream: bool) -> dict[str, Any]:
 
 MARKUP = ("<tool_call", "</tool_call", "<function", "<parameter", "[TOOL_CALLS", "[ARGS",
           "<|python", "\uff5c", "<|tool", "<arg_", "<minimax", "<invoke", "<TOOLCALL",
-          "<longcat", "<think", "</think")  # fmt: skip
+          "<longcat", "<think", "</think", "<|open|>", "<|close|>", "<|sep|>", NS, "<mm:",
+          "<|message_model", "<|content_", "<|end_message")  # fmt: skip
 
 
 def check(family: Family, case: str, got: dict[str, Any], whole: dict[str, Any] | None) -> None:
@@ -511,6 +592,8 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Row]:
     return rows
 
 
+# The fixture starts two servers per family, one family after the other (~4 s each).
+@pytest.mark.timeout(600)
 def test_the_table_of_families(table: dict[str, Row], capsys: pytest.CaptureFixture) -> None:
     total = len(CASES) * len(WAYS)
     lines = ["| family | parser | passed/total |", "|---|---|---|"]

@@ -94,6 +94,13 @@ STREAMED = [
     ("minimax_m2", "<minimax:tool_call><invoke ", "a" * 128),
     ("longcat", "<longcat_tool_call>", BLANK),
     ("nemotron", "<TOOLCALL>[", BLANK),
+    ("kimi_k3", '<|open|>tools<|sep|><|open|>call tool="f"<|sep|><|open|>argument key="k" '
+     'type="string"<|sep|>', "<|close|>argumen" * 8),
+    ("kimi_k3", '<|open|>tools<|sep|><|open|>call tool="', "a" * 128),
+    ("minimax_m3", ']<]minimax[>[<tool_call>]<]minimax[>[<invoke name="f">]<]minimax[>[<k>',
+     "]<]minimax[>" * 10),
+    ("inkling", "<|message_model|>", "a" * 128),
+    ("inkling", "<|content_invoke_tool_json|>", BLANK),
 ]  # fmt: skip
 
 
@@ -125,6 +132,11 @@ WHOLE = [
     ("kimi_k2", lambda n: ("<|tool_calls_section_begin|><|tool_calls_section_end|>") * n * 2),
     ("minimax_m2", lambda n: "<minimax:tool_call>" + '<invoke name="f"></invoke>' * n * 4
      + "</minimax:tool_call>"),
+    ("kimi_k3", lambda n: "<|open|>response<|sep|>x" * n * 4),
+    ("inkling", lambda n: "<|end_message|>" * n * 4),
+    ("minimax_m3", lambda n: "]<]minimax[>[<tool_call>"
+     + ']<]minimax[>[<invoke name="f">]<]minimax[>[</invoke>' * n * 2
+     + "]<]minimax[>[</tool_call>"),
 ]  # fmt: skip
 
 
@@ -139,11 +151,19 @@ def test_a_whole_output_of_many_small_pieces_costs_linear_time(
 
 
 @pytest.mark.parametrize(
-    ("inside", "delta"), [(False, BLANK), (True, "<" * 128), (True, "</think" * 18)]
+    ("name", "inside", "delta"),
+    [
+        ("deepseek_r1", False, BLANK),
+        ("deepseek_r1", True, "<" * 128),
+        ("deepseek_r1", True, "</think" * 18),
+        ("kimi_k3", False, "<|close|>respons" * 8),
+        ("inkling", False, "<|content_thinkin" * 7),
+        ("inkling", True, "<|end_messag" * 10),
+    ],
 )
-def test_the_reasoning_parser_costs_linear_time(inside: bool, delta: str) -> None:
+def test_the_reasoning_parser_costs_linear_time(name: str, inside: bool, delta: str) -> None:
     def run(n: int) -> None:
-        parser = make_reasoning_parser("deepseek_r1", starts_in_reasoning=inside)
+        parser = make_reasoning_parser(name, starts_in_reasoning=inside)
         for _ in range(n):
             parser.feed(delta)
         parser.finish()

@@ -47,6 +47,17 @@ CASES = [
     # A bare close tag first: a turn without reasoning.
     ("minimax_m3", False, True, f"</mm:think>{ANSWER}", "", ANSWER),
     ("deepseek_r1", False, True, f"\n</think>{ANSWER}", "", ANSWER),
+    # Kimi-K3's channels: think is the reasoning, the answer's channel tags are dropped.
+    ("kimi_k3", True, True, f"{THOUGHT}<|close|>think<|sep|><|open|>response<|sep|>{ANSWER}"
+     "<|close|>response<|sep|><|close|>message<|sep|>", THOUGHT, ANSWER),
+    ("kimi_k3", False, True, f"{ANSWER}<|close|>response<|sep|><|open|>tools<|sep|>",
+     "", f"{ANSWER}<|open|>tools<|sep|>"),
+    # Inkling: every thinking block is reasoning; the framing stays for the tool parser.
+    ("inkling", False, True, f"<|content_thinking|>{THOUGHT}<|end_message|><|message_model|>"
+     f"<|content_text|>{ANSWER}<|end_message|>", THOUGHT,
+     f"<|message_model|><|content_text|>{ANSWER}<|end_message|>"),
+    ("inkling", False, True, "<|content_thinking|>a<|end_message|>X<|content_thinking|>b"
+     "<|end_message|>Y", "ab", "XY"),
 ]  # fmt: skip
 
 
@@ -104,7 +115,8 @@ def test_starts_in_reasoning_from_the_prompt_tail() -> None:
 def test_registry_and_unknown_name() -> None:
     assert set(REASONING_PARSERS) == {
         "deepseek_r1", "qwen3", "deepseek_v3", "deepseek_v31", "deepseek_v4", "glm45", "glm47",
-        "kimi_k2", "minimax_m2", "nemotron_v3", "kimi", "longcat", "minimax_m3",
+        "kimi_k2", "minimax_m2", "nemotron_v3", "kimi", "longcat", "minimax_m3", "kimi_k3",
+        "inkling",
     }  # fmt: skip
     assert isinstance(make_reasoning_parser("qwen3"), ReasoningParser)
     with pytest.raises(ValueError, match="deepseek_r1"):

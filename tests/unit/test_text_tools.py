@@ -185,6 +185,59 @@ def _toolcall(*calls: tuple[str, Any]) -> str:
 
 
 FILTERS = {"city": "日本", "filters": {"a": [1, {"b": None}]}, "ratio": 0.5, "metric": False}
+NS = "]<]minimax[>["
+K3_OPEN, K3_CLOSE, K3_SEP = "<|open|>", "<|close|>", "<|sep|>"
+
+
+def _m3_value(v: Any) -> str:
+    """A value as MiniMax-M3's template writes it (its to_xml macro)."""
+    if isinstance(v, dict):
+        return "".join(f"{NS}<{k}>{_m3_value(x)}{NS}</{k}>" for k, x in v.items())
+    if isinstance(v, list):
+        return "".join(f"{NS}<item>{_m3_value(x)}{NS}</item>" for x in v)
+    return v if isinstance(v, str) else _j(v)
+
+
+def _m3(*calls: tuple[str, dict[str, Any]]) -> str:
+    invokes = "".join(
+        f'{NS}<invoke name="{n}">\n'
+        + "".join(f"{NS}<{k}>{_m3_value(v)}{NS}</{k}>\n" for k, v in a.items())
+        + f"{NS}</invoke>\n"
+        for n, a in calls
+    )
+    return f"{NS}<tool_call>\n{invokes}{NS}</tool_call>"
+
+
+def _k3_tag(name: str, **attrs: Any) -> str:
+    text = "".join(f' {k}="{str(v).replace("&", "&amp;").replace(chr(34), "&quot;")}"'
+                   for k, v in attrs.items())  # fmt: skip
+    return f"{K3_OPEN}{name}{text}{K3_SEP}"
+
+
+def _k3(*calls: tuple[str, dict[str, Any]], as_json: bool = False) -> str:
+    kinds = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object",
+             list: "array", type(None): "null"}  # fmt: skip
+    out = []
+    for i, (n, a) in enumerate(calls):
+        if as_json:
+            body = _k3_tag("json", type="object") + _j(a) + f"{K3_CLOSE}json{K3_SEP}"
+        else:
+            body = "".join(
+                _k3_tag("argument", key=k, type=kinds[type(v)]) + _raw(v)
+                + f"{K3_CLOSE}argument{K3_SEP}"
+                for k, v in a.items()
+            )  # fmt: skip
+        out.append(_k3_tag("call", tool=n, index=i + 1) + body + f"{K3_CLOSE}call{K3_SEP}")
+    return _k3_tag("tools") + "".join(out) + f"{K3_CLOSE}tools{K3_SEP}"
+
+
+def _inkling(*calls: tuple[str, Any]) -> str:
+    return "".join(
+        f"<|message_model|>{n}<|content_invoke_tool_json|>"
+        + _j({"name": n, "args": a})
+        + "<|end_message|>"
+        for n, a in calls
+    )
 
 
 # parser -> [(output text, intended content, intended calls)]
@@ -330,6 +383,37 @@ CASES: dict[str, list[tuple[str, str, list[tuple[str, Any]]]]] = {
         (_minimax(("get_weather", FILTERS)), "", [("get_weather", FILTERS)]),
         (_minimax(("get_time", {})), "", [("get_time", {})]),
     ],
+    "kimi_k3": [
+        (
+            f"{K3_OPEN}response{K3_SEP}Checking.{K3_CLOSE}response{K3_SEP}"
+            + _k3(("get_weather", WEATHER), ("write_file", NESTED))
+            + f"{K3_CLOSE}message{K3_SEP}",
+            "Checking.",
+            [("get_weather", WEATHER), ("write_file", NESTED)],
+        ),
+        (_k3(("get_weather", FILTERS), as_json=True), "", [("get_weather", FILTERS)]),
+        (_k3(("get_weather", FILTERS)), "", [("get_weather", FILTERS)]),
+        (_k3(("get_time", {})), "", [("get_time", {})]),
+    ],
+    "minimax_m3": [
+        (
+            "Checking.\n" + _m3(("get_weather", WEATHER), ("write_file", NESTED)),
+            "Checking.\n",
+            [("get_weather", WEATHER), ("write_file", NESTED)],
+        ),
+        (_m3(("get_weather", FILTERS)), "", [("get_weather", FILTERS)]),
+        (_m3(("get_time", {})), "", [("get_time", {})]),
+    ],
+    "inkling": [
+        (
+            "<|message_model|><|content_text|>Checking.<|end_message|>"
+            + _inkling(("get_weather", WEATHER), ("write_file", NESTED))
+            + "<|content_model_end_sampling|>",
+            "Checking.",
+            [("get_weather", WEATHER), ("write_file", NESTED)],
+        ),
+        (_inkling(("get_weather", FILTERS)), "", [("get_weather", FILTERS)]),
+    ],
     "longcat": [
         (
             "Checking.\n"
@@ -375,6 +459,9 @@ MARKUP = {
     "glm47": ["<tool_call>", "<arg_"],
     "minimax_m2": ["<minimax:", "<invoke", "<parameter"],
     "longcat": ["<longcat_"],
+    "kimi_k3": [K3_OPEN, K3_CLOSE, K3_SEP],
+    "minimax_m3": [NS, "<invoke", "<tool_call>"],
+    "inkling": ["<|message_model|>", "<|content_", "<|end_message|>"],
     "nemotron": ["<TOOLCALL>", "<tool_call>", "<function="],
     "hermes": ["<tool_call>", "</tool_call>"],
     "qwen3_coder": ["<tool_call>", "<function=", "<parameter="],
@@ -408,16 +495,21 @@ def shape(parsed: Parsed) -> tuple[str, list[tuple[int, str, str]]]:
 
 
 def check_order(deltas: list[Delta]) -> None:
-    """A call's start comes before its arguments; no content after the first call."""
+    """A call's start comes before its arguments, which begin with the object's ``{`` (a
+    call never goes out without them); no content after the first call."""
     started: set[int] = set()
+    first: dict[int, str] = {}
     for d in deltas:
         if isinstance(d, CallStart):
             assert d.index == len(started)
             started.add(d.index)
         elif isinstance(d, CallArgs):
             assert d.index in started
+            first.setdefault(d.index, d.text)
         else:
             assert not started, "content after a call"
+    for index in started:
+        assert first.get(index, "").startswith("{"), (index, first.get(index))
 
 
 def test_every_parser_has_cases() -> None:
@@ -803,6 +895,10 @@ TAGS = {
                 "</longcat_arg_key>", "<longcat_arg_value>", "</longcat_arg_value>"],
     "nemotron": ["<TOOLCALL>", "</TOOLCALL>", "<tool_call>", "</tool_call>", "<function=",
                  "</function>", "<parameter="],
+    "kimi_k3": [K3_OPEN, K3_CLOSE, K3_SEP],
+    "minimax_m3": [NS],
+    "inkling": ["<|message_model|>", "<|content_text|>", "<|content_invoke_tool_json|>",
+                "<|end_message|>", "<|content_model_end_sampling|>"],
     "llama3_json": ["<|python_tag|>"],
     "mistral": ["[TOOL_CALLS]", "[ARGS]"],
     "pythonic": ["<|python_start|>", "<|python_end|>"],
@@ -867,6 +963,19 @@ PIECES = [
     "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<|python_start|>",
     "<|python_end|>", "```json\n", "```", '{"name": "f", "arguments": ', '{"a": "}"}', "{", "}",
     "[", "]", "(", ")", '"', "'", "\\", ",", ";", " ", "\n", "f(a=1)", "text", "é日😀", "NaN",
+    f"<{DSML}function_calls>", f"<{DSML}tool_calls>", f'<{DSML}invoke name="f">',
+    f'<{DSML}parameter name="a" string="true">', f'<{DSML}parameter name="a" string="false">',
+    f"</{DSML}parameter>", f"</{DSML}invoke>", f"</{DSML}function_calls>", KIMI_BEGIN, KIMI_END,
+    "<|tool_call_begin|>functions.f:0", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+    "<arg_key>a</arg_key>", "<arg_value>", "</arg_value>", "<minimax:tool_call>",
+    "</minimax:tool_call>", '<invoke name="f">', '<parameter name="a">', "</invoke>",
+    "<longcat_tool_call>", "</longcat_tool_call>", "<TOOLCALL>", "</TOOLCALL>",
+    _k3_tag("tools"), _k3_tag("call", tool="f"), _k3_tag("argument", key="a", type="string"),
+    _k3_tag("json", type="object"), f"{K3_CLOSE}argument{K3_SEP}", f"{K3_CLOSE}call{K3_SEP}",
+    f"{K3_CLOSE}tools{K3_SEP}", f"{K3_OPEN}response{K3_SEP}", f"{NS}<tool_call>",
+    f'{NS}<invoke name="f">', f"{NS}<a>", f"{NS}</a>", f"{NS}<item>", f"{NS}</item>",
+    f"{NS}</invoke>", f"{NS}</tool_call>", "<|message_model|>", "<|content_invoke_tool_json|>",
+    "<|content_text|>", "<|end_message|>", "<|content_invoke_tool_text|>",
 ]  # fmt: skip
 
 

@@ -143,6 +143,30 @@ def outputs(parser: str, name: str, value: str) -> list[str]:
             "</parameter></invoke></minimax:tool_call>"
             for key in ("obj", "int", "text", "other")
         ]
+    if parser == "kimi_k3":
+        return [
+            f'<|open|>tools<|sep|><|open|>call tool="{bare}" index="1"<|sep|><|open|>argument '
+            f'key="obj" type="{kind}"<|sep|>{value}<|close|>argument<|sep|><|close|>call<|sep|>'
+            "<|close|>tools<|sep|>"
+            for kind in ("string", "object")
+        ] + [
+            f'<|open|>tools<|sep|><|open|>call tool="{bare}" index="1"<|sep|><|open|>json '
+            f'type="object"<|sep|>{args}<|close|>json<|sep|><|close|>call<|sep|><|close|>tools'
+            "<|sep|>"
+        ]
+    if parser == "minimax_m3":
+        ns = "]<]minimax[>["
+        return [
+            f'{ns}<tool_call>{ns}<invoke name="{bare}">{ns}<{key}>{value}{ns}</{key}>'
+            f"{ns}</invoke>{ns}</tool_call>"
+            for key in ("obj", "num", "text", "other")
+        ]
+    if parser == "inkling":
+        return [
+            f'<|message_model|>{bare}<|content_invoke_tool_json|>{{"name": {name}, "args": '
+            f"{args}}}<|end_message|>",
+            f'<|content_invoke_tool_json|>{{"name": {name}, "args": {value}}}<|end_message|>',
+        ]
     if parser == "nemotron":
         return [
             f'<TOOLCALL>[{{"name": {name}, "arguments": {args}}}]</TOOLCALL>',
@@ -263,6 +287,12 @@ LONE = {
     "longcat": '<longcat_tool_call>{"name": "f", "arguments": {"k": "\\ud800"}}'
     "</longcat_tool_call>",
     "nemotron": '<TOOLCALL>[{"name": "f", "arguments": {"k": "\\ud800"}}]</TOOLCALL>',
+    "kimi_k3": '<|open|>tools<|sep|><|open|>call tool="f" index="1"<|sep|><|open|>argument '
+    'key="k" type="object"<|sep|>"\\ud800"<|close|>argument<|sep|><|close|>call<|sep|>'
+    "<|close|>tools<|sep|>",
+    "minimax_m3": ']<]minimax[>[<tool_call>]<]minimax[>[<invoke name="f">]<]minimax[>[<k>'
+    '"\\ud800"]<]minimax[>[</k>]<]minimax[>[</invoke>]<]minimax[>[</tool_call>',
+    "inkling": '<|content_invoke_tool_json|>{"name": "f", "args": {"k": "\\ud800"}}<|end_message|>',
     "required": '[{"name": "f", "parameters": {"k": "\\ud800"}}]',
     "named": '{"k": "\\ud800"}',
 }

@@ -233,9 +233,131 @@ def _family(name: str, start: str, end: str, models: str) -> type[ReasoningParse
     )
 
 
+class Unwrap:
+    """Drops markup tags from a stream of content text: a tag split across deltas is held
+    until it is whole (at most a tag's length is held)."""
+
+    __slots__ = ("_first", "_held", "_longest", "_tags")
+
+    def __init__(self, tags: tuple[str, ...]) -> None:
+        self._tags = tags
+        self._first = "".join(dict.fromkeys(t[0] for t in tags))
+        self._longest = max(len(t) for t in tags)
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        """The next delta without the tags; what could start one is held."""
+        if not self._held and not any(f in text for f in self._first):
+            return text
+        buf = self._held + text
+        for tag in self._tags:
+            if tag in buf:
+                buf = buf.replace(tag, "")
+        keep = 0
+        for k in range(min(self._longest - 1, len(buf)), 0, -1):
+            tail = buf[-k:]
+            if any(t.startswith(tail) for t in self._tags):
+                keep = k
+                break
+        self._held = buf[len(buf) - keep :]
+        return buf[: len(buf) - keep]
+
+    def finish(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+class KimiK3ReasoningParser(ReasoningParser):
+    """Kimi-K3's XTML: the ``think`` channel is the reasoning; the ``response`` and
+    ``message`` channel tags around the answer are dropped from the content (the ``tools``
+    channel passes on, for the tool parser). The template opens ``think`` in the prompt
+    when thinking is on (``thinking``), ``response`` when off."""
+
+    name = "kimi_k3"
+    start = "<|open|>think<|sep|>"
+    end = "<|close|>think<|sep|>"
+    special = ("<|open|>", "<|close|>", "<|sep|>")
+    _wrappers = ("<|open|>response<|sep|>", "<|close|>response<|sep|>", "<|close|>message<|sep|>")
+
+    __slots__ = ("_unwrap",)
+
+    def __init__(self, *, starts_in_reasoning: bool = False, enabled: bool = True) -> None:
+        super().__init__(starts_in_reasoning=starts_in_reasoning, enabled=enabled)
+        self._unwrap = Unwrap(self._wrappers)
+
+    def feed(self, text: str) -> tuple[str, str]:
+        reasoning, content = super().feed(text)
+        return reasoning, self._unwrap.feed(content) if content else ""
+
+    def finish(self) -> tuple[str, str]:
+        reasoning, content = super().finish()
+        return reasoning, self._unwrap.feed(content) + self._unwrap.finish()
+
+
+class InklingReasoningParser(ReasoningParser):
+    """Inkling's TML: every ``<|content_thinking|>`` block, to its ``<|end_message|>``, is
+    reasoning (a response may think more than once); the rest, framing tokens included, is
+    content for the tool parser (which reads the framing as markup; without one the server
+    drops it as skipped special tokens)."""
+
+    name = "inkling"
+    start = "<|content_thinking|>"
+    end = "<|end_message|>"
+    special = (
+        "<|message_model|>",
+        "<|content_text|>",
+        "<|content_thinking|>",
+        "<|content_invoke_tool_json|>",
+        "<|content_invoke_tool_text|>",
+        "<|end_message|>",
+        "<|content_model_end_sampling|>",
+    )
+
+    __slots__ = ()
+
+    def __init__(self, *, starts_in_reasoning: bool = False, enabled: bool = True) -> None:
+        super().__init__(starts_in_reasoning=starts_in_reasoning, enabled=enabled)
+        self._state = self._initial = _REASONING if starts_in_reasoning else _CONTENT
+
+    def feed(self, text: str) -> tuple[str, str]:
+        if not self._buf:
+            if self._state == _CONTENT and self.start[0] not in text:
+                return "", text
+            if self._state == _REASONING and self.end[0] not in text:
+                return text, ""
+        self._buf += text
+        return self._blocks(False)
+
+    def finish(self) -> tuple[str, str]:
+        return self._blocks(True)
+
+    def _blocks(self, final: bool) -> tuple[str, str]:
+        reasoning: list[str] = []
+        content: list[str] = []
+        buf = self._buf
+        while buf:
+            inside = self._state == _REASONING
+            tag = self.end if inside else self.start
+            out = reasoning if inside else content
+            i = buf.find(tag)
+            if i >= 0:
+                out.append(buf[:i])
+                buf = buf[i + len(tag) :]
+                self._state = _CONTENT if inside else _REASONING
+                continue
+            keep = 0 if final else _held(buf, tag)
+            out.append(buf[: len(buf) - keep])
+            buf = buf[len(buf) - keep :]
+            break
+        self._buf = buf
+        return "".join(reasoning), "".join(content)
+
+
 _CLASSES: list[type[ReasoningParser]] = [
     ReasoningParser,
     Qwen3ReasoningParser,
+    KimiK3ReasoningParser,
+    InklingReasoningParser,
     *(_family(*f) for f in FAMILIES),
 ]
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {cls.name: cls for cls in _CLASSES}

@@ -10,10 +10,13 @@ per format family:
 - ``deepseek_v3``, ``deepseek_v31`` (:mod:`~tsfront.text.tools.deepseek`);
 - ``deepseek_v32``, ``deepseek_v4`` (:mod:`~tsfront.text.tools.dsml`): DeepSeek's DSML;
 - ``kimi_k2`` (:mod:`~tsfront.text.tools.kimi`): Kimi-K2, K2-Thinking, K2.5;
+- ``kimi_k3`` (:mod:`~tsfront.text.tools.kimi_k3`): Kimi-K3's XTML channels;
 - ``glm45``, ``glm47`` (:mod:`~tsfront.text.tools.glm`): GLM-4.5 / 4.6, GLM-4.7 / 5;
 - ``minimax_m2`` (:mod:`~tsfront.text.tools.minimax`): MiniMax-M2;
+- ``minimax_m3`` (:mod:`~tsfront.text.tools.minimax_m3`): MiniMax-M3's namespaced XML;
 - ``longcat`` (:mod:`~tsfront.text.tools.longcat`): LongCat-Flash;
 - ``nemotron`` (:mod:`~tsfront.text.tools.nemotron`): Nemotron-3, Nemotron-Nano-v2;
+- ``inkling`` (:mod:`~tsfront.text.tools.inkling`): Inkling's TML blocks;
 - ``pythonic`` (:mod:`~tsfront.text.tools.pythonic`): Llama-3.2 / Llama-4 pythonic calls;
 
 and the constrained-decoding side (:mod:`~tsfront.text.tools.constrained`): the engine
@@ -56,10 +59,13 @@ from tsfront.text.tools.deepseek import DeepSeekV3Parser, DeepSeekV31Parser
 from tsfront.text.tools.dsml import DeepSeekV4Parser, DeepSeekV32Parser
 from tsfront.text.tools.glm import Glm45Parser, Glm47Parser
 from tsfront.text.tools.hermes import HermesParser
+from tsfront.text.tools.inkling import InklingParser
 from tsfront.text.tools.kimi import KimiK2Parser
+from tsfront.text.tools.kimi_k3 import KimiK3Parser
 from tsfront.text.tools.llama3_json import Llama3JsonParser
 from tsfront.text.tools.longcat import LongcatParser
 from tsfront.text.tools.minimax import MinimaxM2Parser
+from tsfront.text.tools.minimax_m3 import MinimaxM3Parser
 from tsfront.text.tools.mistral import MistralParser
 from tsfront.text.tools.nemotron import NemotronParser
 from tsfront.text.tools.pythonic import PythonicParser
@@ -99,11 +105,14 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
         DeepSeekV32Parser,
         DeepSeekV4Parser,
         KimiK2Parser,
+        KimiK3Parser,
         Glm45Parser,
         Glm47Parser,
         MinimaxM2Parser,
+        MinimaxM3Parser,
         LongcatParser,
         NemotronParser,
+        InklingParser,
         PythonicParser,
     )
 }

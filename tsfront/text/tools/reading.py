@@ -230,13 +230,15 @@ def json_string(c: Cursor) -> Generator[None, None, str | None]:
         yield
 
 
-def attributes(c: Cursor, entities: bool = False) -> Generator[None, None, dict[str, str] | None]:
-    """The attributes of the tag whose name was just read, up to and past its ``>``:
-    ``{key: value}``; ``None`` when the tag does not end (a ``<`` first, or the end of the
-    output). ``entities``: the format escapes ``&``, ``"`` (and ``<``, ``>``, ``'``) in
-    attribute values as XML does."""
+def attributes(
+    c: Cursor, entities: bool = False, end: str = ">"
+) -> Generator[None, None, dict[str, str] | None]:
+    """The attributes of the tag whose name was just read, up to and past its ``end``
+    (``>``): ``{key: value}``; ``None`` when the tag does not end (a ``<`` first, for ``>``;
+    or the end of the output). ``entities``: the format escapes ``&``, ``"`` (and ``<``,
+    ``>``, ``'``) in attribute values as XML does."""
     parts: list[str] = []
-    found = yield from until(c, (">", "<"), parts.append)
+    found = yield from until(c, (end, "<") if end == ">" else (end,), parts.append)
     if found != 0:
         if found == 1:
             c.pos -= 1
