@@ -375,9 +375,9 @@ KIMI_TAGS = [
 FAMILIES = [
     Family("DeepSeek-V3 / R1-0528", "deepseek_v3", deepseek_v3, "deepseek_r1",
            special=DS_TAGS, added=["<think>", "</think>"]),
-    Family("DeepSeek-V3.1", "deepseek_v31", deepseek_v31, "deepseek_v31", special=DS_TAGS,
+    Family("DeepSeek-V3.1", "deepseek_v31", deepseek_v31, "deepseek_r1", special=DS_TAGS,
            added=["<think>", "</think>"]),
-    Family("DeepSeek-V3.2 (DSML)", "deepseek_v32", dsml("function_calls"), "deepseek_v31",
+    Family("DeepSeek-V3.2 (DSML)", "deepseek_v32", dsml("function_calls"), "deepseek_r1",
            added=["<think>", "</think>"]),
     Family("DeepSeek-V4", "deepseek_v4", dsml("tool_calls"), "deepseek_v4",
            added=["<think>", "</think>"]),

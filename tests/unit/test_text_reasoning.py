@@ -39,11 +39,11 @@ CASES = [
     ("qwen3", False, True, "<think>\n\n</think>\n\nHi", "\n\n", "\n\nHi"),
     # The other families: their own tags, the same rules.
     ("glm47", True, True, f"{THOUGHT}</think>{ANSWER}", THOUGHT, ANSWER),
-    ("kimi", False, True, f"◁think▷{THOUGHT}◁/think▷{ANSWER}", THOUGHT, ANSWER),
     ("longcat", True, True, f"{THOUGHT}</longcat_think>{ANSWER}", THOUGHT, ANSWER),
     ("longcat", False, True, f"<longcat_think>{THOUGHT}</longcat_think>{ANSWER}", THOUGHT,
      ANSWER),
     ("minimax_m3", False, True, f"<mm:think>{THOUGHT}</mm:think>{ANSWER}", THOUGHT, ANSWER),
+    ("mistral", False, True, f"[THINK]{THOUGHT}[/THINK]{ANSWER}", THOUGHT, ANSWER),
     # A bare close tag first: a turn without reasoning.
     ("minimax_m3", False, True, f"</mm:think>{ANSWER}", "", ANSWER),
     ("deepseek_r1", False, True, f"\n</think>{ANSWER}", "", ANSWER),
@@ -114,9 +114,8 @@ def test_starts_in_reasoning_from_the_prompt_tail() -> None:
 
 def test_registry_and_unknown_name() -> None:
     assert set(REASONING_PARSERS) == {
-        "deepseek_r1", "qwen3", "deepseek_v3", "deepseek_v31", "deepseek_v4", "glm45", "glm47",
-        "kimi_k2", "minimax_m2", "nemotron_v3", "kimi", "longcat", "minimax_m3", "kimi_k3",
-        "inkling",
+        "deepseek_r1", "qwen3", "deepseek_v4", "glm45", "glm47", "kimi_k2", "minimax_m2",
+        "nemotron_v3", "longcat", "minimax_m3", "kimi_k3", "inkling", "mistral",
     }  # fmt: skip
     assert isinstance(make_reasoning_parser("qwen3"), ReasoningParser)
     with pytest.raises(ValueError, match="deepseek_r1"):

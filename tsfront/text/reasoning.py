@@ -26,8 +26,8 @@ The section is the first one only: after ``</think>`` everything is content, a l
 ``<think>`` included. Text that could be the start of a tag is held back, so a tag split across
 deltas never shows in either field; blank text before an opening ``<think>`` is dropped, and so
 is a bare ``</think>`` the output starts with (a turn without reasoning). The other families
-(:data:`FAMILIES`: DeepSeek-V3.1 to V4, GLM, Kimi-K2, MiniMax, Nemotron, LongCat) follow the
-same rules with their tags.
+(:data:`FAMILIES`: DeepSeek-V4, GLM, Kimi-K2, MiniMax, Nemotron, LongCat) follow the same
+rules with their tags (DeepSeek-V3.1 and V3.2 take ``deepseek_r1``: the same tags and rules).
 
 Cost: linear in the output, whatever it is. What is held back is at most a tag's length but
 for the blanks before the output opens (or not) its section: those are kept as the deltas they
@@ -204,17 +204,15 @@ class Qwen3ReasoningParser(ReasoningParser):
 # closes it there when off (no section), or lets the model open it; the rules above cover
 # the three.
 FAMILIES = [
-    ("deepseek_v3", START, END, "DeepSeek-V3.1 / V3.2, thinking on or off (vLLM's name)"),
-    ("deepseek_v31", START, END, "DeepSeek-V3.1, V3.2 (SMG's name)"),
     ("deepseek_v4", START, END, "DeepSeek-V4, V4.1"),
     ("glm45", START, END, "GLM-4.5, 4.6"),
     ("glm47", START, END, "GLM-4.7, GLM-5"),
     ("kimi_k2", START, END, "Kimi-K2-Thinking, K2.5"),
     ("minimax_m2", START, END, "MiniMax-M2 (the prompt opens the section)"),
     ("nemotron_v3", START, END, "Nemotron-3, Nemotron-Nano-v2"),
-    ("kimi", "◁think▷", "◁/think▷", "Kimi-VL-Thinking, Kimi-k1.5 (SMG's kimi)"),
     ("longcat", "<longcat_think>", "</longcat_think>", "LongCat-Flash-Thinking, LongCat-2.0"),
     ("minimax_m3", "<mm:think>", "</mm:think>", "MiniMax-M3"),
+    ("mistral", "[THINK]", "[/THINK]", "Magistral (its tags are special tokens)"),
 ]
 
 
