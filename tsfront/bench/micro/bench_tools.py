@@ -58,6 +58,69 @@ CALLS = {
     )
     + "<｜tool▁calls▁end｜>",
     "pythonic": "[" + ", ".join(f'f{i}(city="Paris", days=3)' for i in range(2)) + "]",
+    "deepseek_v32": "<｜DSML｜function_calls>\n"
+    + "".join(
+        f'<｜DSML｜invoke name="f{i}">\n<｜DSML｜parameter name="query" string="true">'
+        f"{ARGS['query']}</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+        for i in range(2)
+    )
+    + "</｜DSML｜function_calls>",
+    "deepseek_v4": "<｜DSML｜tool_calls>\n"
+    + "".join(
+        f'<｜DSML｜invoke name="f{i}">\n<｜DSML｜parameter name="query" string="true">'
+        f"{ARGS['query']}</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+        for i in range(2)
+    )
+    + "</｜DSML｜tool_calls>",
+    "kimi_k2": "<|tool_calls_section_begin|>"
+    + "".join(
+        f"<|tool_call_begin|>functions.f{i}:{i}<|tool_call_argument_begin|>{json.dumps(ARGS)}"
+        "<|tool_call_end|>"
+        for i in range(2)
+    )
+    + "<|tool_calls_section_end|>",
+    "kimi_k3": "<|open|>tools<|sep|>"
+    + "".join(
+        f'<|open|>call tool="f{i}" index="{i + 1}"<|sep|><|open|>argument key="query" '
+        f'type="string"<|sep|>{ARGS["query"]}<|close|>argument<|sep|><|close|>call<|sep|>'
+        for i in range(2)
+    )
+    + "<|close|>tools<|sep|>",
+    "glm45": "".join(
+        f"<tool_call>f{i}\n<arg_key>query</arg_key>\n<arg_value>{ARGS['query']}</arg_value>\n"
+        "</tool_call>"
+        for i in range(2)
+    ),
+    "glm47": "".join(
+        f"<tool_call>f{i}<arg_key>query</arg_key><arg_value>{ARGS['query']}</arg_value></tool_call>"
+        for i in range(2)
+    ),
+    "minimax_m2": "<minimax:tool_call>\n"
+    + "".join(
+        f'<invoke name="f{i}">\n<parameter name="query">{ARGS["query"]}</parameter>\n</invoke>\n'
+        for i in range(2)
+    )
+    + "</minimax:tool_call>",
+    "minimax_m3": "]<]minimax[>[<tool_call>\n"
+    + "".join(
+        f']<]minimax[>[<invoke name="f{i}">]<]minimax[>[<query>{ARGS["query"]}'
+        "]<]minimax[>[</query>]<]minimax[>[</invoke>\n"
+        for i in range(2)
+    )
+    + "]<]minimax[>[</tool_call>",
+    "longcat": "\n".join(
+        f'<longcat_tool_call>\n{{"name": "f{i}", "arguments": {json.dumps(ARGS)}}}\n'
+        "</longcat_tool_call>"
+        for i in range(2)
+    ),
+    "nemotron": "<TOOLCALL>"
+    + json.dumps([{"name": f"f{i}", "arguments": ARGS} for i in range(2)])
+    + "</TOOLCALL>",
+    "inkling": "".join(
+        f'<|message_model|>f{i}<|content_invoke_tool_json|>{{"name": "f{i}", "args": '
+        f"{json.dumps(ARGS)}}}<|end_message|>"
+        for i in range(2)
+    ),
 }
 
 
