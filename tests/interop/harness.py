@@ -11,7 +11,10 @@ serves through the real ``MsgpackRecvSocket`` (decode, ``n``/logprob/
 ``verify()`` validation) and ``MsgpackSendSocket`` (``BatchTokenIDOut`` →
 14-element ``BatchTokenIDOutSlim`` with ``engine_index`` and load tail, and the
 ``ENGINE_CORE_DEAD`` sentinel). Only the model is simulated: every step each
-running request gets the token ``sim_rules.token_at(len(prompt), i)``.
+running request gets the token ``sim_rules.token_at(len(prompt), i)``, or, with
+``--replies FILE`` (a JSON list of ``{"when": [ids], "emit": [ids]}``), the next of
+the ``emit`` ids of the first rule whose ``when`` ids stand in its prompt (a
+scripted answer: a tool call, say; end it with the ``--eos-token-id``).
 
 Behaviour mirrored from the engine (see tests/interop/sim_rules.py):
 
@@ -166,6 +169,7 @@ class Options:
     max_num_seqs: int
     max_num_batched_tokens: int
     instance_id: str
+    replies: str | None = None
 
 
 @dataclass
@@ -174,6 +178,8 @@ class SimRequest:
 
     req: TokenizedGenerateReqInput
     max_new: int
+    #: The scripted answer (``--replies``), or None: ``sim_rules.token_at``.
+    reply: list[int] | None = None
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     sent_offset: int = 0
@@ -191,6 +197,7 @@ class SimRank:
         self.ctx = zmq.Context()
         self.log = log
         self.running: dict[str, SimRequest] = {}
+        self.replies = _load_replies(opts.replies)
         self.pending_aborts: dict[str, float] = {}
         self.recv: MsgpackRecvSocket | None = None
         self.send: MsgpackSendSocket | None = None
@@ -318,7 +325,9 @@ class SimRank:
         max_new = sim_rules.effective_max_new(
             req.sampling_params.max_new_tokens, prompt_len, self.opts.max_model_len
         )
-        self.running[req.rid] = SimRequest(req=req, max_new=max_new)
+        self.running[req.rid] = SimRequest(
+            req=req, max_new=max_new, reply=_reply_for(self.replies, list(req.input_ids or []))
+        )
 
     def _abort(self, rid: str) -> None:
         live = self.running.pop(rid, None) is not None
@@ -340,7 +349,11 @@ class SimRank:
         """Append one token; return the engine finish-reason object, or None."""
         req, sp = sim.req, sim.req.sampling_params
         prompt_len = len(req.input_ids or [])
-        token = sim_rules.token_at(prompt_len, len(sim.output_ids), self.opts.vocab_size)
+        index = len(sim.output_ids)
+        if sim.reply is not None and index < len(sim.reply):
+            token = sim.reply[index]
+        else:
+            token = sim_rules.token_at(prompt_len, index, self.opts.vocab_size)
         sim.output_ids.append(token)
         if req.return_logprob:
             sim.logprobs.append(sim_rules.logprob_of(token))
@@ -389,6 +402,22 @@ class SimRank:
         return build_batch(rows)
 
 
+def _load_replies(path: str | None) -> list[tuple[list[int], list[int]]]:
+    """The ``--replies`` rules: ``(when, emit)`` id lists, first match wins."""
+    if path is None:
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [(list(rule["when"]), list(rule["emit"])) for rule in json.load(f)]
+
+
+def _reply_for(rules: list[tuple[list[int], list[int]]], prompt: list[int]) -> list[int] | None:
+    for when, emit in rules:
+        n = len(when)
+        if any(prompt[i : i + n] == when for i in range(len(prompt) - n + 1)):
+            return emit
+    return None
+
+
 # ------------------------------------------------------------------------- main
 
 
@@ -413,6 +442,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--instance-id", default="tsfront-interop-harness")
+    p.add_argument("--replies", default=None, help="scripted answers (JSON, see the doc)")
     return Options(**vars(p.parse_args(argv)))
 
 

@@ -262,6 +262,7 @@ SERVE_EDGE = "tsfront.serve.edge"
 SERVE_PROCESSES = "tsfront.serve.processes"
 # Each dialect: the shapes of one API over the core (a package or a module of tsfront.serve).
 DIALECTS = (
+    "tsfront.serve.anthropic",
     "tsfront.serve.openai",
     "tsfront.serve.responses",
     "tsfront.serve.tokenize",

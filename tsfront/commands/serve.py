@@ -45,6 +45,7 @@ from tsfront.errors import Error
 from tsfront.process.sigint import hold_sigint
 from tsfront.process.title import set_title
 from tsfront.serve.core.chatsettings import add_chat_arguments, chat_settings, settle
+from tsfront.serve.core.seal import secret_from_env
 from tsfront.serve.core.templates import add_template_arguments, template_options
 from tsfront.serve.edge.settings import add_edge_arguments, edge_settings
 from tsfront.serve.processes.store import DEFAULT_BYTES, DEFAULT_ITEMS
@@ -437,6 +438,8 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
     try:
         edge = edge_settings(args)
         chat = chat_settings(args)
+        # One seal for every worker: any of them verifies what another sealed.
+        reasoning_key = secret_from_env()
     except ValueError as exc:
         raise UsageError("tsfront serve", str(exc)) from None
     _require_extras()  # before anything starts: no I/O process for a worker that cannot run
@@ -535,6 +538,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
             chat_template=chat_template,
             template_kwargs=template_kwargs,
             max_model_len=args.max_model_len,
+            reasoning_key=reasoning_key,
         )
         counters = ServeCounters(
             ctx.RawArray("Q", ServeCounters.words_for(args.workers)), args.workers

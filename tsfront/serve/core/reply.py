@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CUT_MESSAGE",
+    "JSON_HEADERS",
     "RETRY_AFTER_S",
     "ApiError",
     "ErrorShape",

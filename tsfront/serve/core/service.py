@@ -77,6 +77,7 @@ from tsfront.serve.core.offload import OFFLOAD_CHARS, Offload
 from tsfront.serve.core.push import Pusher
 from tsfront.serve.core.reply import ApiError, Final, Reply, Send, SSEReply
 from tsfront.serve.core.schema import ChatRequest, CompletionRequest
+from tsfront.serve.core.seal import Seal, secret_from_env
 from tsfront.serve.core.shape import Format
 from tsfront.serve.core.structured import Constraint, constraint, guided_fields
 from tsfront.serve.core.tooling import history_message, tool_plan
@@ -256,6 +257,8 @@ class Service:
             `ChatSettings` ``()``: none.
         max_model_len: the server's own context limit (``--max-model-len``): the context is
             the smallest of it, the engines' and the model folder's.
+        reasoning_key: the secret of the seal on reasoning handed to clients (`seal`; the
+            master's, shared by every worker); None: ``TSFRONT_REASONING_KEY``, else a fresh one.
     """
 
     def __init__(
@@ -270,8 +273,11 @@ class Service:
         template_kwargs: dict[str, Any] | None = None,
         chat: ChatSettings | None = None,
         max_model_len: int | None = None,
+        reasoning_key: bytes | None = None,
     ) -> None:
         self.client = client
+        #: Seals the reasoning a dialect hands a client to send back (`tsfront.serve.core.seal`).
+        self.seal = Seal(reasoning_key if reasoning_key is not None else secret_from_env())
         self.max_model_len = max_model_len
         # The server's own bound of the context: the model folder's and --max-model-len's.
         own = [n for n in (getattr(text, "max_model_len", None), max_model_len) if n]
@@ -345,22 +351,40 @@ class Service:
         self,
         req: ChatRequest,
         size: int,
-        format_of: Callable[[], Format],
+        format_of: Callable[[Plan], Format],
         record: RequestRecord | None = None,
     ) -> Reply | SSEReply:
-        """A decoded chat request run as `chat` runs it (``size``: at least the characters of
-        text it brings, the bytes of the body it came from plus any conversation loaded for
-        it, `tsfront.serve.core.offload.text_chars`: its render's size), its output in the shape
-        ``format_of()`` makes; every choice's text is parsed (`OutputParser`: reasoning and
-        tools when asked, else all content), so the format sees `Format.pieces` and the
-        parser's ``message()``. For other APIs over the chat path (``/v1/responses``);
-        refusals raise `ApiError` or `Refused`."""
+        """A decoded chat request run as chat completions run it (``size``: at least the
+        characters of text it brings, the bytes of the body it came from plus any conversation
+        loaded for it, `tsfront.serve.core.offload.text_chars`: its render's size), its output
+        in the shape ``format_of(plan)`` makes; every choice's text is parsed (`OutputParser`:
+        reasoning and tools when asked, else all content), so the format sees `Format.pieces`
+        and the parser's ``message()``. For the dialects over the chat path (``/v1/responses``,
+        ``/v1/messages``); refusals raise `ApiError` or `Refused`."""
         plan = await self.plan_chat(req, size)
         if plan.parse is None:
             from tsfront.serve.core.parsing import OutputParser
 
             plan.parse = lambda: OutputParser(None, None)
-        return await self._run(plan, format_of(), record)
+        return await self._run(plan, format_of(plan), record)
+
+    async def prompt_ids(self, req: ChatRequest, size: int) -> list[int]:
+        """The token ids of ``req``'s prompt as `plan_chat` renders it (its tools rendered,
+        none required of the output; ``size`` as for `chat_request`): a count of input tokens
+        without a generation. Refusals raise `ApiError` or `Refused`."""
+        self.check_model(req.model)
+        if not req.messages:
+            raise _bad("messages must not be empty", "messages")
+        limit = self.context_limit()
+        tools = tool_plan(req.tools, "none" if req.tools else None, True, None)
+        kwargs = self.template_kwargs_of(req.chat_template_kwargs)
+        messages = self.messages_of(req.messages, limit)
+        rendered = tools.tools if tools is not None else None
+        add = req.add_generation_prompt
+        ids: list[int] = await self.off_loop(
+            size + self.defaults_chars, self.rendered_ids, messages, add, kwargs, rendered
+        )
+        return ids
 
     def encoded(self, text: str, special: bool) -> list[int]:
         """``text``'s token ids (with the special tokens if ``special``)."""

@@ -1,7 +1,9 @@
 """A lean raw ASGI app over the core and its dialects (no framework on the per-token path).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (and
-``GET``/``DELETE /v1/responses/{id}``), ``GET /v1/models``, ``POST
+``GET``/``DELETE /v1/responses/{id}``), ``POST /v1/messages`` and ``POST
+/v1/messages/count_tokens`` (Anthropic's; every answer on a ``/v1/messages`` path, the edge's
+errors included, in Anthropic's error shape), ``GET /v1/models``, ``POST
 /v1/tokenize``, ``POST /v1/detokenize`` (also without ``/v1``, as vLLM serves them; counted as
 ``other``), ``GET /health``, ``GET /liveness`` and ``GET /readiness`` (the probes: the worker
 answers; every engine registered, one live, not draining), ``GET /metrics`` (when given a page
@@ -36,7 +38,8 @@ from urllib.parse import unquote
 
 import msgspec
 
-from tsfront.serve.core.reply import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
+from tsfront.serve.anthropic.messages import Messages, anthropic_error
+from tsfront.serve.core.reply import CUT_MESSAGE, ApiError, ErrorShape, Final, Reply, SSEReply
 from tsfront.serve.edge.metrics_page import CONTENT_TYPE
 from tsfront.serve.edge.transport import LOST_HOOK
 from tsfront.serve.openai.completions import OpenAIService
@@ -116,6 +119,7 @@ class ServeApp:
         self.service = service
         self.responses = responses
         self._tokenize: Tokenize | None = None
+        self._messages: Messages | None = None
         self.gate = gate
         self.draining = False
         # The generation requests running, with their state lists (see `_request`): `cut`
@@ -136,6 +140,8 @@ class ServeApp:
             ("POST", "/v1/completions"): "completions",
             ("POST", "/v1/chat/completions"): "chat",
             ("POST", "/v1/responses"): "responses",
+            ("POST", "/v1/messages"): "messages",
+            ("POST", "/v1/messages/count_tokens"): "count_tokens",
             ("GET", "/v1/models"): "models",
             ("POST", "/v1/tokenize"): "tokenize",
             ("POST", "/v1/detokenize"): "detokenize",
@@ -208,6 +214,12 @@ class ServeApp:
             responses = self.responses = Responses(service, store)
         return responses
 
+    def _messages_of(self, service: OpenAIService) -> Messages:
+        messages = self._messages
+        if messages is None or messages.service is not service:
+            messages = self._messages = Messages(service)
+        return messages
+
     def _tokenize_of(self, service: OpenAIService) -> Tokenize:
         tokens = self._tokenize
         if tokens is None or tokens.service is not service:
@@ -259,7 +271,7 @@ class ServeApp:
         ex = gate.open(scope)
         try:
             if ex.refusal is not None:
-                await _send_reply(send, ex.refusal, ex)
+                await _send_reply(send, ex.refusal, ex, _shape_of(scope["path"]))
             else:
                 await self._request(scope, receive, send, ex)
         finally:
@@ -271,6 +283,8 @@ class ServeApp:
 
     async def _request(self, scope: dict, receive: Any, send: Any, ex: Exchange | None) -> None:
         route = self._routes.get((scope["method"], scope["path"]))
+        # The edge's own errors in the shape of the dialect whose path this is.
+        shape = _shape_of(scope["path"])
         stored_id = None
         if route is None and scope["method"] in ("GET", "DELETE"):
             stored_id = response_id_of(scope["path"])
@@ -288,19 +302,21 @@ class ServeApp:
         service = self.service
         if route == "liveness":
             worker = self._place if service is None else service.worker
-            await _send_reply(send, Reply(200, _JSON.encode({"live": True, "worker": worker})), ex)
+            await _send_reply(
+                send, Reply(200, _JSON.encode({"live": True, "worker": worker})), ex, shape
+            )
             return
         if route is None or service is None:
-            await _send_reply(send, _NOT_FOUND if route is None else _unready(), ex)
+            await _send_reply(send, _NOT_FOUND if route is None else _unready(), ex, shape)
             return
         if self._loading and route not in _PROBES:
             if service.client.registered:
                 self._loading = False
             else:
-                await _send_reply(send, _still_loading(service.client), ex)
+                await _send_reply(send, _still_loading(service.client), ex, shape)
                 return
         if route == "readiness":
-            await _send_reply(send, self._readiness(service), ex)
+            await _send_reply(send, self._readiness(service), ex, shape)
             return
         if route not in _GENERATION:
             try:
@@ -312,10 +328,10 @@ class ServeApp:
             except Exception:  # a bug: still an error object, never a plain-text 500
                 log.exception("request on %s failed", scope["path"])
                 answer = _INTERNAL
-            await _send_reply(send, answer, ex)
+            await _send_reply(send, answer, ex, shape)
             return
         if self.draining:
-            await _send_reply(send, _DRAINING, ex)
+            await _send_reply(send, _DRAINING, ex, shape)
             return
         try:
             body = await _read_body(receive)
@@ -324,7 +340,7 @@ class ServeApp:
                 ex.client_gone()
             return
         if body is None:
-            await _send_reply(send, _TOO_LARGE, ex)
+            await _send_reply(send, _TOO_LARGE, ex, shape)
             return
         # A request handler always runs in a task (the server's, per connection). Looked up
         # by the loop of the last request: asyncio.get_running_loop() (in a bare
@@ -344,6 +360,8 @@ class ServeApp:
                 handler = service.completions
             elif route == "responses":
                 handler = self._responses_of(service).create
+            elif route == "messages":
+                handler = self._messages_of(service).create
             else:
                 handler = service.chat
             reply = await handler(body, None if ex is None else ex.record)
@@ -371,7 +389,7 @@ class ServeApp:
                 if not ended:
                     await send(_END)
             else:
-                await _send_reply(send, cast(Reply, reply), ex)
+                await _send_reply(send, cast(Reply, reply), ex, shape)
         except asyncio.CancelledError:
             if not (state[1] or state[2]):
                 raise
@@ -385,7 +403,7 @@ class ServeApp:
                 if pusher is not None:
                     pusher.cancel()
                 ending = reply.cut() if type(reply) is SSEReply and reply.cut else None
-                await _send_cut(send, started, ex, ending)
+                await _send_cut(send, started, ex, ending, shape)
         except OSError:
             # The connection broke while sending; the events' close aborts the request.
             if ex is not None:
@@ -393,7 +411,7 @@ class ServeApp:
         except Exception:
             log.exception("request on %s failed", scope["path"])
             if reply is None:
-                await _send_reply(send, _INTERNAL, ex)
+                await _send_reply(send, _INTERNAL, ex, shape)
         finally:
             state[0] = True
             del self._running[task]
@@ -435,6 +453,9 @@ class ServeApp:
         body = await _read_body(receive)
         if body is None:
             return _TOO_LARGE
+        if route == "count_tokens":
+            record = None if ex is None else ex.record
+            return await self._messages_of(service).count_tokens(body, record)
         tokens = self._tokenize_of(service)
         if route == "tokenize":
             return await tokens.tokenize(body)
@@ -442,14 +463,21 @@ class ServeApp:
 
 
 #: The routes whose handler makes engine requests (streams, `cut` on shutdown).
-_GENERATION = frozenset({"completions", "chat", "responses"})
+_GENERATION = frozenset({"completions", "chat", "responses", "messages"})
 _INTERNAL = ApiError(500, "internal server error", kind="server_error").reply()
 
-_DRAINING = Reply(
-    503,
-    ApiError(503, "the server is shutting down", kind="service_unavailable_error").reply().body,
-    [*ApiError(503, "").reply().headers, (b"connection", b"close")],
-)
+
+def _draining() -> Reply:
+    reply = ApiError(503, "the server is shutting down", kind="service_unavailable_error").reply()
+    return Reply(503, reply.body, [*reply.headers, (b"connection", b"close")], reply.error)
+
+
+_DRAINING = _draining()
+
+
+def _shape_of(path: str) -> ErrorShape | None:
+    """The error shape of the dialect a path belongs to (None: the default, OpenAI's)."""
+    return anthropic_error if path.startswith("/v1/messages") else None
 
 
 _CUT_EVENT = (
@@ -459,13 +487,19 @@ _CUT_EVENT = (
 )
 
 
-async def _send_cut(send: Any, started: bool, ex: Exchange | None, ending: bytes | None) -> None:
+async def _send_cut(
+    send: Any,
+    started: bool,
+    ex: Exchange | None,
+    ending: bytes | None,
+    shape: ErrorShape | None = None,
+) -> None:
     try:
         if started:
             body = _CUT_EVENT if ending is None else ending
             await send({"type": "http.response.body", "body": body, "more_body": False})
         else:
-            await _send_reply(send, _DRAINING, ex)
+            await _send_reply(send, _DRAINING, ex, shape)
     except OSError:
         pass  # the connection is gone too
 
@@ -487,8 +521,8 @@ def _still_loading(client: EngineClient) -> Reply:
     except Exception:  # closed meanwhile
         why = "the engines are not registered"
     message = f"{why}; retry in a few seconds (GET /readiness answers 200 once they are)"
-    body = ApiError(503, message, kind="service_unavailable_error").reply().body
-    return Reply(503, body, _LOADING_HEADERS)
+    error = ApiError(503, message, kind="service_unavailable_error")
+    return Reply(503, error.reply().body, _LOADING_HEADERS, error)
 
 
 def _unready() -> Reply:
@@ -603,7 +637,11 @@ class _DisconnectWatch:
             coro.close()
 
 
-async def _send_reply(send: Any, reply: Reply, ex: Exchange | None = None) -> None:
+async def _send_reply(
+    send: Any, reply: Reply, ex: Exchange | None = None, shape: ErrorShape | None = None
+) -> None:
+    if shape is not None:
+        reply = reply.shaped(shape)
     headers, body = reply.headers, reply.body
     if ex is not None:
         headers, body = ex.head(reply.status, headers, body)

@@ -3,12 +3,12 @@
 `Gate.open` looks at a request's scope once, before it is routed, and returns its `Exchange`:
 the request's id (the client's ``X-Request-Id`` if it is well formed, else a 400; a fresh one
 when there is none), the headers every response of it carries (``x-request-id``, CORS), a
-refusal if it gets one (401 without a valid ``Authorization: Bearer`` key on any route but
-`OPEN_ROUTES`, an answered CORS preflight, a bad request id) and the `RequestRecord` the
-service fills, with the request's owner: the handle of the key it came with (`owner_of`),
-under which the responses store files what the request stores and looks up what it names.
-The ASGI app sends the response through `Exchange.head` and calls `Exchange.close` at the end,
-which writes the access-log line. Nothing here runs per token.
+refusal if it gets one (401 without a valid key, ``Authorization: Bearer KEY`` or Anthropic's
+``X-Api-Key: KEY``, on any route but `OPEN_ROUTES`, an answered CORS preflight, a bad request id)
+and the `RequestRecord` the service fills, with the request's owner: the handle of the key it came
+with (`owner_of`), under which the responses store files what the request stores and looks up what
+it names. The ASGI app sends the response through `Exchange.head` and calls `Exchange.close` at the
+end, which writes the access-log line. Nothing here runs per token.
 """
 
 from __future__ import annotations
@@ -44,25 +44,18 @@ _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,%d}" % MAX_REQUEST_ID)
 CLIENT_GONE = 499
 _JSON = msgspec.json.Encoder()
 _PREFLIGHT_METHODS = b"GET, POST, OPTIONS"
-_PREFLIGHT_HEADERS = b"Authorization, Content-Type, X-Request-Id"
+_PREFLIGHT_HEADERS = (
+    b"Authorization, Content-Type, X-Request-Id, X-Api-Key, Anthropic-Version, Anthropic-Beta"
+)
 _PREFLIGHT_MAX_AGE = b"600"
 
 
 def _unauthorized(message: str) -> Reply:
-    # OpenAI's answer to a missing or wrong key (the openai client raises AuthenticationError).
-    body = _JSON.encode(
-        {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "invalid_api_key",
-            }
-        }
-    )
-    return Reply(
-        401, body, [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]
-    )
+    # OpenAI's answer to a missing or wrong key (the openai client raises AuthenticationError;
+    # on Anthropic's paths the routing renders it as authentication_error).
+    reply = ApiError(401, message, code="invalid_api_key").reply()
+    reply.headers = [*reply.headers, (b"www-authenticate", b"Bearer")]
+    return reply
 
 
 def owner_of(key: bytes) -> str:
@@ -73,7 +66,8 @@ def owner_of(key: bytes) -> str:
 
 _NO_KEY = (
     "You didn't provide an API key: send it in an Authorization header using Bearer auth "
-    "(Authorization: Bearer KEY); the server's keys are its --api-key / TSFRONT_API_KEY"
+    "(Authorization: Bearer KEY), or as Anthropic's clients do (X-Api-Key: KEY); the server's "
+    "keys are its --api-key / TSFRONT_API_KEY"
 )
 _BAD_KEY = "Incorrect API key provided; use one of the server's --api-key / TSFRONT_API_KEY keys"
 
@@ -110,6 +104,13 @@ class Exchange:
                 body = _JSON.encode(obj)
             except (msgspec.DecodeError, TypeError, KeyError):
                 pass
+        elif status >= 400 and body.startswith(b'{"type":"error"'):
+            try:  # Anthropic's shape: the request id beside the error, as Anthropic's API
+                obj = msgspec.json.decode(body)
+                obj["request_id"] = self.record.request_id
+                body = _JSON.encode(obj)
+            except (msgspec.DecodeError, TypeError):
+                pass
         return [*headers, *self.headers], body
 
     def client_gone(self) -> None:
@@ -144,10 +145,12 @@ class Gate:
 
     def open(self, scope: dict[str, Any]) -> Exchange:
         """The `Exchange` of a request (with its refusal, if the edge refuses it)."""
-        auth = given = origin = preflight = None
+        auth = api_key = given = origin = preflight = None
         for name, value in scope["headers"]:
             if name == b"authorization":
                 auth = value
+            elif name == b"x-api-key":
+                api_key = value
             elif name == b"x-request-id":
                 given = value
             elif name == b"origin":
@@ -174,8 +177,11 @@ class Gate:
             ).reply()
         elif self._keys and path not in self._open:
             owner = self._owner(auth)
+            if owner is None and api_key is not None:
+                owner = self._owner_of(api_key.strip())
             if owner is None:
-                ex.refusal = _unauthorized(_NO_KEY if auth is None else _BAD_KEY)
+                given_key = auth is not None or api_key is not None
+                ex.refusal = _unauthorized(_BAD_KEY if given_key else _NO_KEY)
             else:
                 ex.record.owner = owner
         return ex
@@ -190,7 +196,10 @@ class Gate:
         scheme, _, token = auth.partition(b" ")
         if scheme.lower() != b"bearer":
             return None
-        token = token.strip()
+        return self._owner_of(token.strip())
+
+    def _owner_of(self, token: bytes) -> str | None:
+        """The owner handle of the key ``token`` (None: not one of ours)."""
         owner = None
         for key, handle in zip(self._keys, self._owners, strict=True):
             if hmac.compare_digest(token, key):  # every key compared, each in constant time

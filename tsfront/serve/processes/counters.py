@@ -27,8 +27,8 @@ __all__ = ["EDGE_EVENTS", "ROUTES", "STATUSES", "ServeCounters", "heartbeat_inte
 
 #: Routes counted (``other``: no such route).
 ROUTES = (
-    "completions", "chat", "responses", "models", "tokenize", "detokenize", "health", "metrics",
-    "liveness", "readiness", "other",
+    "completions", "chat", "responses", "messages", "count_tokens", "models", "tokenize",
+    "detokenize", "health", "metrics", "liveness", "readiness", "other",
 )  # fmt: skip
 #: What the HTTP edge refused or cut (`tsfront.serve.edge.protocol.EdgeLimits.counts`): connections
 #: refused at the cap, idle ones evicted for a new one, header and body deadlines, 431s.
@@ -37,7 +37,7 @@ EDGE_EVENTS = ("refused", "evicted", "header_timeout", "body_timeout", "too_larg
 #: left before any response started.
 STATUSES = (
     "200", "204", "400", "401", "403", "404", "405", "408", "413", "422", "429", "431",
-    "500", "503", "other", "none",
+    "500", "502", "503", "504", "529", "other", "none",
 )  # fmt: skip
 _STATUS_INDEX = {s: i for i, s in enumerate(STATUSES)}
 _ROUTE_INDEX = {r: i for i, r in enumerate(ROUTES)}

@@ -77,6 +77,9 @@ class WorkerOptions:
     responses_store: str | None = None
     #: ``--max-model-len`` (None: the engines' and the model's context only).
     max_model_len: int | None = None
+    #: The server's seal on reasoning handed to clients (tsfront.serve.core.seal): the
+    #: master's, the same for every worker (None: the worker makes its own).
+    reasoning_key: bytes | None = field(default=None, repr=False)
 
 
 def _die_with_parent() -> None:
@@ -249,6 +252,7 @@ async def _serve(
         template_kwargs=opts.template_kwargs,
         chat=opts.chat,
         max_model_len=opts.max_model_len,
+        reasoning_key=opts.reasoning_key,
     )
     page = MetricsPage(lambda: service.client, counters)
     store: Any = LocalStore() if opts.responses_store is None else StoreClient(opts.responses_store)

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from tsfront.serve.core.choice import Choice
     from tsfront.serve.core.parsing import Pieces
     from tsfront.serve.core.record import RequestRecord
-    from tsfront.serve.core.service import Service
+    from tsfront.serve.core.service import Plan, Service
 
 __all__ = ["Responses", "ResponsesFormat", "ResponsesRequest", "input_messages", "response_id_of"]
 
@@ -399,7 +399,7 @@ class Responses:
         )
         fmt: list[ResponsesFormat] = []
 
-        def format_of() -> Format:
+        def format_of(plan: Plan) -> Format:
             fmt.append(ResponsesFormat(self.service.model_name, self.service.text, req))
             return fmt[0]
 
