@@ -1,7 +1,8 @@
 """A lean raw ASGI app over the core and its dialects (no framework on the per-token path).
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``POST /v1/responses`` (and
-``GET``/``DELETE /v1/responses/{id}``), ``POST /v1/messages`` and ``POST
+``GET``/``DELETE /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items``, ``POST
+/v1/responses/{id}/cancel``), ``POST /v1/messages`` and ``POST
 /v1/messages/count_tokens`` (Anthropic's; every answer on a ``/v1/messages`` path, the edge's
 errors included, in Anthropic's error shape), ``GET /v1/models``, ``POST
 /v1/tokenize``, ``POST /v1/detokenize`` (also without ``/v1``, as vLLM serves them; counted as
@@ -43,7 +44,7 @@ from tsfront.serve.core.reply import CUT_MESSAGE, ApiError, ErrorShape, Final, R
 from tsfront.serve.edge.metrics_page import CONTENT_TYPE
 from tsfront.serve.edge.transport import LOST_HOOK
 from tsfront.serve.openai.completions import OpenAIService
-from tsfront.serve.responses.endpoints import Responses, response_id_of
+from tsfront.serve.responses.endpoints import Responses, stored_route
 from tsfront.serve.tokenize import Tokenize
 
 if TYPE_CHECKING:
@@ -285,10 +286,10 @@ class ServeApp:
         route = self._routes.get((scope["method"], scope["path"]))
         # The edge's own errors in the shape of the dialect whose path this is.
         shape = _shape_of(scope["path"])
-        stored_id = None
-        if route is None and scope["method"] in ("GET", "DELETE"):
-            stored_id = response_id_of(scope["path"])
-            if stored_id is not None:
+        stored = None
+        if route is None and scope["method"] in ("GET", "DELETE", "POST"):
+            stored = stored_route(scope["method"], scope["path"])
+            if stored is not None:
                 route = "stored"
             elif scope["method"] == "GET" and scope["path"].startswith("/v1/models/"):
                 route = "model"  # GET /v1/models/{id}, as openai's models.retrieve asks
@@ -320,7 +321,7 @@ class ServeApp:
             return
         if route not in _GENERATION:
             try:
-                answer = await self._answer(route, service, scope, receive, stored_id, ex)
+                answer = await self._answer(route, service, scope, receive, stored, ex)
             except _Disconnected:
                 if ex is not None:
                     ex.client_gone()
@@ -427,7 +428,7 @@ class ServeApp:
         service: OpenAIService,
         scope: dict,
         receive: Any,
-        stored_id: str | None,
+        stored: tuple[str, str] | None,
         ex: Exchange | None,
     ) -> Reply:
         """The reply of a route that is not a generation (one `Reply`, no stream)."""
@@ -442,11 +443,16 @@ class ServeApp:
             return service.model(unquote(scope["path"][len("/v1/models/") :]))
         if route == "stored":
             responses = self._responses_of(service)
-            assert stored_id is not None
+            assert stored is not None
+            action, rid = stored
             record = None if ex is None else ex.record
-            if scope["method"] == "GET":
-                return await responses.retrieve(stored_id, record)
-            return await responses.delete(stored_id, record)
+            if action == "retrieve":
+                return await responses.retrieve(rid, record)
+            if action == "input_items":
+                return await responses.input_items(rid, scope.get("query_string", b""), record)
+            if action == "cancel":
+                return await responses.cancel(rid, record)
+            return await responses.delete(rid, record)
         if route == "health":
             extra = None if self._counters is None else {"worker_restarts": self._counters.restarts}
             return service.health(extra)

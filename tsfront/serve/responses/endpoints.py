@@ -16,13 +16,22 @@ server's store (`tsfront.serve.processes.store`) before the response is answered
 ``response.completed``), so ``GET``/``DELETE /v1/responses/{id}`` and ``previous_response_id``
 work on any worker, for requests with the same API key: every store operation names the
 request's owner (`RequestRecord.owner`, set by the gate), and another key's finds nothing.
+The stored response keeps its context's items too, listed by ``GET
+/v1/responses/{id}/input_items`` (`tsfront.serve.responses.items`); ``POST .../{id}/cancel``
+is OpenAI's 400 for a response not in background mode.
+
+With ``include: ["reasoning.encrypted_content"]`` (how Codex-style clients run with ``store:
+false``) every reasoning item carries its text sealed as ``encrypted_content``
+(`tsfront.serve.core.seal`, bound to the request's owner); a reasoning item sent back with
+one is opened only if this server sealed it for that key (else a 400 naming it), and its
+text becomes the assistant turn's ``reasoning_content``.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -35,6 +44,7 @@ from tsfront.serve.core.reply import CUT_MESSAGE, ApiError, Final, Reply, SSERep
 from tsfront.serve.core.schema import ChatRequest
 from tsfront.serve.core.shape import Format, encode_json
 from tsfront.serve.processes.store import StoreUnavailable
+from tsfront.serve.responses.items import input_items, page, page_query
 from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
@@ -42,9 +52,23 @@ if TYPE_CHECKING:
     from tsfront.serve.core.choice import Choice
     from tsfront.serve.core.parsing import Pieces
     from tsfront.serve.core.record import RequestRecord
+    from tsfront.serve.core.seal import Seal
     from tsfront.serve.core.service import Plan, Service
 
-__all__ = ["Responses", "ResponsesFormat", "ResponsesRequest", "input_messages", "response_id_of"]
+__all__ = [
+    "ENCRYPTED",
+    "REASONING",
+    "Responses",
+    "ResponsesFormat",
+    "ResponsesRequest",
+    "input_messages",
+    "stored_route",
+]
+
+#: The ``include`` value that asks for reasoning items' ``encrypted_content``.
+ENCRYPTED = "reasoning.encrypted_content"
+#: The seal's purpose for a reasoning item's ``encrypted_content``.
+REASONING = "responses.reasoning"
 
 _JSON = msgspec.json.Encoder()
 _BLOB = msgspec.json.Decoder(dict)
@@ -135,12 +159,13 @@ def _refusals(req: ResponsesRequest) -> None:
     check_metadata(req.metadata)
     if req.background:
         raise _bad("background mode is not supported; send background: false", "background")
-    if req.include:
-        raise _bad(
-            f"include {req.include!r}: no include values are supported (no built-in tools, "
-            "no logprobs, no encrypted reasoning)",
-            "include",
-        )
+    for value in req.include or ():
+        if value != ENCRYPTED:
+            raise _bad(
+                f"include {str(value)[:64]!r}: only {ENCRYPTED!r} is supported (no built-in "
+                "tools, no logprobs)",
+                "include",
+            )
     if req.conversation is not None:
         raise _bad(
             "conversation objects are not supported; use previous_response_id", "conversation"
@@ -266,8 +291,11 @@ def _assistant(messages: list[dict[str, Any]], *, merge: bool) -> dict[str, Any]
     return message
 
 
-def input_messages(given: str | list[Any]) -> list[dict[str, Any]]:
-    """A request's ``input`` as chat messages."""
+def input_messages(
+    given: str | list[Any], unseal: Callable[[str], str | None] | None = None
+) -> list[dict[str, Any]]:
+    """A request's ``input`` as chat messages (``unseal``: a reasoning item's
+    ``encrypted_content`` → its text, None if it is not this server's for the request's key)."""
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     messages: list[dict[str, Any]] = []
@@ -315,8 +343,21 @@ def input_messages(given: str | list[Any]) -> list[dict[str, Any]]:
             output = _text_of(item.get("output", ""), f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            text = _text_of(parts, f"{where}.content")
+            sealed = item.get("encrypted_content")
+            if sealed is not None:
+                opened = unseal(sealed) if unseal is not None and isinstance(sealed, str) else None
+                if opened is None:
+                    raise _bad(
+                        f"{where}.encrypted_content is not this server's for this API key: send "
+                        "reasoning items back exactly as this server returned them, or leave "
+                        "them out (a server restarted without TSFRONT_REASONING_KEY no longer "
+                        "opens its earlier ones)",
+                        "input",
+                    )
+                text = opened
+            else:
+                parts = item.get("content") or item.get("summary") or []
+                text = _text_of(parts, f"{where}.content")
             message = _assistant(messages, merge=False)
             message["reasoning_content"] = text
         else:
@@ -375,12 +416,20 @@ class Responses:
     ) -> Reply | SSEReply:
         _refusals(req)
         owner = _owner(record)
+        seal = self.service.seal
         history: list[dict[str, Any]] = []
+        items: list[dict[str, Any]] = []  # the context's items, for input_items
         if req.previous_response_id is not None:
             stored = await self._stored(owner, req.previous_response_id, "previous_response_id")
             history = stored["messages"]
+            items = [*stored.get("items", ()), *stored["response"]["output"]]
             size += text_chars(history)  # rendered too: the render is sized by what it renders
-        new = input_messages(req.input) if req.input != "" else []
+
+        def unseal(sealed: str) -> str | None:
+            return seal.open(REASONING, owner, sealed)
+
+        new = input_messages(req.input, unseal) if req.input != "" else []
+        items += input_items(req.input)
         if not new and not history:
             raise _bad("input must not be empty", "input")
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
@@ -400,7 +449,8 @@ class Responses:
         fmt: list[ResponsesFormat] = []
 
         def format_of(plan: Plan) -> Format:
-            fmt.append(ResponsesFormat(self.service.model_name, self.service.text, req))
+            service = self.service
+            fmt.append(ResponsesFormat(service.model_name, service.text, req, seal, owner))
             return fmt[0]
 
         reply = await self.service.chat_request(chat, size, format_of, record)
@@ -412,9 +462,10 @@ class Responses:
                 return shape.error_event(Exception(CUT_MESSAGE), 503, "service_unavailable_error")
 
             keeper = owner if req.store else None
-            return SSEReply(self._stored_stream(reply.events, shape, conversation, keeper), cut=cut)
+            events = self._stored_stream(reply.events, shape, conversation, items, keeper)
+            return SSEReply(events, cut=cut)
         if req.store and fmt:
-            await self._keep(owner, fmt[0], conversation)
+            await self._keep(owner, fmt[0], conversation, items)
         return reply
 
     async def _stored_stream(
@@ -422,6 +473,7 @@ class Responses:
         events: AsyncGenerator[bytes, None],
         fmt: ResponsesFormat,
         conversation: list[dict[str, Any]],
+        items: list[dict[str, Any]],
         owner: str | None,
     ) -> AsyncGenerator[bytes, None]:
         # The last event (response.completed) goes out once the response is stored (under
@@ -430,7 +482,7 @@ class Responses:
             async for event in events:
                 if type(event) is Final and owner is not None and fmt.response is not None:
                     try:
-                        await self._keep(owner, fmt, conversation)
+                        await self._keep(owner, fmt, conversation, items)
                     except ApiError as exc:
                         event = Final(fmt.unstored(exc, exc.status, exc.kind))
                 yield event
@@ -438,13 +490,21 @@ class Responses:
             await events.aclose()
 
     async def _keep(
-        self, owner: str, fmt: ResponsesFormat, conversation: list[dict[str, Any]]
+        self,
+        owner: str,
+        fmt: ResponsesFormat,
+        conversation: list[dict[str, Any]],
+        items: list[dict[str, Any]],
     ) -> None:
         response = fmt.response
         if response is None:
             return
         blob = encode_json(
-            {"response": response, "messages": [*conversation, fmt.assistant_message()]}
+            {
+                "response": response,
+                "messages": [*conversation, fmt.assistant_message()],
+                "items": items,
+            }
         )
         try:
             await self.store.put(owner, response["id"], blob)
@@ -484,6 +544,33 @@ class Responses:
             return _not_found(rid).reply()
         return Reply(200, _JSON.encode({"id": rid, "object": "response.deleted", "deleted": True}))
 
+    async def input_items(
+        self, rid: str, query: bytes, record: RequestRecord | None = None
+    ) -> Reply:
+        """``GET /v1/responses/{id}/input_items`` (of ``record``'s owner): the items of its
+        context, a page at a time (`tsfront.serve.responses.items.page`)."""
+        try:
+            params = page_query(query)
+            stored = await self._stored(_owner(record), rid, "response_id")
+            return Reply(200, encode_json(page(stored.get("items", []), **params)))
+        except ApiError as exc:
+            return exc.reply()
+
+    async def cancel(self, rid: str, record: RequestRecord | None = None) -> Reply:
+        """``POST /v1/responses/{id}/cancel``: OpenAI's answer for a response that is not in
+        background mode (none here is): a 400; another key's, or none, a 404."""
+        try:
+            await self._stored(_owner(record), rid, "response_id")
+        except ApiError as exc:
+            return exc.reply()
+        return ApiError(
+            400,
+            "Cannot cancel a synchronous response. (Only a response created with background: "
+            "true can be cancelled; this server runs none in the background: a response is "
+            "over when its request is answered, and a client that disconnects from a stream "
+            "aborts it.)",
+        ).reply()
+
 
 class ResponsesFormat(Format):
     """The response object and its streamed events for one request (one choice)."""
@@ -492,9 +579,19 @@ class ResponsesFormat(Format):
     id_prefix = "resp_"
     done = b""
 
-    def __init__(self, model: str, text: Any, req: ResponsesRequest) -> None:
+    def __init__(
+        self,
+        model: str,
+        text: Any,
+        req: ResponsesRequest,
+        seal: Seal | None = None,
+        owner: str = SHARED_OWNER,
+    ) -> None:
         super().__init__(model, text, 1, False)
         self.req = req
+        # include: ["reasoning.encrypted_content"]: reasoning items carry their text sealed.
+        self._seal = seal if ENCRYPTED in (req.include or ()) else None
+        self._owner = owner
         self.seq = 0
         #: The output items so far (streamed: as they open).
         self.items: list[dict[str, Any]] = []
@@ -589,7 +686,7 @@ class ResponsesFormat(Format):
         message = ch.parser.message()
         items: list[dict[str, Any]] = []
         if message.get("reasoning_content"):
-            items.append(self._reasoning_item(message["reasoning_content"]))
+            items.append(self._sealed(self._reasoning_item(message["reasoning_content"])))
         if message.get("content"):
             items.append(self._message_item(message["content"]))
         for call in message.get("tool_calls") or []:
@@ -673,6 +770,15 @@ class ResponsesFormat(Format):
                 "total_tokens": ch.prompt_tokens + ch.tokens,
             }
         return obj
+
+    def _sealed(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A completed reasoning item with its text sealed as ``encrypted_content``, when the
+        request included it (`tsfront.serve.core.seal`: only this server opens it, and only
+        for this key)."""
+        if self._seal is not None:
+            text = item["content"][0]["text"]
+            item["encrypted_content"] = self._seal.seal(REASONING, self._owner, text)
+        return item
 
     @staticmethod
     def _reasoning_item(text: str, status: str = "completed") -> dict[str, Any]:
@@ -769,6 +875,8 @@ class ResponsesFormat(Format):
             part = item["content"][0]
             part["text"] += "".join(self._texts)
             self._texts.clear()
+            if item["type"] == "reasoning":
+                self._sealed(item)
             kind = (
                 "response.output_text.done"
                 if item["type"] == "message"
@@ -797,10 +905,23 @@ class ResponsesFormat(Format):
         out.append(self._event("response.output_item.done", {"output_index": index, "item": item}))
 
 
-def response_id_of(path: str) -> str | None:
-    """The id of ``/v1/responses/{id}``, or None for another path."""
+# The routes of a stored response: (method, what follows its id) → the action.
+_STORED_ROUTES = {
+    ("GET", ""): "retrieve",
+    ("DELETE", ""): "delete",
+    ("GET", "/input_items"): "input_items",
+    ("POST", "/cancel"): "cancel",
+}
+
+
+def stored_route(method: str, path: str) -> tuple[str, str] | None:
+    """``(action, id)`` of a stored response's route (``GET``/``DELETE /v1/responses/{id}``,
+    ``GET .../{id}/input_items``, ``POST .../{id}/cancel``), or None for another path."""
     prefix = "/v1/responses/"
     if not path.startswith(prefix):
         return None
-    rid = path[len(prefix) :]
-    return rid if rid and "/" not in rid and len(rid) <= _MAX_ID else None
+    rid, slash, rest = path[len(prefix) :].partition("/")
+    action = _STORED_ROUTES.get((method, slash + rest))
+    if action is None or not rid or len(rid) > _MAX_ID:
+        return None
+    return action, rid
