@@ -460,6 +460,13 @@ def test_a_minimal_tool_loop_with_the_sdk(served: Served) -> None:
 # ---------------------------------------------------------------------- errors and keys
 
 
+def _deep(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
 def _error(call: Any) -> tuple[int, dict[str, Any]]:
     with pytest.raises(anthropic.APIStatusError) as err:
         call()
@@ -478,6 +485,11 @@ def test_refusals_are_anthropics_error_shape(served: Served) -> None:
         ({"messages": [{"role": "user", "content": "x"},
                        {"role": "assistant", "content": "The answer is"}]}, "prefill"),
         ({"messages": []}, "messages"),
+        # A tool_use input nested past the bound: refused before anything recurses into it.
+        ({"messages": [{"role": "user", "content": "x"},
+                       {"role": "assistant", "content": [{"type": "tool_use", "id": "t",
+                        "name": "f", "input": _deep(900)}]},
+                       {"role": "user", "content": "y"}]}, "messages[1].content[0].input"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
     ]  # fmt: skip
     for body, named in cases:

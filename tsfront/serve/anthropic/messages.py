@@ -269,6 +269,7 @@ def _assistant(
                 raise _bad(f"{at}: a tool_use block needs its id and name (strings)", "messages")
             if not isinstance(given, dict):
                 raise _bad(f"{at}.input must be an object", "messages")
+            check_json(given, "messages", f"{at}.input")  # before json.dumps recurses into it
             arguments = json.dumps(given, ensure_ascii=False)
             calls.append(
                 {"id": call, "type": "function", "function": {"name": name, "arguments": arguments}}

@@ -2,13 +2,14 @@
 them.
 
 `input_items` turns a request's ``input`` into the items OpenAI's API shows for it, each with
-an id (the client's, else a fresh one from `tsfront.ids`): a string input is one ``user``
-``message`` with an ``input_text`` part; a message's string content becomes one text part
-(``input_text``, or ``output_text`` for the assistant's); ``function_call``,
-``function_call_output`` and ``reasoning`` items are kept as given, with an id and ``status:
-"completed"``. A stored response keeps the items of its whole context: those of the response
-it continued (its input items, then its output), then its own input's; ``instructions`` are
-not an item.
+an id (the client's, else a fresh one from `tsfront.ids`) and ``status: "completed"``, and
+only the fields OpenAI's item of its type has: a string input is one ``user`` ``message``;
+a message's content its text parts (``input_text``, or ``output_text`` for the
+assistant's); a ``function_call`` its ``call_id``, ``name``, ``arguments``; a
+``function_call_output`` its ``call_id`` and ``output``; a ``reasoning`` item its
+``summary``, ``content`` and ``encrypted_content``. A stored response keeps the items of its whole
+context: those of the response it continued (its input items, then its output), then its own
+input's; ``instructions`` are not an item.
 
 `page` is the listing: ``order`` ``desc`` (the default, newest first) or ``asc``, at most
 ``limit`` items (1 to 100, default 20) after the item ``after`` or before the item ``before``
@@ -42,38 +43,57 @@ def _bad(message: str, param: str) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def _parts(content: Any, role: str) -> Any:
-    if not isinstance(content, str):
-        return content
-    if role == "assistant":
-        return [{"type": "output_text", "text": content, "annotations": []}]
-    return [{"type": "input_text", "text": content}]
+def _text_parts(content: Any, kind: str) -> list[dict[str, Any]]:
+    """A message's (or an output's) content as text parts of ``kind``: only the text is kept
+    (`input_messages` refused any other part)."""
+    if isinstance(content, str):
+        texts = [content]
+    elif isinstance(content, list):
+        texts = [str(part.get("text", "")) for part in content if isinstance(part, dict)]
+    else:  # a reasoning item sent back sealed: its other fields were not read
+        texts = []
+    if kind == "output_text":
+        return [{"type": kind, "text": text, "annotations": []} for text in texts]
+    return [{"type": kind, "text": text} for text in texts]
+
+
+def _item(item: dict[str, Any]) -> dict[str, Any]:
+    # The fields OpenAI's item of this type has, no others: what is echoed is bounded by what
+    # the request's own checks read (no client field of any depth is stored as it came).
+    kind = item.get("type", "message" if "role" in item else None)
+    given = item.get("id")
+    shown: dict[str, Any] = {
+        "id": given if isinstance(given, str) and given else item_id(_PREFIXES[str(kind)]),
+        "type": kind,
+        "status": "completed",
+    }
+    if kind == "message":
+        role = str(item.get("role"))
+        shown["role"] = role
+        kind_of_text = "output_text" if role == "assistant" else "input_text"
+        shown["content"] = _text_parts(item.get("content", ""), kind_of_text)
+    elif kind == "function_call":
+        for name in ("call_id", "name", "arguments"):
+            shown[name] = item.get(name, "")
+    elif kind == "function_call_output":
+        shown["call_id"] = item.get("call_id")
+        output = item.get("output", "")
+        shown["output"] = output if isinstance(output, str) else _text_parts(output, "input_text")
+    else:  # reasoning
+        shown["summary"] = _text_parts(item.get("summary") or [], "summary_text")
+        if item.get("content"):
+            shown["content"] = _text_parts(item["content"], "reasoning_text")
+        if isinstance(item.get("encrypted_content"), str):
+            shown["encrypted_content"] = item["encrypted_content"]
+    return shown
 
 
 def input_items(given: str | list[Any]) -> list[dict[str, Any]]:
-    """The items of a request's ``input`` as the listing shows them (already checked by
-    `tsfront.serve.responses.endpoints.input_messages`)."""
+    """The items of a request's ``input`` as the listing shows them (after
+    `tsfront.serve.responses.endpoints.input_messages` checked them: four types, text only)."""
     if isinstance(given, str):
-        return [
-            {
-                "id": item_id("msg"),
-                "type": "message",
-                "role": "user",
-                "status": "completed",
-                "content": _parts(given, "user"),
-            }
-        ] if given else []  # fmt: skip
-    items = []
-    for item in given:
-        kind = item.get("type", "message" if "role" in item else None)
-        shown = {**item, "type": kind}
-        if not isinstance(shown.get("id"), str) or not shown["id"]:
-            shown["id"] = item_id(_PREFIXES.get(kind, "item"))
-        shown.setdefault("status", "completed")
-        if kind == "message":
-            shown["content"] = _parts(shown.get("content", ""), str(shown.get("role")))
-        items.append(shown)
-    return items
+        return [_item({"role": "user", "content": given})] if given else []
+    return [_item(item) for item in given]
 
 
 def page_query(query: bytes) -> dict[str, Any]:
