@@ -12,6 +12,9 @@ engine is read from the rank's log by the request's ``x-request-id``.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -573,3 +576,14 @@ def test_a_streamed_refusal_is_an_error_before_the_stream(served: Served) -> Non
     ):
         s.get_final_message()
     assert "tools[0]" in err.value.body["error"]["message"]
+
+
+def test_tsfront_serve_refuses_a_malformed_key_before_starting() -> None:
+    env = {**os.environ, "TSFRONT_REASONING_KEY": "abc"}
+    done = subprocess.run(
+        [sys.executable, "-m", "tsfront", "serve", "--model", "/nonexistent",
+         "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1", "--port", "0"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "TSFRONT_REASONING_KEY" in done.stderr and "64 hex digits" in done.stderr
