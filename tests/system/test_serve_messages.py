@@ -343,11 +343,6 @@ def test_streamed_tool_input_is_input_json_deltas(served: Served) -> None:
     assert pairs[-2][1]["delta"]["stop_reason"] == "tool_use"
 
 
-@pytest.mark.xfail(
-    reason="needs issue 37's incremental CallArgs: the hermes parser gives a call's arguments "
-    "whole at its end, so the first input_json_delta carries all of them",
-    strict=False,
-)
 def test_streamed_tool_input_arrives_before_the_call_ends(served: Served) -> None:
     # The first input_json_delta comes before half of a long call's arguments were written:
     # the dialect passes the parser's fragments through as they come.

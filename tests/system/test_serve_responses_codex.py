@@ -353,11 +353,6 @@ def test_every_streamed_event_validates_as_the_sdks_type(served: Served) -> None
     } <= seen  # fmt: skip
 
 
-@pytest.mark.xfail(
-    reason="needs issue 37's incremental CallArgs: the hermes parser gives a call's arguments "
-    "whole at its end, so the first arguments delta carries all of them",
-    strict=False,
-)
 def test_streamed_call_arguments_arrive_before_the_call_ends(served: Served) -> None:
     events = served.raw_events({"input": "LONGCALL", "tools": [WEATHER]})
     deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
