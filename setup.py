@@ -23,6 +23,7 @@ SOURCES = [
     "sse.c",
     "push.c",
     "title.c",
+    "encodecache.c",
     "module.c",
 ]
 EXTRA = os.environ.get("TSFRONT_NATIVE_CFLAGS", "").split()

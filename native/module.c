@@ -4,7 +4,8 @@
  * (the output-frame decoder), region.c (layout and mapping), ridmap.c (rid -> slot), prefix.c
  * (prompt block hashes for routing), writer.c (the I/O process's side), reader.c (a worker's
  * side), subring.c (the workers' submission rings), sse.c (a streamed token's event bytes),
- * push.c (the drain's dispatch of pushed tokens), title.c (the process title ps shows).
+ * push.c (the drain's dispatch of pushed tokens), title.c (the process title ps shows),
+ * encodecache.c (prompt-prefix token ids shared by the workers).
  * This file holds the module table and the small helpers that belong to none of them.
  */
 #define PY_SSIZE_T_CLEAN
@@ -13,6 +14,7 @@
 #include <stdint.h>
 #include <sys/prctl.h>
 
+#include "encodecache.h"
 #include "frame.h"
 #include "prefix.h"
 #include "push.h"
@@ -79,6 +81,13 @@ static PyMethodDef methods[] = {
      "set_process_title(title, name) -> int: the process's name (/proc/PID/comm: its first\n"
      "15 bytes) and its command line (/proc/PID/cmdline, what ps -o args shows), rewritten in\n"
      "its argv area and cut to it (see native/title.c); the bytes of the title it shows."},
+    {"anchor_ends", py_anchor_ends, METH_VARARGS,
+     "anchor_ends(data, anchors) -> (ends, which): the end offset of every occurrence in data of\n"
+     "each of the tuple of bytes anchors (which must not overlap one another), ascending, and\n"
+     "the index of the anchor that ends there."},
+    {"encode_cache_format", py_encode_cache_format, METH_VARARGS,
+     "encode_cache_format(buffer, seed): lay out an empty EncodeCache in a zeroed writable\n"
+     "buffer of at least 64 KiB (see native/encodecache.c)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -89,7 +98,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "tsfront._native",
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&ReaderType) < 0 ||
         PyType_Ready(&SubmitterType) < 0 || PyType_Ready(&IntakeType) < 0 ||
-        PyType_Ready(&PusherBaseType) < 0 || PyType_Ready(&ConnectionBaseType) < 0)
+        PyType_Ready(&PusherBaseType) < 0 || PyType_Ready(&ConnectionBaseType) < 0 ||
+        PyType_Ready(&EncodeCacheType) < 0)
         return NULL;
     PyObject *errors = PyImport_ImportModule("tsfront.errors");
     if (!errors) return NULL;
@@ -110,6 +120,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddObject(m, "PusherBase", (PyObject *)&PusherBaseType);
     Py_INCREF(&ConnectionBaseType);
     PyModule_AddObject(m, "ConnectionBase", (PyObject *)&ConnectionBaseType);
+    Py_INCREF(&EncodeCacheType);
+    PyModule_AddObject(m, "EncodeCache", (PyObject *)&EncodeCacheType);
     PyModule_AddIntConstant(m, "SUB_OK", SUB_OK);
     PyModule_AddIntConstant(m, "SUB_FULL", SUB_FULL);
     PyModule_AddIntConstant(m, "SUB_TOO_BIG", SUB_TOO_BIG);

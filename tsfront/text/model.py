@@ -36,6 +36,7 @@ from tsfront.text.detok import (
     token_tables,
     vocabulary_limit,
 )
+from tsfront.text.encode_cache import MIN_CACHED_CHARS
 from tsfront.text.errors import ChatTemplateError, TextError
 from tsfront.text.hub import local_folder
 from tsfront.text.tokenizer_files import load_tokenizer
@@ -160,6 +161,7 @@ class TextModel:
         self._decode_stream: type | None = getattr(decoders, "DecodeStream", None)
         self._token_text: dict[int, str] = {}
         self._anchor_ids: list[int] | None = None
+        self._prompt_encoder: Any = None
         self._byte_level = type(tokenizer.decoder) is decoders.ByteLevel
         # Keyed by skip_special_tokens; built at load (see docs/TEXT.md for the time it takes).
         self._tables: dict[bool, TokenTable] = token_tables(tokenizer) or {}
@@ -253,6 +255,46 @@ class TextModel:
         """Token ids of ``text``; ``add_special_tokens`` adds the tokenizer's bos etc. (leave it
         off for a rendered chat template, which already holds them)."""
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def use_encode_cache(self, cache: Any, templates: Sequence[Any] = ()) -> str:
+        """Encode long rendered prompts (`encode_prompt`) through ``cache`` (a
+        `tsfront._native.EncodeCache`; ``None`` turns it off): only the text after the longest
+        prefix already in it is encoded (`tsfront.text.encode_cache`). The anchors are the
+        added tokens the chat templates (``templates``, else the model's) or the special
+        tokens write. Returns ``""``, or why this tokenizer cannot be cached exactly."""
+        from tsfront.text.encode_cache import PromptEncoder, exact_anchors
+
+        self._prompt_encoder = None
+        if cache is None:
+            return "off"
+        sources = [t for t in (*templates, self.chat_template) if t]
+        text = json.dumps(sources) + "".join(self.special_tokens.values())
+        wanted = [
+            t.content
+            for t in self.tokenizer.get_added_tokens_decoder().values()
+            if t.content and t.content in text
+        ]
+        anchors, why = exact_anchors(self.tokenizer, wanted)
+        if anchors is not None:
+            self._prompt_encoder = PromptEncoder(self.tokenizer, anchors, cache)
+        return why
+
+    @property
+    def prompt_encoder(self) -> Any:
+        """The `PromptEncoder` of `use_encode_cache` (``None``: prompts are encoded whole)."""
+        return self._prompt_encoder
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids of a rendered chat prompt, ``encode(text, add_special_tokens=False)``
+        exactly: through the encode cache when the model has one and the prompt is long, and
+        without the tokenizer's character offsets (``encode_batch_fast``, which releases the
+        GIL too). ``UnicodeEncodeError`` for a prompt with a lone surrogate."""
+        if len(text) < MIN_CACHED_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        if self._prompt_encoder is not None:
+            return self._prompt_encoder.encode(text)
+        text.encode("utf-8")  # the tokenizer's TypeError for a lone surrogate, made plain
+        return self.tokenizer.encode_batch_fast([text], add_special_tokens=False)[0].ids
 
     def encode_batch(
         self, texts: Sequence[str], add_special_tokens: bool = True
