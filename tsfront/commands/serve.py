@@ -110,6 +110,15 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         help="the context in tokens (prompt + output) a request may span; the server enforces "
         "the smallest of N, the engines' and the model folder's (default: theirs)",
     )
+    parser.add_argument(
+        "--encode-cache-mb",
+        type=int,
+        default=None,
+        metavar="MB",
+        help="the workers' shared store of long prompts' token ids, so that a conversation's "
+        "next turn encodes only its new text (docs/TEXT.md: ~8 bytes a cached token; "
+        "default 64; 0: none)",
+    )
     src = parser.add_argument_group("I/O process").add_mutually_exclusive_group(required=True)
     engines = add_engine_arguments(
         parser,
@@ -354,6 +363,8 @@ def _check(args: argparse.Namespace) -> None:
         args.model = args.model_positional
     if args.model is None:
         raise bad("give the model folder or id: tsfront serve MODEL (or --model MODEL)")
+    if args.encode_cache_mb is not None and args.encode_cache_mb < 0:
+        raise bad(f"--encode-cache-mb={args.encode_cache_mb}: give 0 (none) or a size in MiB")
     if args.enable_auto_tool_choice and args.tool_call_parser in (None, "none"):
         raise bad("--enable-auto-tool-choice needs --tool-call-parser NAME (the calls' format)")
     if args.max_model_len is not None and args.max_model_len < 3:
@@ -414,6 +425,22 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _encode_cache(args: argparse.Namespace) -> Any:
+    """The workers' shared encode cache: an unlinked file mapped by every worker (multiprocessing
+    passes its descriptor at spawn, as for the counters; its pages are taken only as written),
+    or ``False`` for none."""
+    from multiprocessing.heap import Arena
+
+    from tsfront.text.encode_cache import DEFAULT_CACHE_MB, new_cache
+
+    mb = DEFAULT_CACHE_MB if args.encode_cache_mb is None else args.encode_cache_mb
+    if mb <= 0:
+        return False
+    arena = Arena(mb << 20)
+    new_cache(arena.buffer)
+    return arena
 
 
 def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) -> int:
@@ -487,6 +514,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
     if stop.is_set():  # a signal while the model loaded: nothing started yet
         _note("stopped before starting")
         return 0
+    encode_cache = _encode_cache(args)
     ctx = multiprocessing.get_context("spawn")
     events = ctx.Queue()
     places: list[Place] = []
@@ -539,6 +567,7 @@ def _run(args: argparse.Namespace, stop: threading.Event, signals: list[int]) ->
             template_kwargs=template_kwargs,
             max_model_len=args.max_model_len,
             reasoning_key=reasoning_key,
+            encode_cache=encode_cache,
         )
         counters = ServeCounters(
             ctx.RawArray("Q", ServeCounters.words_for(args.workers)), args.workers

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -44,10 +45,12 @@ __all__ = [
     "COUNTERS",
     "DEFAULT_CACHE_MB",
     "MIN_CACHED_CHARS",
+    "PRIVATE_CACHE_MB",
     "Anchors",
     "PromptEncoder",
     "exact_anchors",
     "new_cache",
+    "private_cache",
 ]
 
 log = logging.getLogger("tsfront.text")
@@ -66,10 +69,20 @@ DEFAULT_CACHE_MB = 64
 MIN_CACHED_CHARS = 2048
 
 
+#: The store a process makes for itself when no server gave it a shared one (an embedded
+#: `ServeApp`): anonymous memory, its pages taken only as they are written.
+PRIVATE_CACHE_MB = 16
+
+
 def new_cache(buffer: Any, seed: int | None = None) -> Any:
     """Format the zeroed writable ``buffer`` as an empty store and attach to it."""
     _native.encode_cache_format(buffer, secrets.randbits(64) if seed is None else seed)
     return _native.EncodeCache(buffer)
+
+
+def private_cache(mb: int = PRIVATE_CACHE_MB) -> Any:
+    """A store of ``mb`` MiB for this process alone."""
+    return new_cache(mmap.mmap(-1, mb << 20))
 
 
 @dataclass(frozen=True)

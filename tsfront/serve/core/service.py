@@ -259,6 +259,9 @@ class Service:
             the smallest of it, the engines' and the model folder's.
         reasoning_key: the secret of the seal on reasoning handed to clients (`seal`; the
             master's, shared by every worker); None: ``TSFRONT_REASONING_KEY``, else a fresh one.
+        encode_cache: the region of the server's shared encode cache (a formatted buffer:
+            `tsfront.text.encode_cache`); ``None``: a store of this process's own; ``False``:
+            none (``--encode-cache-mb 0``).
     """
 
     def __init__(
@@ -274,6 +277,7 @@ class Service:
         chat: ChatSettings | None = None,
         max_model_len: int | None = None,
         reasoning_key: bytes | None = None,
+        encode_cache: Any = None,
     ) -> None:
         self.client = client
         #: Seals the reasoning a dialect hands a client to send back (`tsfront.serve.core.seal`).
@@ -306,6 +310,18 @@ class Service:
         #: When this worker's service began (the model card's ``created``).
         self.created = int(time.time())
         self._markers: tuple[frozenset[int], tuple[str, ...]] | None = None  # `_marker_ids`
+        self.encode_cache_off = self._use_encode_cache(encode_cache)
+        """Why chat prompts are encoded whole (``""``: through the encode cache)."""
+
+    def _use_encode_cache(self, region: Any) -> str:
+        use = getattr(self.text, "use_encode_cache", None)
+        if use is None or region is False:
+            return "off"
+        from tsfront import _native
+        from tsfront.text.encode_cache import private_cache
+
+        cache = private_cache() if region is None else _native.EncodeCache(region)
+        return use(cache, [self._chat_template] if self._chat_template else [])
 
     # ------------------------------------------------------------------ plain routes
 
@@ -934,13 +950,11 @@ class Service:
             )
         except TextError as exc:  # ChatTemplateError included
             raise _bad(str(exc), "messages") from None
-        # The template writes the special tokens (BOS) itself; encode_batch releases the GIL.
+        # The template writes the special tokens (BOS) itself; a long prompt's encode releases
+        # the GIL and reads the ids of its known prefix from the encode cache.
         try:
-            if len(prompt) <= OFFLOAD_CHARS:
-                ids = self.text.encode(prompt, add_special_tokens=False)
-            else:
-                ids = self.text.encode_batch([prompt], add_special_tokens=False)[0]
-        except TypeError:
+            ids = self.text.encode_prompt(prompt)
+        except (TypeError, UnicodeEncodeError):
             # The tokenizer takes no lone surrogate: one the template made of the messages
             # (the server's own parsing refuses those it finds: `limits.check_json`).
             try:

@@ -80,6 +80,9 @@ class WorkerOptions:
     #: The server's seal on reasoning handed to clients (tsfront.serve.core.seal): the
     #: master's, the same for every worker (None: the worker makes its own).
     reasoning_key: bytes | None = field(default=None, repr=False)
+    #: ``--encode-cache-mb``: the shared store's `multiprocessing.heap.Arena` (False: none;
+    #: None: the worker's own, as an embedded server's).
+    encode_cache: Any = None
 
 
 def _die_with_parent() -> None:
@@ -253,6 +256,7 @@ async def _serve(
         chat=opts.chat,
         max_model_len=opts.max_model_len,
         reasoning_key=opts.reasoning_key,
+        encode_cache=opts.encode_cache.buffer if opts.encode_cache else opts.encode_cache,
     )
     page = MetricsPage(lambda: service.client, counters)
     store: Any = LocalStore() if opts.responses_store is None else StoreClient(opts.responses_store)
