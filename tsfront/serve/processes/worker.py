@@ -415,6 +415,10 @@ def worker_main(
     _die_with_parent()
     ignore_sigint()  # Ctrl-C goes to the master, which stops us (held off while we started)
     set_title(f"worker {index}", f"w{index}")
+    # The workers are the server's parallelism: the tokenizer's own thread pool would hand a
+    # long prompt's pieces to other threads, which then spin; encoded in the calling thread
+    # the agent preset's CPU per request is 10-20 % lower (docs/PERFORMANCE.md).
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # Until it serves, SIGTERM stops it (nothing to drain); while it serves, SIGTERM drains
     # (Server.handle_exit); after, it is ignored, so that the worker detaches and exits
     # cleanly. `_stop_starting` raises at most once (it ignores SIGTERM first), wherever the
