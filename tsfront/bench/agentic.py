@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TOOL_PARSERS", "Workload", "make_agentic_model", "script_rules"]
+__all__ = ["TOOL_PARSERS", "Workload", "call_text", "make_agentic_model", "script_rules", "tools"]
 
 #: The tool-call parser names of this format, per server.
 TOOL_PARSERS = {"tsfront": "hermes", "smg": "qwen"}
@@ -105,7 +105,8 @@ def tools() -> list[dict[str, Any]]:
     return out
 
 
-def _call_text(k: int) -> str:
+def call_text(k: int) -> str:
+    """The scripted tool call of turn ``k`` (Hermes' format)."""
     name, _, params = TOOLS[k % len(TOOLS)]
     args = {key: (f"src/module_{k}.py" if kind == "string" else k) for key, kind in params.items()}
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
@@ -115,7 +116,7 @@ def script_rules(turns: int) -> list[dict[str, str]]:
     """The simulated ranks' rules: the newest ``[[turn K:...]]`` marker picks the answer."""
     rules = []
     for k in reversed(range(turns)):
-        rules.append({"match": f"[[turn {k}:call]]", "output": _call_text(k)})
+        rules.append({"match": f"[[turn {k}:call]]", "output": call_text(k)})
         rules.append(
             {"match": f"[[turn {k}:text]]", "output": f"Done with step {k}: the change is made."}
         )
