@@ -291,8 +291,13 @@ def _wait_http(url: str, model: str, timeout: float) -> None:
 @contextlib.contextmanager
 def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[tuple[str, int]]:
     env = None
-    if stack in ("uvicorn", "pull", "python"):
+    if stack in ("uvicorn", "pull", "python", "uncached"):
         cmd = python_module("tsfront", "serve", "--workers", str(workers))
+        if stack == "uncached":
+            # Every prompt encoded whole, as before the encode cache (and its worker's
+            # tokenizer thread pool back): what the cache and that lever save.
+            cmd += ["--encode-cache-mb", "0"]
+            env = {**os.environ, "TOKENIZERS_PARALLELISM": "true"}
         if stack == "pull":
             # The server without its hot path (every event through the response's task).
             env = {**os.environ, "TSFRONT_SERVE_PUSH": "0"}
@@ -679,7 +684,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stacks",
         help="also measure these HTTP stacks at W=1, comma-separated: granian,aiohttp; "
         "'pull' is tsfront serve without its push path (TSFRONT_SERVE_PUSH=0), 'python' "
-        "without the push path's native step (TSFRONT_SERVE_NATIVE=0)",
+        "without the push path's native step (TSFRONT_SERVE_NATIVE=0), 'uncached' without "
+        "its encode cache (--encode-cache-mb 0) and with the tokenizer's thread pool",
     )
     g.add_argument("--repeat", type=int, help="measure every target this many times (1)")
 
