@@ -71,8 +71,8 @@ def phases(system_tokens: int, turn: int, rounds: int) -> tuple[dict[str, float]
     from tsfront.bench.agentic import Workload, make_agentic_model, tools
     from tsfront.bench.realtok import deepseek_tokenizer
     from tsfront.ipc.hashes import packed_hashes
-    from tsfront.serve.schema import ChatRequest
-    from tsfront.serve.tooling import history_message, tool_plan
+    from tsfront.serve.core.schema import ChatRequest
+    from tsfront.serve.core.tooling import history_message, tool_plan
     from tsfront.text import TextModel
     from tsfront.text.encode_cache import private_cache
     from tsfront.wire import SamplingParams, TokenizedGenerateReqInput, encode_add, validate_request
