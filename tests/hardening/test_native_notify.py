@@ -246,7 +246,19 @@ def test_a_writer_publishing_while_a_poll_is_half_way_loses_nothing():
     the poll's own list allocations). The ring is full (all 64 slots notified), half the slots
     have ended, and mid-poll the other half stream on: every end must still be delivered. A
     reader that cleared flags before consuming its entries lost the ends whose entries the
-    writer overwrote."""
+    writer overwrote.
+
+    CPython skips a collection while another thread's is under way (a thread an earlier test
+    left behind, on a loaded machine), so a run whose poll saw no collection is made again,
+    up to five times."""
+    for _ in range(5):
+        if _publish_mid_poll_once():
+            return
+    raise AssertionError("the writer did not run during the poll (five tries)")
+
+
+def _publish_mid_poll_once() -> bool:
+    """One run of the race; False if no collection came during the poll (nothing checked)."""
     spw = SPW
     size = _native.layout(
         num_workers=1, slots_per_worker=spw, ring_capacity=CAP, max_engines=ENGINES
@@ -277,7 +289,8 @@ def test_a_writer_publishing_while_a_poll_is_half_way_loses_nothing():
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(publish_mid_poll)
-    assert fired, "the writer did not run during the poll"
+    if not fired:
+        return False
     updates = first + reader.poll()
     finish = {u[0]: u[4] for u in updates if u[4]}
     tokens: dict[int, list[int]] = {}
@@ -286,3 +299,4 @@ def test_a_writer_publishing_while_a_poll_is_half_way_loses_nothing():
     assert sorted(finish) == list(ended), f"ends lost: {sorted(set(ended) - set(finish))}"
     assert all(tokens[i] == [0, 1] for i in range(spw))
     assert writer.stats()["notify_overflows"] == 0
+    return True

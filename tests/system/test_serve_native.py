@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import struct
 import time
@@ -579,20 +580,35 @@ def test_a_lost_connections_descriptor_gets_no_event_when_another_connection_reu
                 assert time.monotonic() < deadline, "the server never saw the client leave"
                 await asyncio.sleep(0.001)
             assert not conn._clean, "connection_lost left the connection clean"
-            reader2, writer2 = await asyncio.open_connection("127.0.0.1", port)
-            writer2.write(b"GET /plain HTTP/1.1\r\nhost: x\r\n\r\n")
-            head = await asyncio.wait_for(reader2.readuntil(b"\r\n\r\n"), DEADLINE)
-            body = await asyncio.wait_for(reader2.readexactly(len(app.PLAIN)), DEADLINE)
-            assert head.startswith(b"HTTP/1.1 200") and body == app.PLAIN
-            assert app.plain_fd == old_fd, "the new connection did not reuse the descriptor"
-            feed(6)  # the old response's events, while the new connection holds its descriptor
-            assert pusher.direct_sends == direct, "an event was sent on the reused descriptor"
-            writer2.write(b"GET /plain HTTP/1.1\r\nhost: x\r\n\r\n")
-            head = await asyncio.wait_for(reader2.readuntil(b"\r\n\r\n"), DEADLINE)
-            assert head.startswith(b"HTTP/1.1 200"), head  # nothing stray before it
-            body = await asyncio.wait_for(reader2.readexactly(len(app.PLAIN)), DEADLINE)
-            assert body == app.PLAIN
-            writer2.close()
+            while _is_open(old_fd):  # the event loop closes it right after connection_lost
+                assert time.monotonic() < deadline, "the server never closed the old socket"
+                await asyncio.sleep(0.001)
+            # Make the freed descriptor the one the server's next accept takes: the client and
+            # the server share this process's descriptor table, so every lower free one is
+            # plugged, the next client's socket made, and then the old one freed again.
+            plugs = _plug_below(old_fd)
+            next_client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            next_client.setblocking(False)
+            os.close(plugs.pop())  # the one holding old_fd
+            try:
+                await asyncio.get_running_loop().sock_connect(next_client, ("127.0.0.1", port))
+                reader2, writer2 = await asyncio.open_connection(sock=next_client)
+                writer2.write(b"GET /plain HTTP/1.1\r\nhost: x\r\n\r\n")
+                head = await asyncio.wait_for(reader2.readuntil(b"\r\n\r\n"), DEADLINE)
+                body = await asyncio.wait_for(reader2.readexactly(len(app.PLAIN)), DEADLINE)
+                assert head.startswith(b"HTTP/1.1 200") and body == app.PLAIN
+                assert app.plain_fd == old_fd, "the new connection did not reuse the descriptor"
+                feed(6)  # the old response's events, while the new connection holds its descriptor
+                assert pusher.direct_sends == direct, "an event was sent on the reused descriptor"
+                writer2.write(b"GET /plain HTTP/1.1\r\nhost: x\r\n\r\n")
+                head = await asyncio.wait_for(reader2.readuntil(b"\r\n\r\n"), DEADLINE)
+                assert head.startswith(b"HTTP/1.1 200"), head  # nothing stray before it
+                body = await asyncio.wait_for(reader2.readexactly(len(app.PLAIN)), DEADLINE)
+                assert body == app.PLAIN
+                writer2.close()
+            finally:
+                for fd in plugs:
+                    os.close(fd)
         finally:
             # The old response's end: its task finishes, and the server can stop.
             deliver_all([(0, [], None, None, _native.FIN_STOP, 1, position, 0, 0)], app.refs)
@@ -603,6 +619,24 @@ def test_a_lost_connections_descriptor_gets_no_event_when_another_connection_reu
         uvloop.run(main())
     else:
         asyncio.run(main())
+
+
+def _plug_below(fd: int) -> list[int]:
+    """Descriptors opened on /dev/null until one is ``fd``: every free one below it is taken
+    (the last one opened holds ``fd``)."""
+    plugs: list[int] = []
+    while not plugs or plugs[-1] < fd:
+        plugs.append(os.open(os.devnull, os.O_RDONLY))
+    assert plugs[-1] == fd, f"{fd} was taken before it could be plugged"
+    return plugs
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 _ACTIONS = st.lists(
