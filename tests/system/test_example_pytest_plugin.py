@@ -10,6 +10,7 @@ must be printed, and the benchmark's JSON must hold a positive cost per token.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -19,11 +20,19 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "pytest_plugin"
 
 
+def _users_environment() -> dict[str, str]:
+    # As a user's shell has it: without what this test run's own pytest put there (under
+    # pytest-xdist, PYTEST_XDIST_WORKER makes pytest-benchmark in the child think it is an
+    # xdist worker and turn itself off).
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+
+
 def test_the_plugin_example_passes_and_prints_its_benchmark(tmp_path: Path) -> None:
     report = tmp_path / "bench.json"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", str(EXAMPLE), "-q", f"--benchmark-json={report}"],
         cwd=ROOT,
+        env=_users_environment(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -49,6 +58,7 @@ def test_the_plugin_example_tears_its_rigs_down_without_a_word() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", str(EXAMPLE), "-q", "-s", "-k", "not cost_per_token"],
         cwd=ROOT,
+        env=_users_environment(),
         capture_output=True,
         text=True,
         timeout=300,
