@@ -210,6 +210,12 @@ def test_a_stop_at_any_moment_of_start_up_is_orderly(
     finally:
         server.stop()
     stderr = err.read_text()
+    if moment == "at-once" and _interrupted_in_pythons_own_start(stderr):
+        # Ctrl-C after CPython installed its handler but before it finished its own start
+        # (its standard streams): CPython reports that itself, before any line of tsfront
+        # runs; nothing of the server started. (Seen on a loaded machine.)
+        assert wait("the session to end", lambda: not server.group_pids())
+        return
     assert "Traceback" not in stderr, stderr
     if moment == "at-once":
         # Python still starting: the signal's default action (silent), or, once the command
@@ -223,3 +229,12 @@ def test_a_stop_at_any_moment_of_start_up_is_orderly(
         assert error_lines(stderr) == []
         assert "stopping" in stderr.splitlines()[-1], stderr
     assert wait("the session to end", lambda: not server.group_pids())
+
+
+def _interrupted_in_pythons_own_start(stderr: str) -> bool:
+    lines = stderr.strip().splitlines()
+    return (
+        bool(lines)
+        and lines[0].startswith("Fatal Python error: init_")
+        and (lines[-1] == "KeyboardInterrupt")
+    )
