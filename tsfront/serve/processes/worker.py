@@ -425,11 +425,13 @@ def worker_main(
     # signal lands; the outer ``try`` catches it even inside the inner handlers, so that no
     # stop is ever a traceback.
     signal.signal(signal.SIGTERM, _stop_starting)
+    serving = None
     try:
         try:
             import uvloop
 
-            code = uvloop.run(_serve(index, opts, events, addresses, counters, sockets))
+            serving = _serve(index, opts, events, addresses, counters, sockets)
+            code = uvloop.run(serving)
         except _Stopped:
             code = 0
         except BaseException as exc:
@@ -438,4 +440,9 @@ def worker_main(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except _Stopped:
         code = 0
+    finally:
+        if serving is not None:
+            # Stopped before the loop ran it: closed, so it is not "never awaited" on stderr
+            # (a no-op once it ran).
+            serving.close()
     sys.exit(code)
