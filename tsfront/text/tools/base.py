@@ -45,7 +45,7 @@ so it equals the concatenated deltas of every split by construction.
 How a format is written: it names the ``markers`` that open a call region (and ``leading``
 characters that open one as the first non-blank text), and reads a region with a generator
 method ``_read(cursor)`` made of the readers in :mod:`~tsfront.text.tools.reading` and the
-ones here (:meth:`ToolParser.call_object`, :meth:`ToolParser.stream_json`); it emits with
+ones here (:meth:`ToolParser.call_object`, :meth:`ToolParser.stream_call`); it emits with
 :meth:`ToolParser.open_call`, :meth:`ToolParser.call_args`, :meth:`ToolParser.close_call`.
 
 Cost: while no call is in progress and nothing is held, :meth:`ToolParser.feed` returns at
@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -436,48 +436,46 @@ class ToolParser:
 
     # -- readers a format's reader is made of -------------------------------------------------
 
-    def stream_json(self, c: Cursor, top: str = "{") -> Generator[None, None, bool]:
-        """The JSON value at ``c.pos`` written to the open call's arguments as it is read
-        (canonical). ``True`` when it closed; ``False`` when it broke (not JSON, or the output
-        ended inside it: ``c.final``)."""
+    def read_json(
+        self, c: Cursor, top: str = "", take: Callable[[str], object] | None = None
+    ) -> Generator[None, None, bool]:
+        """The JSON value at ``c.pos``, read; its canonical text given to ``take`` in pieces,
+        as it is read (or dropped). ``True`` when it closed; ``False`` when it broke (not
+        JSON, or the output ended inside it: ``c.final``)."""
         canon = JsonCanon(top)
+        out = canon.out
         while True:
             c.pos = canon.feed(c.text, c.pos)
-            if canon.out:
-                self.call_args("".join(canon.out))
-                canon.out.clear()
+            if out:
+                if take is not None:
+                    take("".join(out))
+                out.clear()
             if canon.state == DONE:
                 return True
             if canon.state == ERROR:
                 return False
             if c.final:
                 canon.finish()
-                if canon.out:
-                    self.call_args("".join(canon.out))
+                if out and take is not None:
+                    take("".join(out))
                 return canon.state == DONE
             yield
 
-    def read_json(
-        self, c: Cursor, top: str = "", sink: list[str] | None = None
+    def stream_call(
+        self, c: Cursor, name: str, call_id: str | None = None
     ) -> Generator[None, None, bool]:
-        """The JSON value at ``c.pos``, read; its canonical text appended to ``sink`` (or
-        dropped). ``True`` when it closed, ``False`` otherwise."""
-        canon = JsonCanon(top)
-        while True:
-            c.pos = canon.feed(c.text, c.pos)
-            if sink is not None:
-                sink += canon.out
-            canon.out.clear()
-            if canon.state == DONE:
-                return True
-            if canon.state == ERROR:
-                return False
-            if c.final:
-                canon.finish()
-                if sink is not None:
-                    sink += canon.out
-                return canon.state == DONE
-            yield
+        """Call ``name``, whose JSON arguments object starts at ``c.pos``: its start goes out
+        at once, then the arguments as they are read (canonical). ``True`` when they closed
+        (the call is complete); ``False`` when the model broke them (the call stays as it
+        went out, in :attr:`broken`) or the output ended inside them (``c.final``: the call
+        stays open, the region's end cuts it)."""
+        self.open_call(name, call_id)
+        if (yield from self.read_json(c, "{", self.call_args)):
+            self.close_call()
+            return True
+        if not c.final:
+            self.break_call()
+        return False
 
     def call_object(
         self,
@@ -537,17 +535,12 @@ class ToolParser:
             elif key in keys and held is None and not called:
                 if ch == "{":
                     if name is not None:
-                        self.open_call(name, call_id)
-                        if not (yield from self.stream_json(c)):
-                            if c.final:
-                                return CUT
-                            self.break_call()
-                            return BROKE
-                        self.close_call()
+                        if not (yield from self.stream_call(c, name, call_id)):
+                            return CUT if c.final else BROKE
                         called = True
                     else:
                         sink: list[str] = []
-                        if not (yield from self.read_json(c, "{", sink)):
+                        if not (yield from self.read_json(c, "{", sink.append)):
                             return CUT if c.final else NOT
                         held = "".join(sink)
                 elif ch == '"':
@@ -572,7 +565,7 @@ class ToolParser:
                     self.call_args(held)
                     self.close_call()
                     called = True
-            elif not (yield from self.read_json(c, "", None)):
+            elif not (yield from self.read_json(c)):
                 return CUT if c.final else (CALL if called else NOT)
             if not (yield from blank(c)):
                 return CUT

@@ -109,11 +109,7 @@ class NamedToolParser(ToolParser):
             return TRUNCATED
         if c.text[c.pos] != "{":
             return NoCall(c.offset + 1)
-        self.open_call(self.function)
-        if (yield from self.stream_json(c)):
-            self.close_call()
-        elif not c.final:
-            self.break_call()
+        yield from self.stream_call(c, self.function)
         return None
 
 

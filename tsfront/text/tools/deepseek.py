@@ -90,14 +90,8 @@ class SectionParser(ToolParser):
         if not (yield from blank(c)):
             return
         if c.text[c.pos] == "{":
-            self.open_call(name, call_id)
-            if not (yield from self.stream_json(c)):
-                if not c.final:
-                    self.break_call()
-                    yield from self.skip_call(c)
-                return
-            self.close_call()
-            yield from self.skip_call(c)
+            if (yield from self.stream_call(c, name, call_id)) or not c.final:
+                yield from self.skip_call(c)
             return
         if (yield from literal(c, self.call_end)):
             self.open_call(name, call_id)

@@ -20,11 +20,11 @@ dropped, and an output that ends inside the block is truncated (:attr:`incomplet
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from tsfront.text.tools.base import ToolParser, valid_name
-from tsfront.text.tools.params import ParamValue, json_key, read_param
-from tsfront.text.tools.reading import TRUNCATED, Cursor, Reader, Step, attributes, until
+from tsfront.text.tools.invocations import InvocationBlockParser
+from tsfront.text.tools.params import ParamTags, ParamValue
 
 __all__ = ["DeepSeekV4Parser", "DeepSeekV32Parser"]
 
@@ -35,77 +35,32 @@ PARAMETER = f"<{DSML}parameter"
 PARAMETER_END = f"</{DSML}parameter>"
 
 
-class DeepSeekV32Parser(ToolParser):
+def _params(block_end: str) -> ParamTags:
+    # A value left open ends at the next parameter or the invocation's (or block's) end.
+    return ParamTags(
+        PARAMETER, (PARAMETER_END, PARAMETER, INVOKE_END, block_end), (INVOKE_END, block_end)
+    )
+
+
+class DeepSeekV32Parser(InvocationBlockParser):
     """``<｜DSML｜function_calls><｜DSML｜invoke name=…>…</｜DSML｜function_calls>``."""
 
     name = "deepseek_v32"
-    block = "function_calls"
     markers = (f"<{DSML}function_calls>",)
     special = (DSML, f"<{DSML}", f"</{DSML}")
+    block_start, block_end = markers[0], f"</{DSML}function_calls>"
+    invoke, invoke_end = INVOKE, INVOKE_END
+    params = _params(block_end)
 
-    @property
-    def _close(self) -> str:
-        return f"</{DSML}{self.block}>"
-
-    def _read(self, c: Cursor) -> Reader:
-        c.pos += len(self.markers[0])
-        self.commit()
-        close = self._close
-        while True:
-            found = yield from until(c, (INVOKE, close))
-            if found < 0:
-                return TRUNCATED
-            if found == 1:
-                return None
-            attrs = yield from attributes(c)
-            name = (attrs or {}).get("name", "").strip()
-            if attrs is None or not valid_name(name):
-                if (yield from until(c, (INVOKE_END, close))) == 1:
-                    c.pos -= len(close)
-                continue
-            yield from self._invoke(c, name, close)
-
-    def _invoke(self, c: Cursor, name: str, close: str) -> Step:
-        schema: Any = self.tools.get(name, {})
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        if not isinstance(props, dict):
-            props = {}
-        self.open_call(name)
-        self.call_args("{")
-        count = 0
-        ends = (PARAMETER_END, PARAMETER, INVOKE_END, close)
-        while True:
-            found = yield from until(c, (PARAMETER, INVOKE_END, close))
-            if found < 0:
-                return  # cut: the call stays open
-            if found > 0:
-                if found == 2:
-                    c.pos -= len(close)
-                self.call_args("}")
-                self.close_call()
-                return
-            attrs = yield from attributes(c)
-            key = (attrs or {}).get("name")
-            if attrs is None or key is None:
-                if not c.final:
-                    self.break_call()
-                return
-            value = ParamValue(
-                key, props, string=attrs.get("string", "true") != "false", json=True,
-                null_word=False,
-            )  # fmt: skip
-            self.call_args(json_key(key, count == 0))
-            count += 1
-            ended = yield from read_param(self, c, value, ends)
-            if ended < 0:
-                return
-            if ended > 0:
-                c.pos -= len(ends[ended])
+    def _value(self, key: str, props: Mapping[str, Any], attrs: Mapping[str, str]) -> ParamValue:
+        string = attrs.get("string", "true") != "false"
+        return ParamValue(key, props, string=string, json=True, null_word=False)
 
 
 class DeepSeekV4Parser(DeepSeekV32Parser):
     """``<｜DSML｜tool_calls><｜DSML｜invoke name=…>…</｜DSML｜tool_calls>`` (V4, V4.1)."""
 
     name = "deepseek_v4"
-    block = "tool_calls"
     markers = (f"<{DSML}tool_calls>",)
+    block_start, block_end = markers[0], f"</{DSML}tool_calls>"
+    params = _params(block_end)

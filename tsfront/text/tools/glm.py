@@ -21,22 +21,28 @@ with no name is content (if no call came before).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Generator, Mapping
+from typing import Any, ClassVar
 
-from tsfront.text.tools.base import ToolParser, valid_name
-from tsfront.text.tools.params import ParamValue, json_key, read_param
+from tsfront.text.tools.base import BROKE, ToolParser, valid_name
+from tsfront.text.tools.params import ParamTags, ParamValue, read_arguments
 from tsfront.text.tools.reading import (
     TRUNCATED,
     Cursor,
     NoCall,
     Reader,
-    Step,
     blank,
     literal,
     until,
 )
 
-__all__ = ["Glm45Parser", "Glm47Parser", "KeyValueParser"]
+__all__ = ["Glm45Parser", "Glm47Parser", "KeyValueParser", "key_value_tags"]
+
+
+def key_value_tags(key: str, value_end: str, end: str) -> ParamTags:
+    """A key and value format's parameters: each opens with its ``key`` tag; a value left
+    open ends at the next key or the block's ``end``."""
+    return ParamTags(key, (value_end, key, end), (end,))
 
 
 class KeyValueParser(ToolParser):
@@ -49,6 +55,7 @@ class KeyValueParser(ToolParser):
     key_end = "</arg_key>"
     value = "<arg_value>"
     value_end = "</arg_value>"
+    params: ClassVar[ParamTags] = key_value_tags(key, value_end, end)
 
     def _read(self, c: Cursor) -> Reader:
         c.pos += len(self.start)
@@ -69,43 +76,20 @@ class KeyValueParser(ToolParser):
             if (yield from until(c, (self.end,))) < 0:
                 return TRUNCATED
             return NoCall(c.offset)
-        yield from self._arguments(c, name)
+        if (yield from read_arguments(self, c, name, self.params, self._parameter)) == BROKE:
+            yield from until(c, (self.end,))  # what is left of the block, dropped
         return None
 
-    def _arguments(self, c: Cursor, name: str) -> Step:
-        schema: Any = self.tools.get(name, {})
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        if not isinstance(props, dict):
-            props = {}
-        self.open_call(name)
-        self.call_args("{")
-        count = 0
-        ends = (self.value_end, self.key, self.end)
-        while True:
-            found = yield from until(c, (self.key, self.end))
-            if found < 0:
-                return  # cut: the call stays open
-            if found == 1:
-                self.call_args("}")
-                self.close_call()
-                return
-            parts: list[str] = []
-            if (yield from until(c, (self.key_end,), parts.append)) < 0:
-                return
-            key = "".join(parts).strip()
-            if not ((yield from blank(c)) and (yield from literal(c, self.value))):
-                if not c.final:
-                    self.break_call()
-                    yield from until(c, (self.end,))
-                return
-            value = ParamValue(key, props, null_word=False)
-            self.call_args(json_key(key, count == 0))
-            count += 1
-            ended = yield from read_param(self, c, value, ends)
-            if ended < 0:
-                return
-            if ended > 0:
-                c.pos -= len(ends[ended])
+    def _parameter(
+        self, c: Cursor, props: Mapping[str, Any]
+    ) -> Generator[None, None, ParamValue | None]:
+        """A parameter's key, to its value's tag."""
+        parts: list[str] = []
+        if (yield from until(c, (self.key_end,), parts.append)) < 0:
+            return None
+        if not ((yield from blank(c)) and (yield from literal(c, self.value))):
+            return None
+        return ParamValue("".join(parts).strip(), props, null_word=False)
 
 
 class Glm45Parser(KeyValueParser):

@@ -15,10 +15,10 @@ A block whose body is no call object is content (markup included) if no call cam
 
 from __future__ import annotations
 
-from tsfront.text.tools.base import BROKE, CALL, CUT, NOT, ToolParser
+from tsfront.text.tools.base import CALL, CUT, NOT, ToolParser
 from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank, until
 
-__all__ = ["HermesParser", "read_call_list"]
+__all__ = ["HermesParser", "read_call_block", "read_call_list"]
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -62,6 +62,21 @@ def read_call_list(
             return CALL
 
 
+def read_call_block(parser: ToolParser, c: Cursor, end: str) -> Reader:
+    """A block whose body (at ``c.pos``) is JSON calls (:func:`read_call_list`), read to its
+    ``end`` tag. A body that is no call makes the block text, close tag included (if it
+    closes); what is left of a block after its calls is dropped."""
+    got = yield from read_call_list(parser, c)
+    if got == CUT:
+        return TRUNCATED
+    if got == NOT:
+        if (yield from until(c, (end,))) < 0:
+            return TRUNCATED
+        return NoCall(c.offset)
+    yield from until(c, (end,))  # (CALL or BROKE)
+    return None
+
+
 class HermesParser(ToolParser):
     """``<tool_call>{json}</tool_call>`` blocks."""
 
@@ -71,14 +86,4 @@ class HermesParser(ToolParser):
 
     def _read(self, c: Cursor) -> Reader:
         c.pos += len(START)
-        got = yield from read_call_list(self, c)
-        if got == CUT or (got == NOT and c.final):
-            return TRUNCATED
-        if got == NOT:
-            # No call: the block, close tag included, is text (if it closes).
-            if (yield from until(c, (END,))) < 0:
-                return TRUNCATED
-            return NoCall(c.offset)
-        if got in (BROKE, CALL):
-            yield from until(c, (END,))  # what is left of the block, dropped
-        return None
+        return (yield from read_call_block(self, c, END))

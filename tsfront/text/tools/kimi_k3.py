@@ -24,19 +24,12 @@ read (indices are the calls' order, as the server numbers them).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from tsfront.text.tools.base import ToolParser, valid_name
-from tsfront.text.tools.params import ParamValue, json_key, read_param
-from tsfront.text.tools.reading import (
-    TRUNCATED,
-    Cursor,
-    Reader,
-    Step,
-    attributes,
-    blank,
-    until,
-)
+from tsfront.text.tools.invocations import InvocationBlockParser
+from tsfront.text.tools.params import ParamTags, ParamValue, read_arguments
+from tsfront.text.tools.reading import Cursor, Reader, Step, attributes, blank, until
 
 __all__ = ["WRAPPERS", "KimiK3Parser"]
 
@@ -57,87 +50,48 @@ WRAPPERS = (
     f"{OPEN}think{SEP}",
     f"{CLOSE}think{SEP}",
 )
+# What a call's first channel may be: an argument, the json channel, or the call's end.
+_FIRST = (ARGUMENT, JSON_ARGS, CALL_END, TOOLS_END)
 
 
-class KimiK3Parser(ToolParser):
+class KimiK3Parser(InvocationBlockParser):
     """``<|open|>tools<|sep|><|open|>call tool=…<|sep|>…<|close|>tools<|sep|>``."""
 
     name = "kimi_k3"
     markers = (TOOLS, *WRAPPERS)
     special = (OPEN, CLOSE, SEP, "<|end_of_msg|>")
+    block_start, block_end, invoke, invoke_end = TOOLS, TOOLS_END, CALL, CALL_END
+    attribute_end, entities = SEP, True
+    name_attribute, key_attribute = "tool", "key"
+    # An argument left open ends at the call's (or the block's) end; a json channel after
+    # arguments is no call of this shape.
+    params = ParamTags(
+        ARGUMENT, (ARGUMENT_END, CALL_END, TOOLS_END), (CALL_END, TOOLS_END), (JSON_ARGS,)
+    )
 
     def _read(self, c: Cursor) -> Reader:
         for wrapper in WRAPPERS:
             if c.text.startswith(wrapper, c.pos):
                 c.pos += len(wrapper)  # markup, content around it goes on
                 return None
-        c.pos += len(TOOLS)
-        self.commit()
-        while True:
-            found = yield from until(c, (CALL, TOOLS_END))
-            if found < 0:
-                return TRUNCATED
-            if found == 1:
-                return None
-            attrs = yield from attributes(c, entities=True, end=SEP)
-            name = (attrs or {}).get("tool", "").strip()
-            if attrs is None or not valid_name(name):
-                if (yield from until(c, (CALL_END, TOOLS_END))) == 1:
-                    c.pos -= len(TOOLS_END)
-                continue
-            yield from self._call(c, name)
+        return (yield from super()._read(c))
 
-    def _call(self, c: Cursor, name: str) -> Step:
-        schema: Any = self.tools.get(name, {})
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        if not isinstance(props, dict):
-            props = {}
-        count = 0
-        opened = False
-        while True:
-            found = yield from until(c, (ARGUMENT, JSON_ARGS, CALL_END, TOOLS_END))
-            if found < 0:
-                return  # cut (a call started stays open: the region's end cuts it)
-            if not opened:
-                if found == 1:  # the arguments as one JSON object: the call starts at its {
-                    if (yield from attributes(c, end=SEP)) is None or not (yield from blank(c)):
-                        return
-                    if c.text[c.pos] == "{":
-                        self.open_call(name)
-                        if (yield from self.stream_json(c)):
-                            self.close_call()
-                        elif not c.final:
-                            self.break_call()
-                    yield from until(c, (CALL_END,))
-                    return
-                self.open_call(name)
-                opened = True
-                self.call_args("{")
-            if found >= 2:
-                if found == 3:
-                    c.pos -= len(TOOLS_END)
-                self.call_args("}")
-                self.close_call()
-                return
-            if found == 1:  # a json channel after arguments: not a call this shape has
-                if not c.final:
-                    self.break_call()
-                return
-            attrs = yield from attributes(c, entities=True, end=SEP)
-            key = (attrs or {}).get("key")
-            if attrs is None or key is None:
-                if not c.final:
-                    self.break_call()
-                return
-            value = ParamValue(
-                key, props, string=attrs.get("type", "string") == "string", json=True,
-                null_word=False,
-            )  # fmt: skip
-            self.call_args(json_key(key, count == 0))
-            count += 1
-            ends = (ARGUMENT_END, CALL_END, TOOLS_END)
-            ended = yield from read_param(self, c, value, ends)
-            if ended < 0:
-                return
-            if ended > 0:
-                c.pos -= len(ends[ended])
+    def _invoke(self, c: Cursor, name: str) -> Step:
+        # The call starts when its first channel shows which form its arguments have.
+        found = yield from until(c, _FIRST)
+        if found < 0:
+            return  # cut
+        if found != 1:
+            c.pos -= len(_FIRST[found])
+            yield from read_arguments(self, c, name, self.params, self._parameter)
+            return
+        # The arguments as one JSON object: the call starts at its {.
+        if (yield from attributes(c, end=SEP)) is None or not (yield from blank(c)):
+            return
+        if c.text[c.pos] == "{":
+            yield from self.stream_call(c, name)
+        yield from until(c, (CALL_END,))
+
+    def _value(self, key: str, props: Mapping[str, Any], attrs: Mapping[str, str]) -> ParamValue:
+        string = attrs.get("type", "string") == "string"
+        return ParamValue(key, props, string=string, json=True, null_word=False)

@@ -21,9 +21,9 @@ schema, :mod:`~tsfront.text.tools.params`).
 
 from __future__ import annotations
 
-from tsfront.text.tools.base import CUT, NOT
-from tsfront.text.tools.glm import KeyValueParser
-from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank, until
+from tsfront.text.tools.glm import KeyValueParser, key_value_tags
+from tsfront.text.tools.hermes import read_call_block
+from tsfront.text.tools.reading import TRUNCATED, Cursor, Reader, blank
 
 __all__ = ["LongcatParser"]
 
@@ -40,6 +40,7 @@ class LongcatParser(KeyValueParser):
     key, key_end = "<longcat_arg_key>", "</longcat_arg_key>"
     value, value_end = "<longcat_arg_value>", "</longcat_arg_value>"
     special = (START, END, key, key_end, value, value_end)
+    params = key_value_tags(key, value_end, end)
 
     def _read(self, c: Cursor) -> Reader:
         c.pos += len(START)
@@ -47,12 +48,4 @@ class LongcatParser(KeyValueParser):
             return TRUNCATED
         if c.text[c.pos] != "{":
             return (yield from self.read_block(c))
-        got = yield from self.call_object(c)
-        if got == CUT:
-            return TRUNCATED
-        if got == NOT:
-            if (yield from until(c, (END,))) < 0:
-                return TRUNCATED
-            return NoCall(c.offset)
-        yield from until(c, (END,))
-        return None
+        return (yield from read_call_block(self, c, END))

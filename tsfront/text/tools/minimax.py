@@ -18,11 +18,11 @@ that ends inside it is truncated (:attr:`incomplete`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from tsfront.text.tools.base import ToolParser, valid_name
-from tsfront.text.tools.params import ParamValue, json_key, read_param
-from tsfront.text.tools.reading import TRUNCATED, Cursor, Reader, Step, attributes, until
+from tsfront.text.tools.invocations import InvocationBlockParser
+from tsfront.text.tools.params import ParamTags, ParamValue
 
 __all__ = ["MinimaxM2Parser"]
 
@@ -34,60 +34,15 @@ PARAMETER = "<parameter"
 PARAMETER_END = "</parameter>"
 
 
-class MinimaxM2Parser(ToolParser):
+class MinimaxM2Parser(InvocationBlockParser):
     """``<minimax:tool_call><invoke name=…><parameter name=…>…</minimax:tool_call>``."""
 
     name = "minimax_m2"
     markers = (START,)
     special = (START, END)
+    block_start, block_end, invoke, invoke_end = START, END, INVOKE, INVOKE_END
+    # A value left open ends at the next parameter or the invocation's (or block's) end.
+    params = ParamTags(PARAMETER, (PARAMETER_END, PARAMETER, INVOKE_END, END), (INVOKE_END, END))
 
-    def _read(self, c: Cursor) -> Reader:
-        c.pos += len(START)
-        self.commit()
-        while True:
-            found = yield from until(c, (INVOKE, END))
-            if found < 0:
-                return TRUNCATED
-            if found == 1:
-                return None
-            attrs = yield from attributes(c)
-            name = (attrs or {}).get("name", "").strip()
-            if attrs is None or not valid_name(name):
-                if (yield from until(c, (INVOKE_END, END))) == 1:
-                    c.pos -= len(END)
-                continue
-            yield from self._invoke(c, name)
-
-    def _invoke(self, c: Cursor, name: str) -> Step:
-        schema: Any = self.tools.get(name, {})
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        if not isinstance(props, dict):
-            props = {}
-        self.open_call(name)
-        self.call_args("{")
-        count = 0
-        ends = (PARAMETER_END, PARAMETER, INVOKE_END, END)
-        while True:
-            found = yield from until(c, (PARAMETER, INVOKE_END, END))
-            if found < 0:
-                return
-            if found > 0:
-                if found == 2:
-                    c.pos -= len(END)
-                self.call_args("}")
-                self.close_call()
-                return
-            attrs = yield from attributes(c)
-            key = (attrs or {}).get("name")
-            if attrs is None or key is None:
-                if not c.final:
-                    self.break_call()
-                return
-            value = ParamValue(key, props, null_word=True)
-            self.call_args(json_key(key, count == 0))
-            count += 1
-            ended = yield from read_param(self, c, value, ends)
-            if ended < 0:
-                return
-            if ended > 0:
-                c.pos -= len(ends[ended])
+    def _value(self, key: str, props: Mapping[str, Any], attrs: Mapping[str, str]) -> ParamValue:
+        return ParamValue(key, props, null_word=True)

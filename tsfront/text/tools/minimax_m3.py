@@ -24,16 +24,16 @@ from __future__ import annotations
 from collections.abc import Generator, Mapping
 from typing import Any
 
-from tsfront.text.tools.base import ToolParser, valid_name
-from tsfront.text.tools.params import ParamValue, json_key, read_param, schema_type
-from tsfront.text.tools.reading import (
-    TRUNCATED,
-    Cursor,
-    Reader,
-    attributes,
-    literal,
-    until,
+from tsfront.text.tools.invocations import InvocationBlockParser
+from tsfront.text.tools.params import (
+    STRING_TYPES,
+    ParamValue,
+    json_key,
+    properties,
+    read_param,
+    schema_type,
 )
+from tsfront.text.tools.reading import Cursor, Step, literal, tag_name, until
 
 __all__ = ["MinimaxM3Parser"]
 
@@ -42,48 +42,28 @@ START = f"{NS}<tool_call>"
 END = f"{NS}</tool_call>"
 INVOKE = f"{NS}<invoke"
 INVOKE_END = f"{NS}</invoke>"
-_STRINGS = ("string", "str", "text", "varchar", "char", "enum")
+# What ends the name of a tag whose "<" (or "</") was read: its ">"; the namespace token
+# of the next tag first is a tag out of place.
+TAG_ENDS = (">", NS)
 
 
-def _tag(c: Cursor) -> Generator[None, None, str | None]:
-    """The name of the tag whose ``<`` (or ``</``) was just read, up to and past its ``>``."""
-    parts: list[str] = []
-    found = yield from until(c, (">", NS), parts.append)
-    if found != 0:
-        return None
-    return "".join(parts).strip()
-
-
-class MinimaxM3Parser(ToolParser):
+class MinimaxM3Parser(InvocationBlockParser):
     """``]<]minimax[>[<tool_call>]<]minimax[>[<invoke name=…>…``."""
 
     name = "minimax_m3"
     markers = (START,)
     special = (NS, "<tool_call>", "</tool_call>")
+    block_start, block_end, invoke, invoke_end = START, END, INVOKE, INVOKE_END
 
-    def _read(self, c: Cursor) -> Reader:
-        c.pos += len(START)
-        self.commit()
-        while True:
-            found = yield from until(c, (INVOKE, END))
-            if found < 0:
-                return TRUNCATED
-            if found == 1:
-                return None
-            attrs = yield from attributes(c)
-            name = (attrs or {}).get("name", "").strip()
-            if attrs is None or not valid_name(name):
-                if (yield from until(c, (INVOKE_END, END))) == 1:
-                    c.pos -= len(END)
-                continue
-            schema: Any = self.tools.get(name, {})
-            self.open_call(name)
-            ok = yield from self._members(c, schema if isinstance(schema, Mapping) else {})
-            if ok:
-                self.close_call()
-            elif not c.final:
-                self.break_call()
-                yield from until(c, (INVOKE_END,))
+    def _invoke(self, c: Cursor, name: str) -> Step:
+        schema: Any = self.tools.get(name, {})
+        self.open_call(name)
+        ok = yield from self._members(c, schema if isinstance(schema, Mapping) else {})
+        if ok:
+            self.close_call()
+        elif not c.final:
+            self.break_call()
+            yield from until(c, (INVOKE_END,))
 
     def _members(
         self, c: Cursor, schema: Mapping[str, Any], first: str | None = None, nested: bool = False
@@ -91,9 +71,7 @@ class MinimaxM3Parser(ToolParser):
         """An object's elements up to the close tag that ends it (``first``: the first
         element's name, already read; ``nested``: inside a parameter); ``True`` when it
         ended."""
-        props = schema.get("properties")
-        if not isinstance(props, Mapping):
-            props = {}
+        props = properties(schema)
         self.call_args("{")
         count = 0
         key = first
@@ -102,19 +80,19 @@ class MinimaxM3Parser(ToolParser):
                 if (yield from until(c, (NS,))) < 0:
                     return False
                 if (yield from literal(c, "</")):
-                    if (yield from _tag(c)) is None:
+                    if (yield from tag_name(c, TAG_ENDS)) is None:
                         return False
                     self.call_args("}")
                     return True
                 if not (yield from literal(c, "<")):
                     return False
-                key = yield from _tag(c)
+                key = yield from tag_name(c, TAG_ENDS)
                 if not key:
                     return False
             self.call_args(json_key(key, count == 0))
             count += 1
             prop = props.get(key)
-            if not (yield from self._value(c, key, prop, {key: prop}, nested)):
+            if not (yield from self._element(c, key, prop, {key: prop}, nested)):
                 return False
             key = None
 
@@ -128,20 +106,20 @@ class MinimaxM3Parser(ToolParser):
                 if (yield from until(c, (NS,))) < 0:
                     return False
                 if (yield from literal(c, "</")):
-                    if (yield from _tag(c)) is None:
+                    if (yield from tag_name(c, TAG_ENDS)) is None:
                         return False
                     self.call_args("]")
                     return True
-                if not (yield from literal(c, "<")) or (yield from _tag(c)) != "item":
+                if not (yield from literal(c, "<")) or (yield from tag_name(c, TAG_ENDS)) != "item":
                     return False
             first = False
             if count:
                 self.call_args(",")
             count += 1
-            if not (yield from self._value(c, "item", schema, {"item": schema}, True)):
+            if not (yield from self._element(c, "item", schema, {"item": schema}, True)):
                 return False
 
-    def _value(
+    def _element(
         self, c: Cursor, key: str, schema: Any, props: Mapping[str, Any], nested: bool = False
     ) -> Generator[None, None, bool]:
         """The element ``key``'s value, read to its close tag (consumed) and written as JSON;
@@ -150,22 +128,21 @@ class MinimaxM3Parser(ToolParser):
         writes numbers, booleans and null bare), else text."""
         kind = schema_type(schema) if isinstance(schema, Mapping) else None
         close = f"{NS}</{key}>"
-        if kind in _STRINGS or kind not in (None, "object", "array"):
+        if kind in STRING_TYPES or kind not in (None, "object", "array"):
             # A string streams; a number, boolean, null is converted when it ends.
-            value = ParamValue(key, props, string=kind in _STRINGS, null_word=False)
+            value = ParamValue(key, props, string=kind in STRING_TYPES, null_word=False)
             return (yield from read_param(self, c, value, (close,))) == 0
         # An object, an array, or a parameter the schema does not name: the template writes
         # a mapping's members and a list's items as elements, the rest as text.
-        if (yield from _tag_follows(c)):
-            c.pos += len(NS)
+        if (yield from literal(c, NS)):
             if (yield from literal(c, "</")):
-                if (yield from _tag(c)) is None:
+                if (yield from tag_name(c, TAG_ENDS)) is None:
                     return False
                 self.call_args("[]" if kind == "array" else '""' if kind is None else "{}")
                 return True
             if not (yield from literal(c, "<")):
                 return False
-            child = yield from _tag(c)
+            child = yield from tag_name(c, TAG_ENDS)
             if not child:
                 return False
             spec = schema if isinstance(schema, Mapping) else {}
@@ -177,13 +154,3 @@ class MinimaxM3Parser(ToolParser):
         else:
             value = ParamValue(key, props, string=kind is None, null_word=False)
         return (yield from read_param(self, c, value, (close,))) == 0
-
-
-def _tag_follows(c: Cursor) -> Generator[None, None, bool]:
-    """Whether an element's tag (the namespace token) is next; nothing consumed."""
-    while True:
-        if len(c.text) - c.pos >= len(NS):
-            return c.text.startswith(NS, c.pos)
-        if not NS.startswith(c.text[c.pos :]) or c.final:
-            return False
-        yield

@@ -16,11 +16,10 @@ to the parser whatever ``skip_special_tokens`` says.
 from __future__ import annotations
 
 import re
-from collections.abc import Generator
 
 from tsfront.text.tools.base import CUT, NOT, ToolParser, random_call_id
 from tsfront.text.tools.hermes import read_call_list
-from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank, literal
+from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank, literal, run
 
 __all__ = ["MistralParser"]
 
@@ -29,20 +28,6 @@ ARGS = "[ARGS]"
 CALL_ID = "[CALL_ID]"
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _ID = re.compile(r"[A-Za-z0-9]+")
-
-
-def read_run(c: Cursor, pattern: re.Pattern[str]) -> Generator[None, None, str]:
-    """The run of characters ``pattern`` matches at ``c.pos`` (it ends at the first other
-    character, or the end of the output)."""
-    parts: list[str] = []
-    while True:
-        m = pattern.match(c.text, c.pos)
-        if m is not None:
-            parts.append(m.group())
-            c.pos = m.end()
-        if c.pos < len(c.text) or c.final:
-            return "".join(parts)
-        yield
 
 
 def _cut_tag(rest: str) -> bool:
@@ -69,7 +54,7 @@ class MistralParser(ToolParser):
             if got == CUT:
                 return TRUNCATED
             return NoCall(c.offset) if got == NOT else None
-        name = yield from read_run(c, _NAME)
+        name = yield from run(c, _NAME)
         if not name:
             return NoCall(len(TOOL_CALLS))
         if c.pos >= len(c.text):
@@ -77,7 +62,7 @@ class MistralParser(ToolParser):
         given = None
         before = c.offset
         if (yield from literal(c, CALL_ID)):
-            given = yield from read_run(c, _ID)
+            given = yield from run(c, _ID)
             if not given:
                 return TRUNCATED if c.final else NoCall(before)
         if not (yield from literal(c, ARGS)) and c.final and _cut_tag(c.rest()):
@@ -86,9 +71,5 @@ class MistralParser(ToolParser):
             return TRUNCATED
         if c.text[c.pos] != "{":
             return NoCall(c.offset)
-        self.open_call(name, given if len(given or "") == 9 else None)
-        if (yield from self.stream_json(c)):
-            self.close_call()
-        elif not c.final:
-            self.break_call()
+        yield from self.stream_call(c, name, given if len(given or "") == 9 else None)
         return None

@@ -11,10 +11,9 @@ Both are read (the markers differ).
 
 from __future__ import annotations
 
-from tsfront.text.tools.base import CUT, NOT
-from tsfront.text.tools.hermes import read_call_list
+from tsfront.text.tools.hermes import read_call_block
 from tsfront.text.tools.qwen3_coder import Qwen3CoderParser
-from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, until
+from tsfront.text.tools.reading import Cursor, Reader
 
 __all__ = ["NemotronParser"]
 
@@ -33,12 +32,4 @@ class NemotronParser(Qwen3CoderParser):
         if not c.text.startswith(START, c.pos):
             return (yield from super()._read(c))
         c.pos += len(START)
-        got = yield from read_call_list(self, c)
-        if got == CUT or (got == NOT and c.final):
-            return TRUNCATED
-        if got == NOT:
-            if (yield from until(c, (END,))) < 0:
-                return TRUNCATED
-            return NoCall(c.offset)
-        yield from until(c, (END,))
-        return None
+        return (yield from read_call_block(self, c, END))

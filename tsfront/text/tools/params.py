@@ -13,32 +13,39 @@ one tagged value per parameter. The JSON of the arguments is built as the values
 
 ``null`` (any case) is JSON null for any type in the formats that say so (``null_word``):
 such a string value is held while it could still be ``null``.
+
+:func:`read_arguments` reads a call's parameters, tagged as its :class:`ParamTags` say, to the
+call's end, and writes its arguments object as they come (the format reads each parameter's
+head: its name, and what its attributes say of the value).
 """
 
 from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Generator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from tsfront.text.tools.base import loads_json
+from tsfront.text.tools.base import BROKE, CALL, CUT, ToolParser, loads_json
 from tsfront.text.tools.jsontext import escape_text, value_text
 from tsfront.text.tools.reading import Cursor, until
 
-if TYPE_CHECKING:
-    from tsfront.text.tools.base import ToolParser
-
 __all__ = [
+    "STRING_TYPES",
+    "ParamTags",
     "ParamValue",
     "convert_parameter",
     "is_string_param",
     "json_key",
+    "properties",
+    "read_arguments",
     "read_param",
     "schema_type",
 ]
 
-_STRINGS = ("string", "str", "text", "varchar", "char", "enum")
+#: The schema types whose values are written as JSON strings.
+STRING_TYPES = ("string", "str", "text", "varchar", "char", "enum")
 _INTS = ("int", "uint", "long", "short", "unsigned")
 _NULL = "null"
 
@@ -59,7 +66,7 @@ def schema_type(schema: Any) -> str:
 def is_string_param(name: str, properties: Mapping[str, Any]) -> bool:
     """Whether parameter ``name`` is written as a JSON string: its schema type is a string
     type, or the schema does not name it."""
-    return name not in properties or schema_type(properties[name]) in _STRINGS
+    return name not in properties or schema_type(properties[name]) in STRING_TYPES
 
 
 def convert_parameter(value: str, name: str, properties: Mapping[str, Any]) -> Any:
@@ -69,7 +76,7 @@ def convert_parameter(value: str, name: str, properties: Mapping[str, Any]) -> A
     if name not in properties:
         return value
     kind = schema_type(properties[name])
-    if kind in _STRINGS:
+    if kind in STRING_TYPES:
         return value
     if kind.startswith(_INTS):
         try:
@@ -99,13 +106,10 @@ def convert_parameter(value: str, name: str, properties: Mapping[str, Any]) -> A
         return value
 
 
-def _jsonable(value: Any) -> Any:
-    # A Python literal's tuples (and tuples inside) as JSON arrays.
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
+def properties(schema: Any) -> Mapping[str, Any]:
+    """A JSON schema's ``properties`` (none: empty)."""
+    props = schema.get("properties") if isinstance(schema, Mapping) else None
+    return props if isinstance(props, Mapping) else {}
 
 
 class ParamValue:
@@ -123,8 +127,8 @@ class ParamValue:
             not converted by the schema.
     """
 
-    __slots__ = ("_first", "_held", "_json", "_kind", "_name", "_null", "_open", "_parts",
-                 "_props", "_trim")  # fmt: skip
+    __slots__ = ("_first", "_held", "_json", "_kind", "_null", "_open", "_parts", "_props",
+                 "_trim", "name")  # fmt: skip
 
     def __init__(
         self,
@@ -136,7 +140,7 @@ class ParamValue:
         string: bool | None = None,
         json: bool = False,
     ) -> None:
-        self._name = name
+        self.name = name
         self._json = json
         self._props = properties
         self._kind = is_string_param(name, properties) if string is None else string
@@ -192,8 +196,8 @@ class ParamValue:
                 except ValueError:
                     value = text
             else:
-                value = convert_parameter(text, self._name, self._props)
-            out = value_text(_jsonable(value))
+                value = convert_parameter(text, self.name, self._props)
+            out = value_text(value)  # (a literal's tuples are arrays)
             return out if out is not None else '"' + escape_text(text) + '"'
         if self._open:
             return '"'  # a held trailing newline is the one trimmed
@@ -226,13 +230,82 @@ def json_key(name: str, first: bool) -> str:
 def read_param(
     parser: ToolParser, c: Cursor, value: ParamValue, ends: tuple[str, ...]
 ) -> Generator[None, None, int]:
-    """Read a value's text up to the first of ``ends`` (consumed), written to the open
-    call's arguments as it arrives; return the index of the end found, or -1 when the output
-    ended inside the value (what could be sent of it was)."""
+    """Read a value's text up to the first of ``ends``, written to the open call's arguments
+    as it arrives; return the index of the end found, or -1 when the output ended inside the
+    value (what could be sent of it was). ``ends[0]``, the value's close tag, is consumed;
+    another end (a tag that ends a value left open) is left for the caller to read."""
 
     def take(piece: str) -> None:
         parser.call_args(value.add(piece))
 
     found = yield from until(c, ends, take)
     parser.call_args(value.close() if found >= 0 else value.cut())
+    if found > 0:
+        c.pos -= len(ends[found])
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class ParamTags:
+    """How a format tags a call's parameters, for :func:`read_arguments`.
+
+    In each tuple the first tag is consumed when it comes and the others are left unread
+    (what follows reads them).
+
+    Args:
+        parameter: the tag that opens a parameter (its head follows: a name, attributes).
+        value_ends: what ends a value: its close tag, then the tags that end a value left
+            open (the next parameter's, the call's end).
+        call_ends: what ends the arguments: the call's close tag, then the tags that end a
+            call left open (its block's end).
+        breaks: tags that break a call whose arguments began (a shape the format does not
+            mix with tagged parameters).
+    """
+
+    parameter: str
+    value_ends: tuple[str, ...]
+    call_ends: tuple[str, ...]
+    breaks: tuple[str, ...] = ()
+
+
+Head = Callable[[Cursor, Mapping[str, Any]], Generator[None, None, ParamValue | None]]
+"""A format's reader of a parameter's head (after its tag): the value it opens, typed by the
+tool's ``properties``; ``None`` when the head is no parameter's."""
+
+
+def read_arguments(
+    parser: ToolParser, c: Cursor, name: str, tags: ParamTags, head: Head
+) -> Generator[None, None, int]:
+    """Call ``name``, whose tagged parameters start at ``c.pos``: its start goes out at once,
+    then its arguments object as the parameters arrive, to the call's end. Returns `CALL`
+    (it ended), `BROKE` (a parameter's head that is none, or a tag of ``tags.breaks``: the
+    call stays as it went out, in `ToolParser.broken`) or `CUT` (the output ended first:
+    the call stays open, the region's end cuts it)."""
+    props = properties(parser.tools.get(name))
+    parser.open_call(name)
+    parser.call_args("{")
+    first = True
+    marks = (tags.parameter, *tags.call_ends, *tags.breaks)
+    last_end = len(tags.call_ends)
+    while True:
+        found = yield from until(c, marks)
+        if found < 0:
+            return CUT
+        if found == 0:
+            value = yield from head(c, props)
+            if value is not None:
+                parser.call_args(json_key(value.name, first))
+                first = False
+                if (yield from read_param(parser, c, value, tags.value_ends)) < 0:
+                    return CUT
+                continue
+        elif found <= last_end:
+            if found > 1:
+                c.pos -= len(marks[found])
+            parser.call_args("}")
+            parser.close_call()
+            return CALL
+        if c.final:
+            return CUT
+        parser.break_call()
+        return BROKE

@@ -19,12 +19,11 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Generator
-from typing import Any
 
 from tsfront.text.tools.base import ToolParser
 from tsfront.text.tools.jsontext import value_text
 from tsfront.text.tools.params import json_key
-from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank, until
+from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, blank, run, until
 
 __all__ = ["PythonicParser"]
 
@@ -63,38 +62,13 @@ def _function_name(text: str) -> str | None:
     return _dotted(node)
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (tuple, list)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value
-
-
 def _literal(text: str) -> str | None:
     """The JSON text of the Python literal ``text``, or ``None``."""
     try:
         value = ast.literal_eval(text.strip())
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return None
-    try:
-        return value_text(_jsonable(value))
-    except RecursionError:
-        return None
-
-
-def _run(c: Cursor, first: re.Pattern[str], more: re.Pattern[str]) -> Generator[None, None, str]:
-    """The name at ``c.pos``: ``first`` matches its start, ``more`` what follows a delta's
-    end (it ends at the first character neither takes, or the end of the output)."""
-    parts: list[str] = []
-    while True:
-        m = (more if parts else first).match(c.text, c.pos)
-        if m is not None:
-            parts.append(m.group())
-            c.pos = m.end()
-        if c.pos < len(c.text) or c.final:
-            return "".join(parts)
-        yield
+    return value_text(value)  # (a tuple is an array; too deep to write: None)
 
 
 def _value(c: Cursor) -> Generator[None, None, str | None]:
@@ -188,7 +162,7 @@ class PythonicParser(ToolParser):
 
     def _call(self, c: Cursor) -> Generator[None, None, bool]:
         """One ``name(k=v, …)``; ``True`` if it was a call (emitted)."""
-        name = yield from _run(c, _DOTTED, _DOTTED_MORE)
+        name = yield from run(c, _DOTTED, _DOTTED_MORE)
         if not name or _function_name(name) is None:
             return False
         if not (yield from blank(c)) or c.text[c.pos] != "(":
@@ -206,7 +180,7 @@ class PythonicParser(ToolParser):
                 self.call_args("}")
                 self.close_call()
                 return True
-            key = yield from _run(c, _IDENT, _IDENT_MORE)
+            key = yield from run(c, _IDENT, _IDENT_MORE)
             if not key or not (yield from blank(c)) or c.text[c.pos] != "=":
                 return self._bad(opened)
             c.pos += 1

@@ -25,14 +25,14 @@ function is content (if no call came before).
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from typing import Any, ClassVar
 
 from tsfront.text.tools.base import ToolParser, valid_name
-from tsfront.text.tools.params import ParamValue, convert_parameter, json_key, read_param
-from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, Step, until
+from tsfront.text.tools.params import ParamTags, ParamValue, convert_parameter, read_arguments
+from tsfront.text.tools.reading import TRUNCATED, Cursor, NoCall, Reader, tag_name, until
 
-__all__ = ["Qwen3CoderParser", "convert_parameter", "read_tag_name"]
+__all__ = ["Qwen3CoderParser", "convert_parameter"]
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -42,16 +42,8 @@ PARAMETER = "<parameter="
 PARAMETER_END = "</parameter>"
 # What ends a name in <function=NAME> / <parameter=NAME> ("<" and a newline: a malformed tag).
 _NAME_ENDS = (">", "<", "\n")
-
-
-def read_tag_name(
-    c: Cursor, ends: tuple[str, ...] = _NAME_ENDS
-) -> Generator[None, None, tuple[str, bool]]:
-    """The name of ``<function=NAME>``: ``(name, True)`` when ``>`` ended it, else
-    ``(text, False)``."""
-    parts: list[str] = []
-    found = yield from until(c, ends, parts.append)
-    return "".join(parts).strip(), found == 0
+# A value left open ends at the next parameter or the function's (or block's) end.
+PARAMS = ParamTags(PARAMETER, (PARAMETER_END, PARAMETER, FUNCTION_END, END), (FUNCTION_END, END))
 
 
 class Qwen3CoderParser(ToolParser):
@@ -78,52 +70,23 @@ class Qwen3CoderParser(ToolParser):
         else:
             c.pos += len(FUNCTION)
         while True:
-            name, ok = yield from read_tag_name(c)
-            if not ok or not valid_name(name):
+            name = yield from tag_name(c, _NAME_ENDS)
+            if name is None or not valid_name(name):
                 if self.committed:
                     if wrapped:
                         yield from until(c, (END,))
                     return None
                 return TRUNCATED if c.final else NoCall(c.offset)
-            yield from self._function(c, name)
+            # The parameters, to the function's end (or the block's).
+            yield from read_arguments(self, c, name, PARAMS, _parameter)
             if not wrapped:
                 return None
             found = yield from until(c, (FUNCTION, END))
             if found != 0:
                 return None
 
-    def _function(self, c: Cursor, name: str) -> Step:
-        """The parameters of a function whose name was read, to its ``</function>`` (or the
-        block's end)."""
-        schema: Any = self.tools.get(name, {})
-        props = schema.get("properties") if isinstance(schema, dict) else None
-        if not isinstance(props, dict):
-            props = {}
-        self.open_call(name)
-        self.call_args("{")
-        count = 0
-        while True:
-            found = yield from until(c, (PARAMETER, FUNCTION_END, END))
-            if found == 0:
-                key, ok = yield from read_tag_name(c)
-                if not ok:
-                    if not c.final:  # (cut: the call stays open, the region's end cuts it)
-                        self.break_call()
-                    return
-                value = ParamValue(key, props, trim=True, null_word=True)
-                self.call_args(json_key(key, count == 0))
-                count += 1
-                ended = yield from read_param(self, c, value, (PARAMETER_END, PARAMETER,
-                                                               FUNCTION_END, END))  # fmt: skip
-                if ended < 0:
-                    return  # cut: the call stays open
-                if ended > 0:
-                    c.pos -= len((PARAMETER_END, PARAMETER, FUNCTION_END, END)[ended])
-                continue
-            if found < 0:
-                return  # cut
-            if found == 2:
-                c.pos -= len(END)
-            self.call_args("}")
-            self.close_call()
-            return
+
+def _parameter(c: Cursor, props: Mapping[str, Any]) -> Generator[None, None, ParamValue | None]:
+    """A parameter's name, to its ``>``."""
+    key = yield from tag_name(c, _NAME_ENDS)
+    return None if key is None else ParamValue(key, props, trim=True, null_word=True)

@@ -32,6 +32,8 @@ __all__ = [
     "json_string",
     "literal",
     "peek",
+    "run",
+    "tag_name",
     "until",
 ]
 
@@ -143,6 +145,23 @@ def literal(c: Cursor, lit: str) -> Generator[None, None, bool]:
         yield
 
 
+def run(
+    c: Cursor, pattern: re.Pattern[str], more: re.Pattern[str] | None = None
+) -> Generator[None, None, str]:
+    """The run of characters ``pattern`` matches at ``c.pos`` (``more``, if given, matches
+    what follows its first piece): it ends at the first character neither takes, or the end
+    of the output."""
+    parts: list[str] = []
+    while True:
+        m = (more if parts and more is not None else pattern).match(c.text, c.pos)
+        if m is not None:
+            parts.append(m.group())
+            c.pos = m.end()
+        if c.pos < len(c.text) or c.final:
+            return "".join(parts)
+        yield
+
+
 def held_prefix(text: str, start: int, markers: tuple[str, ...], firsts: str) -> int:
     """The length of the longest suffix of ``text[start:]`` that is a proper prefix of one
     of ``markers`` (``firsts``: their first characters, a quick test)."""
@@ -191,6 +210,15 @@ def until(
             return -1
         c.pos = end
         yield
+
+
+def tag_name(c: Cursor, ends: tuple[str, ...]) -> Generator[None, None, str | None]:
+    """The name of a tag, read up to and past the first of ``ends``: stripped, when it is
+    ``ends[0]`` (the tag's ``>``); ``None`` when another of ``ends`` (a tag out of place)
+    or the end of the output comes first."""
+    parts: list[str] = []
+    found = yield from until(c, ends, parts.append)
+    return "".join(parts).strip() if found == 0 else None
 
 
 def json_string(c: Cursor) -> Generator[None, None, str | None]:
