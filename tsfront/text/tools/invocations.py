@@ -71,9 +71,9 @@ class InvocationBlockParser(ToolParser):
 
     def _invoke(self, c: Cursor, name: str) -> Step:
         """The invocation of ``name`` after its opening tag, to its end (or the block's)."""
-        yield from read_arguments(self, c, name, self.params, self._parameter)
+        yield from read_arguments(self, c, name, self.params, self.read_parameter)
 
-    def _parameter(
+    def read_parameter(
         self, c: Cursor, props: Mapping[str, Any]
     ) -> Generator[None, None, ParamValue | None]:
         """A parameter's head: its attributes, up to and past the tag's end."""

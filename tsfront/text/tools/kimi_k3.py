@@ -83,7 +83,7 @@ class KimiK3Parser(InvocationBlockParser):
             return  # cut
         if found != 1:
             c.pos -= len(_FIRST[found])
-            yield from read_arguments(self, c, name, self.params, self._parameter)
+            yield from read_arguments(self, c, name, self.params, self.read_parameter)
             return
         # The arguments as one JSON object: the call starts at its {.
         if (yield from attributes(c, end=SEP)) is None or not (yield from blank(c)):
