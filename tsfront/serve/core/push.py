@@ -27,6 +27,13 @@ they save.
 
 Everything else (the first and last events, errors, a client that goes away) stays with the
 response's task (`tsfront.serve.edge.asgi`).
+
+`ParsedPusher` is the same sink for a choice whose text is parsed (tools, reasoning: an agent's
+every answer): its tokens' text goes through the choice's `OutputParser` and the dialect's
+`Format.pieces` there, in the drain, and the events it makes (none while the parser holds text
+back) are sent by stepping ``send`` as above; no native step. What the parser raises on the
+model's output is kept (``failure``) and the engine request aborted: the response's task, woken
+by that, ends the response with the parse step's error (`tsfront.serve.core.service`).
 """
 
 from __future__ import annotations
@@ -44,8 +51,9 @@ from tsfront.serve.edge.transport import ConnectionTransport, socket_target
 
 if TYPE_CHECKING:
     from tsfront.serve.core.choice import Choice
+    from tsfront.serve.core.shape import Format
 
-__all__ = ["Pusher", "direct_target"]
+__all__ = ["ParsedPusher", "Pusher", "direct_target"]
 
 _JSON = msgspec.json.Encoder()
 _token_event = _native.token_event
@@ -238,3 +246,61 @@ class Pusher(_native.PusherBase):
             inflight.cancel()
         if coro is not None:
             coro.close()
+
+
+class ParsedPusher(Pusher):
+    """The sink of one streamed choice whose text is parsed (the module's doc): the pieces of
+    its plain tokens' text written straight to ``send``, in ``fmt``'s shape.
+
+    Args:
+        choice: the response's one choice (with its parser).
+        fmt: the response's shape (`Format.pieces` makes the events).
+        send: the ASGI ``send`` of the response (whose start was sent already).
+    """
+
+    __slots__ = ("_fmt", "failure")
+
+    def __init__(
+        self,
+        choice: Choice,
+        fmt: Format,
+        send: Callable[[dict[str, Any]], Coroutine[Any, Any, None]],
+    ) -> None:
+        super().__init__(choice, b"", b"", send)
+        self._cycle = None  # no native step: the drain hands every update to `__call__`
+        self._fmt = fmt
+        #: What the parser raised on the model's output (the engine request is aborted and
+        #: the response's task ends the response with it), or None.
+        self.failure: Exception | None = None
+
+    def __call__(self, tokens: list[int]) -> bool:
+        if self.inflight is not None or self.error is not None:
+            return False  # the response's task takes them, after the send in flight
+        if self.failure is not None:
+            return True  # the response is ending: nothing more of it is parsed
+        choice = self._choice
+        parser = choice.parser
+        assert parser is not None
+        text = self._text(tokens)
+        try:  # the parse step's boundary (as the response's task has it)
+            body = self._fmt.pieces(choice.index, parser.feed(text, len(tokens), tokens))
+        except Exception as exc:
+            self.failure = exc
+            choice.stream.abort()  # wakes the response's task, which sends the error
+            return True
+        if not body:
+            return True  # held back (a marker's start), or markup: nothing to send yet
+        message = self._message
+        message["body"] = body
+        coro = self._send(message)
+        try:
+            waiting = coro.send(None)
+        except StopIteration:
+            return True
+        except Exception as exc:  # consumed: never raise from here (RequestStream.set_sink)
+            self.error = exc
+            return True
+        self._message = {"type": "http.response.body", "body": b"", "more_body": True}
+        self._coro = coro
+        self.inflight = asyncio.ensure_future(self._finish(coro, waiting))
+        return True

@@ -74,7 +74,7 @@ from tsfront.serve.core.limits import (
     decode_error,
 )
 from tsfront.serve.core.offload import OFFLOAD_CHARS, Offload
-from tsfront.serve.core.push import Pusher
+from tsfront.serve.core.push import ParsedPusher, Pusher
 from tsfront.serve.core.reply import ApiError, Final, Reply, Send, SSEReply
 from tsfront.serve.core.schema import ChatRequest, CompletionRequest
 from tsfront.serve.core.seal import Seal, secret_from_env
@@ -1013,14 +1013,24 @@ class Service:
         if len(choices) == 1:
             ch = choices[0]
             push = None
-            if ch.stop is None and ch.parser is None and not plan.logprobs and _PUSH:
+            pushed: list[ParsedPusher] = []  # a parsed choice's sink, once the response started
+            if ch.stop is None and not plan.logprobs and _PUSH:
+                if ch.parser is None:
 
-                def push(send: Send) -> Pusher:
-                    pusher = Pusher(ch, fmt.head(ch.index), fmt.tail, send)
-                    ch.stream.set_sink(pusher)
-                    return pusher
+                    def push(send: Send) -> Pusher:
+                        pusher = Pusher(ch, fmt.head(ch.index), fmt.tail, send)
+                        ch.stream.set_sink(pusher)
+                        return pusher
 
-            return SSEReply(self._one(plan, fmt, ch, first, whole=True), push)
+                else:
+
+                    def push(send: Send) -> Pusher:
+                        pusher = ParsedPusher(ch, fmt, send)
+                        pushed.append(pusher)
+                        ch.stream.set_sink(pusher)
+                        return pusher
+
+            return SSEReply(self._one(plan, fmt, ch, first, whole=True, pushed=pushed), push)
         return SSEReply(self._events(plan, fmt, choices, first))
 
     async def _submit(self, plan: Plan, request_id: str | None = None) -> list[Choice]:
@@ -1180,11 +1190,12 @@ class Service:
         chunk: OutputChunk | None,
         *,
         whole: bool = False,
+        pushed: list[ParsedPusher] | None = None,
     ) -> AsyncGenerator[bytes, None]:
         # The hot path: one event per chunk, built from pre-encoded fragments. With ``whole``
         # it is the response's entire event stream (one choice: no wrapper generator per token).
         if ch.parser is not None:
-            async for event in self._parsed(plan, fmt, ch, chunk, whole=whole):
+            async for event in self._parsed(plan, fmt, ch, chunk, whole=whole, pushed=pushed):
                 yield event
             return
         stream = ch.stream
@@ -1242,9 +1253,12 @@ class Service:
         chunk: OutputChunk | None,
         *,
         whole: bool = False,
+        pushed: list[ParsedPusher] | None = None,
     ) -> AsyncGenerator[bytes, None]:
         # A chat choice whose text is parsed (tools, reasoning): each chunk's pieces become
-        # reasoning_content, content and tool_calls deltas. Not the hot path (no push).
+        # reasoning_content, content and tool_calls deltas. With ``pushed`` (one choice, no
+        # stop strings) its `ParsedPusher` parses the tokens that arrive while this waits, in
+        # the drain; this takes the first chunk, the last, and any that arrive while it runs.
         stream = ch.stream
         parser = ch.parser
         assert parser is not None
@@ -1288,6 +1302,12 @@ class Service:
         finally:
             if whole:
                 stream.abort()
+                stream.set_sink(None)  # the sink refers back to this choice
+        failure = pushed[0].failure if pushed else None
+        if failure is not None and last is None:
+            # The sink's parse step raised on the model's output (it aborted the request).
+            err = _unparseable(failure)
+            last = fmt.error_event(err, err.status, err.kind)
         if whole:
             ending = [last] if last else []
             if plan.include_usage:

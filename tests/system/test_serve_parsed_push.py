@@ -1,0 +1,205 @@
+"""A parsed choice's tokens go through its sink (`tsfront.serve.core.push.ParsedPusher`).
+
+A streamed chat answer whose text is parsed (tools, reasoning: every answer of an agent) has
+its tokens parsed and its events written in the worker's drain while its response's task
+waits, as plain tokens are (issue 39). An embedded `ServeApp` over an `OpenAIService` with the
+Hermes tool parser, its rank a `RawEngine` answered one frame at a time, each frame sent only
+once the previous frame's event left the app (its ASGI ``send``, wrapped): the task is parked
+then, so each later frame meets the sink. What the client reads is the same stream as without
+the sink (``TSFRONT_SERVE_PUSH=0`` in tests/system/test_serve_tools.py covers that path), and
+a parser that raises on a frame the sink took ends the stream with the parse step's error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from support.core_fixtures import DEADLINE, in_thread
+from support.raw_engine import RawEngine, raw_rig
+
+from tsfront.serve.core.chatsettings import ChatSettings
+from tsfront.serve.core.push import ParsedPusher
+from tsfront.serve.edge.asgi import ServeApp
+from tsfront.serve.openai.completions import OpenAIService
+from tsfront.text import TextModel
+from tsfront.text.tools.hermes import HermesParser
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
+ANSWER = (
+    'Sure. <tool_call>\n{"name": "read_file", "arguments": {"path": "src/a b.py"}}\n</tool_call>'
+)
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> TextModel:
+    from tsfront.text.testing import make_test_model
+
+    folder = make_test_model(
+        tmp_path_factory.mktemp("model") / "bytes", added_tokens=["<tool_call>", "</tool_call>"]
+    )
+    return TextModel.load(folder)
+
+
+class Rig:
+    """The app's client, its rank, and an event set each time the app sends a body part."""
+
+    def __init__(self, http: httpx.AsyncClient, engine: RawEngine, sent: asyncio.Queue) -> None:
+        self.http = http
+        self.engine = engine
+        self.sent = sent
+
+
+@pytest.fixture
+async def rig(text: TextModel) -> AsyncIterator[Rig]:
+    sent: asyncio.Queue[bytes] = asyncio.Queue()
+    async with raw_rig(1) as (_io, (engine,), client, _ctx):
+        app = ServeApp(OpenAIService(client, text, "m", chat=ChatSettings(tool_parser="hermes")))
+
+        async def watched(scope: dict, receive: Any, send: Any) -> None:
+            async def send_watched(message: dict) -> None:
+                await send(message)
+                if message["type"] == "http.response.body":
+                    sent.put_nowait(message.get("body", b""))
+
+            await app(scope, receive, send_watched)
+
+        transport = httpx.ASGITransport(app=watched)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            yield Rig(http, engine, sent)
+
+
+class SinkCalls(list):
+    """The tokens each `ParsedPusher` call was offered; `until` waits for a count of them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = asyncio.Event()
+
+    def add(self, tokens: list[int]) -> None:
+        self.append(list(tokens))
+        self.changed.set()
+
+    async def until(self, count: int) -> None:
+        while sum(map(len, self)) < count:
+            self.changed.clear()
+            await self.changed.wait()
+
+
+@pytest.fixture
+def sink_calls(monkeypatch: pytest.MonkeyPatch) -> SinkCalls:
+    calls = SinkCalls()
+    original = ParsedPusher.__call__
+
+    def spy(self: ParsedPusher, tokens: list[int]) -> bool:
+        calls.add(tokens)
+        return original(self, tokens)
+
+    monkeypatch.setattr(ParsedPusher, "__call__", spy)
+    return calls
+
+
+async def first_content_sent(rig: Rig) -> None:
+    """Until the app sent an event with content (the first frame's, after the opening event):
+    its response's task then waits for the next frame, parked, so the sink takes it."""
+    while True:
+        body = await asyncio.wait_for(rig.sent.get(), DEADLINE)
+        if b'"content":"' in body and b'"content":""' not in body:
+            return
+
+
+def chat() -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "stream": True}
+
+
+async def stream_tokens(rig: Rig, ids: list[int], taken: SinkCalls) -> str:
+    """Answer the request one token a frame: the first, then (once the app sent its content,
+    the response's task parked) all but the last, and the last (with the finish) once the
+    sink took those (else the ring could join them to the last, which is the task's)."""
+    task = asyncio.create_task(rig.http.post("/v1/chat/completions", json=chat()))
+    add = await in_thread(rig.engine.recv_add)
+    rig.engine.push(rig.engine.tokens_frame(add.rid, ids[:1], 1))
+    await first_content_sent(rig)
+    for n in range(2, len(ids)):
+        rig.engine.push(rig.engine.tokens_frame(add.rid, [ids[n - 1]], n))
+    await asyncio.wait_for(taken.until(len(ids) - 2), DEADLINE)
+    rig.engine.push(rig.engine.tokens_frame(add.rid, ids[-1:], len(ids), "stop"))
+    response = await asyncio.wait_for(task, DEADLINE)
+    assert response.status_code == 200, response.text
+    return response.text
+
+
+def events(body: str) -> list[Any]:
+    out = []
+    for block in body.split("\n\n"):
+        if block:
+            data = block.removeprefix("data: ")
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def test_a_streamed_tool_call_is_parsed_in_the_sink_and_reads_as_without_it(
+    rig: Rig, text: TextModel, sink_calls: SinkCalls
+) -> None:
+    ids = text.encode(ANSWER, add_special_tokens=False)
+    body = await stream_tokens(rig, ids, sink_calls)
+    got = events(body)
+    assert got[-1] == "[DONE]"
+    content, name, arguments, finish = "", None, "", None
+    for event in got[:-1]:
+        choice = event["choices"][0]
+        delta = choice["delta"]
+        content += delta.get("content") or ""
+        for call in delta.get("tool_calls") or ():
+            name = call["function"].get("name") or name
+            arguments += call["function"].get("arguments") or ""
+        finish = choice["finish_reason"] or finish
+    assert content == "Sure. "
+    assert name == "read_file"
+    assert json.loads(arguments) == {"path": "src/a b.py"}
+    assert finish == "tool_calls"
+    # Every token but the first and the last (the task's) went through the sink, in order.
+    assert [t for call in sink_calls for t in call] == ids[1:-1]
+
+
+async def test_a_parser_that_raises_on_a_token_the_sink_took_ends_the_stream_with_an_error(
+    rig: Rig, text: TextModel, sink_calls: SinkCalls, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    feeds = []
+    original = HermesParser.feed
+
+    def second_raises(self: HermesParser, delta: str) -> Any:
+        feeds.append(delta)
+        if len(feeds) == 2:
+            raise RuntimeError("a parser bug")
+        return original(self, delta)
+
+    monkeypatch.setattr(HermesParser, "feed", second_raises)
+    ids = text.encode("Hello there, friend.", add_special_tokens=False)
+    task = asyncio.create_task(rig.http.post("/v1/chat/completions", json=chat()))
+    add = await in_thread(rig.engine.recv_add)
+    rig.engine.push(rig.engine.tokens_frame(add.rid, ids[:1], 1))
+    await first_content_sent(rig)
+    rig.engine.push(rig.engine.tokens_frame(add.rid, ids[1:2], 2))  # the sink's: it raises
+    # The engine request is aborted at once, by the sink.
+    assert await in_thread(rig.engine.recv_any, DEADLINE) == ("abort", [add.rid])
+    response = await asyncio.wait_for(task, DEADLINE)
+    assert response.status_code == 200
+    got = events(response.text)
+    assert got[-1] == "[DONE]"
+    error = got[-2]["error"]
+    assert (error["type"], error["code"]) == ("server_error", 502)
+    assert "could not parse the model's output" in error["message"]
+    assert sink_calls == [ids[1:2]]
