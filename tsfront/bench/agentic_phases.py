@@ -6,8 +6,12 @@ tokenizer) up to turn ``--turn``, then times each step a worker takes for its ch
 this process on its thread CPU clock (median of ``--rounds``): the body's decode, the plan's
 checks, the template, the encode (warm: the conversation's previous turns are in the encode
 cache; cold: no cache, the whole prompt), the prefix-affinity block hashes, the client's
-checks of the ids, the ADD's encoding and the detokenizer's setup. The I/O process's side and
-the output are not here (``tsfront bench serve --preset agentic`` has the whole).
+checks of the ids, the ADD's encoding and the detokenizer's setup; then, per streamed token,
+what the worker does with an answer's text (the detokenizer's step, the Hermes tool parser and
+the reasoning-free `OutputParser`, OpenAI's chunk events: `Format.pieces`) for the workload's
+scripted tool call and text answer, one token at a time. What is not here (the HTTP exchange,
+the hop to the encode thread and back, the wake-ups of the drain, each event's write) is the
+rest of ``tsfront bench serve --preset agentic``'s whole (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ def _median_us(fn: Callable[[], Any], rounds: int) -> float:
 
 def phases(system_tokens: int, turn: int, rounds: int) -> tuple[dict[str, float], int]:
     """``{phase: median µs}`` and the prompt's tokens."""
-    from tsfront.bench.agentic import Workload, make_agentic_model, tools
+    from tsfront.bench.agentic import Workload, call_text, make_agentic_model, tools
     from tsfront.bench.realtok import deepseek_tokenizer
     from tsfront.ipc.hashes import packed_hashes
     from tsfront.serve.core.schema import ChatRequest
@@ -144,7 +148,37 @@ def phases(system_tokens: int, turn: int, rounds: int) -> tuple[dict[str, float]
     out["detokenizer setup (prompt tail)"] = _median_us(
         lambda: text.detokenizer(prompt_ids=ids), rounds
     )
+    for kind, answer in (("a tool call", call_text(turn)), ("a text answer", _TEXT_ANSWER)):
+        out[f"per output token, {kind}: detokenizer, parser, event"] = _per_token_us(
+            text, ids, answer, rounds
+        )
     return out, len(ids)
+
+
+#: The workload's scripted text answer (`tsfront.bench.agentic.script_rules`).
+_TEXT_ANSWER = "Done with step 6: the change is made."
+
+
+def _per_token_us(text: Any, prompt_ids: list[int], answer: str, rounds: int) -> float:
+    """The worker's CPU per token of ``answer`` streamed one token a chunk: the choice's
+    detokenizer step, its `OutputParser` (Hermes tools) and `ChatFormat.pieces` (median over
+    ``rounds // 10`` answers, at least 5)."""
+    from tsfront.serve.core.parsing import OutputParser
+    from tsfront.serve.openai.formats import ChatFormat
+    from tsfront.text.tools import make_tool_parser
+
+    tokens = text.encode(answer, add_special_tokens=False)
+    times = []
+    for _ in range(max(5, rounds // 10)):
+        detok = text.detokenizer(prompt_ids=prompt_ids)
+        parser = OutputParser(None, make_tool_parser("hermes", None), True)
+        fmt = ChatFormat("m", text, 1, False)
+        t0 = time.thread_time_ns()
+        for token in tokens:
+            fmt.pieces(0, parser.feed(detok.step([token]), 1, [token]))
+        fmt.pieces(0, parser.finish())
+        times.append((time.thread_time_ns() - t0) / len(tokens))
+    return statistics.median(times) / 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| phase (one request, {tokens} prompt tokens) | worker CPU µs (median) |")
     print("|---|---:|")
     for name, us in out.items():
-        print(f"| {name} | {us:,.0f} |")
+        print(f"| {name} | {us:,.1f} |" if us < 10 else f"| {name} | {us:,.0f} |")
     return 0
 
 
