@@ -646,5 +646,8 @@ def test_a_long_call_streams_its_arguments_as_they_are_written(
             f"{len(deltas)} argument deltas, the first {first!r} ({len(first)} of "
             f"{len(arguments)} characters)"
         )
-    assert len(deltas) > tokens // 2, (len(deltas), tokens)
+    # A worker's drain sends what it read of several steps as one event (a loaded machine's
+    # worker reads two or three at once: 153 deltas for 322 tokens was seen beside the full
+    # suite), so "many" is a quarter of the tokens; one delta at the end would be 1.
+    assert len(deltas) > tokens // 4, (len(deltas), tokens)
     assert len(first) < len(arguments) // 20, first
