@@ -62,6 +62,12 @@ CASES: list[tuple[dict[str, Any], str, str, tuple[str, str | None, str | None]]]
     ),
     ({"model_type": "minimax_m2"}, "", "", ("MiniMax-M2", "minimax_m2", "minimax_m2")),
     ({"model_type": "longcat_flash"}, "<think>", "", ("LongCat", "longcat", "deepseek_r1")),
+    (
+        {"model_type": "longcat_flash"},
+        "<longcat_think>",
+        "",
+        ("LongCat (thinking)", "longcat", "longcat"),
+    ),
     ({"model_type": "nemotron_h"}, "<think>", "", ("Nemotron-H", "qwen3_coder", "qwen3")),
     (
         {"model_type": "qwen3_moe"},

@@ -137,6 +137,13 @@ FAMILIES: tuple[Family, ...] = (
         model_types={"minimax_m2"},
         architectures={"MiniMaxM2ForCausalLM"},
     ),
+    _f(
+        "LongCat (thinking)",
+        "longcat",
+        "longcat",
+        model_types={"longcat_flash"},
+        markers=("<longcat_think>",),
+    ),
     _f("LongCat", "longcat", "deepseek_r1", model_types={"longcat_flash"}, markers=("<think>",)),
     _f("LongCat", "longcat", None, model_types={"longcat_flash"}),
     _f("Nemotron-H", "qwen3_coder", "qwen3", model_types={"nemotron_h"}, markers=("<think>",)),
