@@ -26,10 +26,9 @@ from typing import Any
 
 import httpx
 import pytest
-from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import ScriptedServe
 from support.text_fixtures import long_token_model, long_words
 
-from tsfront.sim import SimGroup
 from tsfront.sim.script import Script
 from tsfront.text import TextModel
 
@@ -57,10 +56,10 @@ WORDS = " ".join(long_words()) + " "
 THOUGHT = WORDS * 6_000
 
 
-class Served:
-    def __init__(self, server: ServeProcess, group: SimGroup, url: str, model: TextModel):
-        self.server, self.group, self.url, self.model = server, group, url, model
-        self.http = httpx.Client(base_url=url, headers=AUTH, timeout=DEADLINE)
+class Served(ScriptedServe):
+    def __init__(self, served: Any, model: TextModel) -> None:
+        super().__init__(served, model)
+        self.http = httpx.Client(base_url=self.url, headers=AUTH, timeout=DEADLINE)
 
     def post(self, path: str, body: object, **kw: Any) -> httpx.Response:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -75,43 +74,22 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     base = tmp_path_factory.mktemp("hostile-loop")
     folder = long_token_model(base / "long-model", CONTEXT)
     (base / "template.jinja").write_text(TEMPLATE)
-    model = TextModel.load(folder)
-    server = ServeProcess(
-        ["--model", str(folder), "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-         "--workers", "1", "--port", "0", "--handshake-timeout", "60", "--api-key", KEY,
-         "--chat-template", str(base / "template.jinja"), "--reasoning-parser", "qwen3",
-         "--tool-call-parser", "qwen3_coder"],
+    s = Served.start(
+        folder,
+        Script([("THINK", f"<think>{THOUGHT}</think>\n\nDone.")], folder),
+        args=["--api-key", KEY, "--chat-template", str(base / "template.jinja"),
+              "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen3_coder"],
         stderr=base / "stderr.txt",
+        vocab_size=TextModel.load(folder).vocab_size,
+        max_model_len=CONTEXT,
+        chunk_tokens=64,
+        step_ms=0.0,
     )  # fmt: skip
-    group = None
-    try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        script = Script([("THINK", f"<think>{THOUGHT}</think>\n\nDone.")], folder)
-        group = SimGroup(
-            handshake,
-            1,
-            script=script,
-            vocab_size=model.vocab_size,
-            eos_token_id=model.eos_token_ids[0],
-            max_model_len=CONTEXT,
-            chunk_tokens=64,
-            step_ms=0.0,
-        ).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 90).group(1)
-    except BaseException:
-        server.stop()
-        if group is not None:
-            group.stop()
-        raise
-    s = Served(server, group, url, model)
     try:
         yield s
     finally:
         s.http.close()
-        try:
-            assert server.stop() == 0
-        finally:
-            group.stop()
+        s.close()
 
 
 class LoopWatch:

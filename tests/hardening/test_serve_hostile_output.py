@@ -14,16 +14,15 @@ real HTTP: the ``openai`` client for whole responses, httpx for streams, whose e
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from support.serve_fixtures import Served, start_scripted, start_together
 
 from tsfront.sim.script import Script
-from tsfront.testing.serve import Served, start_served
 from tsfront.text import TextModel
 from tsfront.text.testing import make_test_model
 
@@ -61,40 +60,23 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Serv
     base = tmp_path_factory.mktemp("hostile-output")
     model_dir = make_test_model(base / "model", "bytelevel")
     model = TextModel.load(model_dir)
-    started: dict[str, Served] = {}
-    errors: list[BaseException] = []
-
-    def start(name: str) -> None:
-        try:
-            started[name] = start_served(
-                model_dir,
-                ranks=1,
-                args=SERVERS[name],
-                stderr=base / f"stderr-{name}.txt",
-                timeout=DEADLINE,
-                script=Script(RULES, model_dir),
-                vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True),
-                eos_token_id=model.eos_token_ids[0],
-                chunk_tokens=4,
-                step_ms=0.5,
-            )
-        except BaseException as exc:
-            errors.append(exc)
-
-    # Started together: their interpreters and model loads overlap.
-    threads = [threading.Thread(target=start, args=(name,)) for name in SERVERS]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    try:
-        if errors:
-            raise errors[0]
+    starts = {
+        name: lambda name=name: start_scripted(
+            model_dir,
+            model,
+            Script(RULES, model_dir),
+            args=SERVERS[name],
+            stderr=base / f"stderr-{name}.txt",
+        )
+        for name in SERVERS
+    }
+    with start_together(starts, closed_clean) as started:
         yield started
-    finally:
-        for s in started.values():
-            code, left = s.close()
-            assert code == 0 and not left
+
+
+def closed_clean(s: Served) -> None:
+    code, left = s.close()
+    assert code == 0 and not left
 
 
 def client(s: Served) -> openai.OpenAI:

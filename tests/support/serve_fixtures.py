@@ -10,6 +10,14 @@ processes (other test runs, other servers) make and remove entries there all the
 `post_stream` and `read_chunked` are a raw HTTP/1.1 client for the tests that need what a
 library client hides: a small receive window (a slow reader), a client that stops reading.
 
+`start_scripted` is the rig of the tests whose one simulated rank answers by a script (a marker
+in the prompt -> a model's text): `ScriptedServe` is that server with the model it serves, the
+request each HTTP request became at the rank (`ScriptedServe.engine_request`) and the prompt
+it rendered (`ScriptedServe.prompt_of`). `start_together` starts several servers at once (their
+interpreters and model loads overlap). `CHAT_TEMPLATE` is their Qwen-style chat template, with
+tool calls as Hermes writes them; `sse_events` reads a streamed answer's named events off the
+wire.
+
 `Front` is any HTTP server in front of simulated ranks (``tsfront serve``, or another server
 hosting tsfront's app): what reached the ranks, what ``/health`` says is in flight, waits with
 a deadline, and the clients that leave (mid-stream, before the first token, many at once).
@@ -20,25 +28,193 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Self, TypeVar
 
 import httpx
 
 from tsfront.sim import SimGroup
-from tsfront.testing.serve import ServeProcess, serve_children, session_pids, start_served
+from tsfront.sim.script import Script
+from tsfront.testing.serve import (
+    Served,
+    ServeProcess,
+    serve_children,
+    session_pids,
+    start_served,
+)
+from tsfront.text import TextModel
 
 __all__ = [
+    "CHAT_TEMPLATE",
+    "CHAT_TEMPLATE_TURNS",
     "Front",
+    "ScriptedServe",
     "ServeProcess",
+    "Served",
     "dechunk",
+    "engine_request",
     "post_stream",
     "read_chunked",
     "serve_children",
     "session_shm",
     "shm_left",
+    "sse_events",
+    "start_scripted",
     "start_served",
+    "start_together",
 ]
+
+#: The turns of the scripted tests' chat template (Qwen's shape): the tools as JSON, each turn's
+#: reasoning in ``<think>``, its calls as Hermes writes them, a tool result with its call's id;
+#: up to the generation prompt's opening, whose end (``{% endif %}``) a test may extend. A script
+#: rule that matches only a correctly rendered prompt proves the rendering.
+CHAT_TEMPLATE_TURNS = """\
+{%- if tools %}<|im_start|>system
+# Tools
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}<|im_end|>
+{% endif %}
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{% if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>
+{% endif %}
+{%- if message.content %}{{ message.content }}{% endif %}
+{%- for call in message.tool_calls or [] %}<tool_call>{"name": "{{ call.function.name }}", \
+"arguments": {{ call.function.arguments | tojson }}}</tool_call>{% endfor %}
+{%- if message.role == "tool" %} (result of {{ message.tool_call_id }}){% endif %}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+"""
+#: `CHAT_TEMPLATE_TURNS` with the generation prompt closed.
+CHAT_TEMPLATE = CHAT_TEMPLATE_TURNS + "{% endif %}"
+
+
+def engine_request(group: SimGroup, request_id: str) -> Any:
+    """The ADD the ranks of ``group`` got for the HTTP request ``request_id`` (its engine rid
+    ends with ``-<x-request-id>``); exactly one."""
+    found = [r for e in group.engines for r in e.requests() if r.rid.endswith(f"-{request_id}")]
+    assert len(found) == 1, [r.rid for e in group.engines for r in e.requests()]
+    return found[0]
+
+
+class ScriptedServe:
+    """``tsfront serve`` (`Served`) against one simulated rank that answers by a script, and the
+    model it serves (to read what reached the rank)."""
+
+    def __init__(self, served: Served, model: TextModel) -> None:
+        self.served = served
+        self.server, self.group, self.url = served.server, served.group, served.url
+        self.model = model
+
+    @classmethod
+    def start(
+        cls,
+        folder: Path,
+        script: Script,
+        *,
+        workers: int = 1,
+        args: Sequence[str] = (),
+        stderr: Path | None = None,
+        **sim_options: Any,
+    ) -> Self:
+        """`start_scripted`, as this class (a test's subclass adds its clients in __init__)."""
+        model = TextModel.load(folder)
+        return cls(start_scripted(folder, model, script, workers, args, stderr, sim_options), model)
+
+    def engine_request(self, request_id: str) -> Any:
+        """The ADD the rank got for the HTTP request ``request_id`` (`engine_request`)."""
+        return engine_request(self.group, request_id)
+
+    def prompt_of(self, request_id: str) -> str:
+        """The prompt the rank got for the HTTP request ``request_id``, as text."""
+        ids = self.engine_request(request_id).input_ids
+        return self.model.decode(ids, skip_special_tokens=False)
+
+    def close(self) -> None:
+        """Stop the server (it must exit with status 0), then its rank."""
+        code, _ = self.served.close()
+        assert code == 0
+
+
+def start_scripted(
+    folder: Path,
+    model: TextModel,
+    script: Script,
+    workers: int = 1,
+    args: Sequence[str] = (),
+    stderr: Path | None = None,
+    sim_options: dict[str, Any] | None = None,
+) -> Served:
+    """``tsfront serve`` of ``folder`` (``model``) with ``workers`` workers and ``args``, against
+    one rank answering by ``script``: the model's vocabulary and EOS, output in chunks of 1 to
+    4 tokens a step every 0.5 ms unless ``sim_options`` (`EngineOptions` fields) say otherwise."""
+    options = {
+        "vocab_size": model.tokenizer.get_vocab_size(with_added_tokens=True),
+        "eos_token_id": model.eos_token_ids[0],
+        "chunk_tokens": 4,
+        "step_ms": 0.5,
+        **(sim_options or {}),
+    }
+    return start_served(
+        folder,
+        workers=workers,
+        ranks=1,
+        args=args,
+        stderr=stderr,
+        timeout=90,  # a loaded 2-core machine starting several servers at once
+        script=script,
+        **options,
+    )
+
+
+T = TypeVar("T")
+
+
+@contextmanager
+def start_together(
+    starts: dict[str, Callable[[], T]], close: Callable[[T], None]
+) -> Iterator[dict[str, T]]:
+    """Each of ``starts`` called on its own thread (the servers' interpreters and model loads
+    overlap); the started ones by name, each ``close``d at the end, also when one failed."""
+    started: dict[str, T] = {}
+    errors: list[BaseException] = []
+
+    def start(name: str) -> None:
+        try:
+            started[name] = starts[name]()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(name,)) for name in starts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        if errors:
+            raise errors[0]
+        yield started
+    finally:
+        for s in started.values():
+            close(s)
+
+
+def sse_events(
+    url: str, body: dict[str, Any], headers: dict[str, str], timeout: float
+) -> list[tuple[str, dict[str, Any]]]:
+    """``POST url`` of ``body`` answered 200 with named server-sent events: each ``(event,
+    data)``, the data parsed, read to the end of the body."""
+    with httpx.stream("POST", url, json=body, headers=headers, timeout=timeout) as response:
+        assert response.status_code == 200, response.read()
+        lines = [line for line in response.iter_lines() if line]
+    pairs = []
+    for event, data in zip(lines[::2], lines[1::2], strict=True):
+        assert event.startswith("event: ") and data.startswith("data: "), (event, data)
+        pairs.append((event[7:], json.loads(data[6:])))
+    return pairs
 
 
 def session_shm(session: int) -> set[int]:

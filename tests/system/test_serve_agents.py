@@ -23,11 +23,9 @@ from typing import Any
 
 import agents  # openai-agents (the test extra)
 import pytest
-from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import ScriptedServe
 
-from tsfront.sim import SimGroup
 from tsfront.sim.script import Script
-from tsfront.text import TextModel
 from tsfront.text.testing import make_test_model
 
 DEADLINE = 60.0
@@ -80,38 +78,22 @@ def served(
         "bytelevel",
         special_tokens=GLM_TAGS if parser == "glm47" else (),
     )
-    model = TextModel.load(model_dir)
-    server = ServeProcess(
-        [
-            "--model", str(model_dir), "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-            "--workers", "1", "--port", "0", "--handshake-timeout", "60",
-            "--tool-call-parser", parser,
-        ]
-    )  # fmt: skip
-    group = None
+    s = ScriptedServe.start(
+        model_dir,
+        Script(rules(parser), model_dir),
+        args=["--tool-call-parser", parser],
+        chunk_tokens=3,
+    )
     try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(
-            handshake,
-            1,
-            script=Script(rules(parser), model_dir),
-            vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True),
-            eos_token_id=model.eos_token_ids[0],
-            chunk_tokens=3,
-            step_ms=0.5,
-        ).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 90).group(1)
         calls: list[str] = []
-        yield url, calls
+        yield s.url, calls
         prompts = [
-            model.decode(r.input_ids, skip_special_tokens=False)
-            for r in group.engines[0].requests()
+            s.model.decode(r.input_ids, skip_special_tokens=False)
+            for r in s.group.engines[0].requests()
         ]
         assert any("22 C and sunny in Paris" in p for p in prompts)
     finally:
-        assert server.stop() == 0
-        if group is not None:
-            group.stop()
+        s.close()
 
 
 def _agent(url: str, calls: list[str]) -> Any:

@@ -27,7 +27,6 @@ of the arguments were written (a JSON family and an XML-parameter family).
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,13 +35,11 @@ from typing import Any
 
 import openai
 import pytest
+from support.serve_fixtures import Served, start_scripted, start_together
 
 from tsfront.sim.script import Script
-from tsfront.testing.serve import Served, start_served
 from tsfront.text import TextModel
 from tsfront.text.testing import make_test_model
-
-DEADLINE = 60.0
 
 TEMPLATE = """\
 {%- if tools %}<|im_start|>system
@@ -437,40 +434,18 @@ def served(family: Family, base: Path, step_ms: float = 0.2) -> Iterator[dict[st
     args = ["--tool-call-parser", family.parser]
     if family.reasoning is not None:
         args += ["--reasoning-parser", family.reasoning]
-    started: dict[str, Served] = {}
-    errors: list[BaseException] = []
-
-    def start(way: str, chunk: int) -> None:
-        try:
-            started[way] = start_served(
-                folder,
-                ranks=1,
-                args=args,
-                timeout=DEADLINE,
-                script=Script(rules(family), folder),
-                vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True),
-                eos_token_id=model.eos_token_ids[0],
-                chunk_tokens=chunk,
-                step_ms=step_ms,
-            )
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [
-        threading.Thread(target=start, args=("stream 1", 1)),
-        threading.Thread(target=start, args=("stream 1-4", 4)),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    try:
-        if errors:
-            raise errors[0]
+    starts = {
+        way: lambda chunk=chunk: start_scripted(
+            folder,
+            model,
+            Script(rules(family), folder),
+            args=args,
+            sim_options={"chunk_tokens": chunk, "step_ms": step_ms},
+        )
+        for way, chunk in (("stream 1", 1), ("stream 1-4", 4))
+    }
+    with start_together(starts, Served.close) as started:
         yield started
-    finally:
-        for s in started.values():
-            s.close()
 
 
 def _name(s: Served) -> str:

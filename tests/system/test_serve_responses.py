@@ -26,31 +26,15 @@ import agents  # openai-agents (the test extra)
 import httpx
 import openai
 import pytest
+from support.serve_fixtures import CHAT_TEMPLATE, ScriptedServe
 
 from tsfront.serve.processes.store import Memory, StoreClient, StoreProcess, StoreUnavailable
-from tsfront.sim import SimGroup
 from tsfront.sim.script import Script
-from tsfront.testing.serve import ServeProcess
 from tsfront.text import TextModel
 from tsfront.text.testing import make_test_model
 
 DEADLINE = 60.0
-TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-# Tools
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}<|im_end|>
-{% endif %}
-{%- for message in messages %}<|im_start|>{{ message.role }}
-{% if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>
-{% endif %}
-{%- if message.content %}{{ message.content }}{% endif %}
-{%- for call in message.tool_calls or [] %}<tool_call>{"name": "{{ call.function.name }}", \
-"arguments": {{ call.function.arguments | tojson }}}</tool_call>{% endfor %}
-{%- if message.role == "tool" %} (result of {{ message.tool_call_id }}){% endif %}<|im_end|>
-{% endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+TEMPLATE = CHAT_TEMPLATE
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -93,24 +77,13 @@ RULES = [
 ]
 
 
-class Served:
-    def __init__(self, server: ServeProcess, group: SimGroup, url: str, model: TextModel):
-        self.server, self.group, self.url, self.model = server, group, url, model
-        self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-
-    def engine_request(self, request_id: str) -> Any:
-        found = [
-            r for e in self.group.engines for r in e.requests() if r.rid.endswith(f"-{request_id}")
-        ]
-        assert len(found) == 1, [r.rid for e in self.group.engines for r in e.requests()]
-        return found[0]
+class Served(ScriptedServe):
+    def __init__(self, served: Any, model: TextModel) -> None:
+        super().__init__(served, model)
+        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
 
     def worker_of(self, request_id: str) -> str:
         return str(self.engine_request(request_id).rid.split("-")[0])
-
-    def prompt_of(self, request_id: str) -> str:
-        ids = self.engine_request(request_id).input_ids
-        return self.model.decode(ids, skip_special_tokens=False)
 
     def aborts(self) -> int:
         return sum(c["aborts"] for c in self.group.counters().values())
@@ -124,42 +97,14 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _start(model_dir: Path, workers: int, *flags: str) -> Served:
-    model = TextModel.load(model_dir)
-    server = ServeProcess(
-        [
-            "--model", str(model_dir), "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-            "--workers", str(workers), "--port", "0", "--handshake-timeout", "60",
-            "--chat-template", str(model_dir.parent / "template.jinja"),
-            "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", *flags,
-        ],
+    return Served.start(
+        model_dir,
+        Script(RULES, model_dir),
+        workers=workers,
+        args=["--chat-template", str(model_dir.parent / "template.jinja"),
+              "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3", *flags],
         stderr=model_dir.parent / f"stderr-{workers}-{len(flags)}.txt",
     )  # fmt: skip
-    group = None
-    try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(
-            handshake,
-            1,
-            script=Script(RULES, model_dir),
-            vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True),
-            eos_token_id=model.eos_token_ids[0],
-            chunk_tokens=4,
-            step_ms=0.5,
-        ).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 90).group(1)
-    except BaseException:
-        server.stop()
-        if group is not None:
-            group.stop()
-        raise
-    return Served(server, group, url, model)
-
-
-def _stop(s: Served) -> None:
-    try:
-        assert s.server.stop() == 0
-    finally:
-        s.group.stop()
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +113,7 @@ def served(model_dir: Path) -> Iterator[Served]:
     try:
         yield s
     finally:
-        _stop(s)
+        s.close()
 
 
 _ids = iter(range(1_000_000))
@@ -495,7 +440,7 @@ def test_the_servers_store_keeps_what_its_flags_say(model_dir: Path) -> None:
         assert s.client.responses.retrieve(second.id).id == second.id
         assert s.client.responses.retrieve(third.id).id == third.id
     finally:
-        _stop(s)
+        s.close()
     small = _start(model_dir, 1, "--responses-store-bytes", "300")
     try:
         # A response and its conversation: more than 300 bytes of JSON, so none is kept.
@@ -503,7 +448,7 @@ def test_the_servers_store_keeps_what_its_flags_say(model_dir: Path) -> None:
         with pytest.raises(openai.NotFoundError):
             small.client.responses.retrieve(out.id)
     finally:
-        _stop(small)
+        small.close()
 
 
 # ---------------------------------------------------------------------- refusals, disconnects

@@ -24,32 +24,16 @@ import openai
 import pydantic
 import pytest
 from openai.types.responses import ResponseStreamEvent
+from support.serve_fixtures import CHAT_TEMPLATE, ScriptedServe, sse_events
 
 import tsfront.serve.responses.endpoints as endpoints_module
-from tsfront.sim import SimGroup
 from tsfront.sim.script import Script
-from tsfront.testing.serve import ServeProcess
 from tsfront.text import TextModel
 from tsfront.text.testing import make_test_model
 
 DEADLINE = 60.0
 A, B = "key-a", "key-b"
-TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-# Tools
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}<|im_end|>
-{% endif %}
-{%- for message in messages %}<|im_start|>{{ message.role }}
-{% if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>
-{% endif %}
-{%- if message.content %}{{ message.content }}{% endif %}
-{%- for call in message.tool_calls or [] %}<tool_call>{"name": "{{ call.function.name }}", \
-"arguments": {{ call.function.arguments | tojson }}}</tool_call>{% endfor %}
-{%- if message.role == "tool" %} (result of {{ message.tool_call_id }}){% endif %}<|im_end|>
-{% endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+TEMPLATE = CHAT_TEMPLATE
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -76,38 +60,26 @@ RULES = [
 ]
 
 
-class Served:
-    def __init__(self, server: ServeProcess, group: SimGroup, url: str, model: TextModel):
-        self.server, self.group, self.url, self.model = server, group, url, model
-        self.a = openai.OpenAI(base_url=f"{url}/v1", api_key=A, max_retries=0)
-        self.b = openai.OpenAI(base_url=f"{url}/v1", api_key=B, max_retries=0)
+class Served(ScriptedServe):
+    def __init__(self, served: Any, model: TextModel) -> None:
+        super().__init__(served, model)
+        self.a = openai.OpenAI(base_url=f"{self.url}/v1", api_key=A, max_retries=0)
+        self.b = openai.OpenAI(base_url=f"{self.url}/v1", api_key=B, max_retries=0)
         self._ids = iter(range(1_000_000))
 
     def rid(self) -> str:
         return f"c{next(self._ids)}"
 
-    def prompt_of(self, request_id: str) -> str:
-        (found,) = [
-            r for e in self.group.engines for r in e.requests() if r.rid.endswith(f"-{request_id}")
-        ]
-        return self.model.decode(found.input_ids, skip_special_tokens=False)
-
     def raw_events(self, body: dict[str, Any], key: str = A) -> list[dict[str, Any]]:
-        with httpx.stream(
-            "POST",
+        pairs = sse_events(
             f"{self.url}/v1/responses",
-            json={"stream": True, **body},
-            headers={"authorization": f"Bearer {key}"},
-            timeout=DEADLINE,
-        ) as response:
-            assert response.status_code == 200, response.read()
-            lines = [line for line in response.iter_lines() if line]
-        events = []
-        for event, data in zip(lines[::2], lines[1::2], strict=True):
-            payload = json.loads(data.removeprefix("data: "))
-            assert event == f"event: {payload['type']}"
-            events.append(payload)
-        return events
+            {"stream": True, **body},
+            {"authorization": f"Bearer {key}"},
+            DEADLINE,
+        )
+        for event, payload in pairs:
+            assert event == payload["type"]
+        return [payload for _, payload in pairs]
 
 
 @pytest.fixture(scope="module")
@@ -115,34 +87,18 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     base = tmp_path_factory.mktemp("codex")
     (base / "template.jinja").write_text(TEMPLATE)
     model_dir: Path = make_test_model(base / "codex-model", "bytelevel")
-    model = TextModel.load(model_dir)
-    server = ServeProcess(
-        [
-            "--model", str(model_dir), "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-            "--workers", "2", "--port", "0", "--handshake-timeout", "60",
-            "--chat-template", str(base / "template.jinja"), "--api-key", A, "--api-key", B,
-            "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3",
-        ],
+    s = Served.start(
+        model_dir,
+        Script(RULES, model_dir),
+        workers=2,
+        args=["--chat-template", str(base / "template.jinja"), "--api-key", A, "--api-key", B,
+              "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"],
         stderr=base / "stderr.txt",
     )  # fmt: skip
-    group = None
     try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(
-            handshake,
-            1,
-            script=Script(RULES, model_dir),
-            vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True),
-            eos_token_id=model.eos_token_ids[0],
-            chunk_tokens=4,
-            step_ms=0.5,
-        ).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 90).group(1)
-        yield Served(server, group, url, model)
+        yield s
     finally:
-        assert server.stop() == 0
-        if group is not None:
-            group.stop()
+        s.close()
 
 
 INCLUDE = ["reasoning.encrypted_content"]

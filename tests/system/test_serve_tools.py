@@ -19,7 +19,6 @@ import json
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import CHAT_TEMPLATE_TURNS, ScriptedServe, start_together
 
-from tsfront.sim import SimGroup
 from tsfront.sim.scheduler import SCRIPT_ABORT
 from tsfront.sim.script import Script
 from tsfront.text import TextModel
@@ -38,27 +36,16 @@ from tsfront.text.tools import make_tool_parser, named_schema, required_schema
 
 DEADLINE = 60.0
 
-TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-# Tools
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}<|im_end|>
-{% endif %}
-{%- for message in messages %}<|im_start|>{{ message.role }}
-{% if message.reasoning_content %}<think>{{ message.reasoning_content }}</think>
-{% endif %}
-{%- if message.content %}{{ message.content }}{% endif %}
-{%- for call in message.tool_calls or [] %}<tool_call>{"name": "{{ call.function.name }}", \
-"arguments": {{ call.function.arguments | tojson }}}</tool_call>{% endfor %}
-{%- if message.role == "tool" %} (result of {{ message.tool_call_id }}){% endif %}<|im_end|>
-{% endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
+TEMPLATE = (
+    CHAT_TEMPLATE_TURNS
+    + """\
 {% if enable_thinking is defined and not enable_thinking %}<think>
 
 </think>
 
 {% elif open_think %}<think>
 {% endif %}{% endif %}"""
+)
 
 WEATHER = {
     "type": "function",
@@ -192,78 +179,24 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return model
 
 
-class Served:
-    def __init__(self, server: ServeProcess, group: SimGroup, url: str) -> None:
-        self.server, self.group, self.url = server, group, url
-        self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-
-    def engine_request(self, request_id: str) -> Any:
-        """The ADD the rank got for the HTTP request ``request_id`` (its rid ends with it)."""
-        found = [
-            r for e in self.group.engines for r in e.requests() if r.rid.endswith(f"-{request_id}")
-        ]
-        assert len(found) == 1, [r.rid for e in self.group.engines for r in e.requests()]
-        return found[0]
-
-    def prompt_of(self, request_id: str, model: TextModel) -> str:
-        return model.decode(self.engine_request(request_id).input_ids, skip_special_tokens=False)
-
-
-def _start(model_dir: Path, flags: list[str]) -> Served:
-    model = TextModel.load(model_dir)
-    server = ServeProcess(
-        [
-            "--model", str(model_dir), "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-            "--workers", "1", "--port", "0", "--handshake-timeout", "60",
-            "--chat-template", str(model_dir.parent / "template.jinja"), *flags,
-        ]
-    )  # fmt: skip
-    group = None
-    try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(
-            handshake,
-            1,
-            script=AbortingScript(rules(), model_dir),
-            vocab_size=model.tokenizer.get_vocab_size(with_added_tokens=True),
-            eos_token_id=model.eos_token_ids[0],
-            chunk_tokens=4,
-            step_ms=0.5,
-        ).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 90).group(1)
-    except BaseException:
-        server.stop()
-        if group is not None:
-            group.stop()
-        raise
-    return Served(server, group, url)
+class Served(ScriptedServe):
+    def __init__(self, served: Any, model: TextModel) -> None:
+        super().__init__(served, model)
+        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="none", max_retries=0)
 
 
 @pytest.fixture(scope="module")
 def servers(model_dir: Path) -> Iterator[dict[str, Served]]:
-    # Started together: their interpreters and model loads overlap.
-    started: dict[str, Served] = {}
-    errors: list[BaseException] = []
-
-    def start(name: str) -> None:
-        try:
-            started[name] = _start(model_dir, SERVERS[name])
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(name,)) for name in SERVERS]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    try:
-        if errors:
-            raise errors[0]
+    starts = {
+        name: lambda flags=flags: Served.start(
+            model_dir,
+            AbortingScript(rules(), model_dir),
+            args=["--chat-template", str(model_dir.parent / "template.jinja"), *flags],
+        )
+        for name, flags in SERVERS.items()
+    }
+    with start_together(starts, Served.close) as started:
         yield started
-    finally:
-        for s in started.values():
-            assert s.server.stop() == 0
-            s.group.stop()
 
 
 @pytest.fixture(scope="module")
@@ -426,7 +359,7 @@ def test_tool_choice_none_renders_the_tools_and_parses_nothing(
     # The template got the tools (the rule for a prompt with them matched); the call in the
     # output is not parsed: it is the content.
     assert choice["message"]["content"] == ONE_CALL
-    assert '"name": "get_weather"' in s.prompt_of(request_id, model)
+    assert '"name": "get_weather"' in s.prompt_of(request_id)
     assert choice["finish_reason"] == "stop" and not choice["message"].get("tool_calls")
     assert s.engine_request(request_id).sampling_params.json_schema is None
 
@@ -514,7 +447,7 @@ def test_two_turn_round_trip(servers: dict[str, Served], model: TextModel) -> No
     (choice,) = out["choices"]
     assert choice["message"]["content"] == "It is 22 C in Paris."
     assert choice["finish_reason"] == "stop"
-    prompt = s.prompt_of(request_id, model)
+    prompt = s.prompt_of(request_id)
     assert '"arguments": {"city": "Paris"}' in prompt and "22 C (result of call_1)" in prompt
     # Arguments that are not JSON text: 400 naming the message.
     bad = [messages[0], {**messages[1], "tool_calls": [{**call, "function": {
@@ -560,7 +493,7 @@ def test_enable_thinking_false_means_no_reasoning_section(
     out = chat(s, "PLAIN", request_id, extra_body=off)
     message = out["choices"][0]["message"]
     assert message["content"] == "Just text." and message["reasoning_content"] is None
-    assert s.prompt_of(request_id, model).endswith("<think>\n\n</think>\n\n")
+    assert s.prompt_of(request_id).endswith("<think>\n\n</think>\n\n")
     # Thinking disabled: even tags in the output are content.
     out = chat(s, "THINK", extra_body=off)
     assert out["choices"][0]["message"]["content"] == THOUGHT
@@ -585,7 +518,7 @@ def test_a_prompt_that_opens_think_starts_the_output_in_reasoning(
     s = servers["deepseek_v3"]
     request_id = rid()
     out = chat(s, "PLAIN", request_id)
-    assert s.prompt_of(request_id, model).endswith("<think>\n")
+    assert s.prompt_of(request_id).endswith("<think>\n")
     # No </think> at all: everything is reasoning (a thought cut off), content null.
     message = out["choices"][0]["message"]
     assert message["reasoning_content"] == "Just text." and message["content"] is None
