@@ -16,10 +16,11 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
-from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess, serving
 
 from tsfront.sim import SimGroup
 
@@ -53,22 +54,10 @@ class Served:
         return httpx.post(f"{self.url}{path}", content=data, timeout=timeout)
 
 
-def start(model: str, context: int, *extra: str, **sim: object) -> Served:
-    server = ServeProcess(
-        ["--model", model, "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-         "--workers", "1", "--port", "0", "--handshake-timeout", "30", *extra]
-    )  # fmt: skip
-    group = None
-    try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(handshake, 1, token_fn=token_fn, max_model_len=context, **sim).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
-    except BaseException:
-        server.stop()
-        if group is not None:
-            group.stop()
-        raise
-    return Served(server, group, url)
+@contextmanager
+def start(model: str, context: int, *extra: str, **sim: object) -> Iterator[Served]:
+    with serving(model, ranks=1, args=extra, token_fn=token_fn, max_model_len=context, **sim) as s:
+        yield Served(s.server, s.group, s.url)
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +69,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "wordlevel",
         max_position_embeddings=MODEL_CONTEXT,
     )
-    s = start(str(model), ENGINE_CONTEXT, "--slots-per-worker", str(SLOTS))
-    yield s
-    assert s.server.stop() == 0
-    s.group.stop()
+    with start(str(model), ENGINE_CONTEXT, "--slots-per-worker", str(SLOTS)) as s:
+        yield s
 
 
 def refused(served: Served, path: str, body: object, param: str | None, words: str) -> None:
@@ -323,7 +310,7 @@ def long_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "wordlevel",
         max_position_embeddings=200_000,
     )
-    s = start(
+    with start(
         str(model),
         200_000,
         "--chat-template",
@@ -331,10 +318,8 @@ def long_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         "--default-chat-template-kwargs",
         '{"greeting": "w9 w9"}',
         step_ms=1.0,
-    )
-    yield s
-    assert s.server.stop() == 0
-    s.group.stop()
+    ) as s:
+        yield s
 
 
 def stream_while(

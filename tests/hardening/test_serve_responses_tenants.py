@@ -21,10 +21,9 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import Served, engine_request, serving
 
 from tsfront.serve.processes.store import STORE_TIMEOUT_S
-from tsfront.sim import SimGroup
 
 FIRST = 100
 DEADLINE = 30.0
@@ -36,27 +35,24 @@ def token_fn(rid: str, position: int) -> int:
     return FIRST + position
 
 
-class Served:
-    def __init__(self, server: ServeProcess, group: SimGroup, url: str) -> None:
-        self.server, self.group, self.url = server, group, url
+def connect(s: Served, key: str | None) -> httpx.Client:
+    """A keep-alive connection (so: one worker) with ``key``'s Authorization."""
+    headers = {} if key is None else {"authorization": f"Bearer {key}"}
+    return httpx.Client(base_url=s.url, headers=headers, timeout=DEADLINE)
 
-    def client(self, key: str | None) -> httpx.Client:
-        """A keep-alive connection (so: one worker) with ``key``'s Authorization."""
-        headers = {} if key is None else {"authorization": f"Bearer {key}"}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=DEADLINE)
 
-    def adds(self) -> int:
-        return sum(c["adds"] for c in self.group.counters().values())
+def engine_adds(s: Served) -> int:
+    return sum(c["adds"] for c in s.group.counters().values())
 
-    def worker_of(self, request_id: str) -> str:
-        rids = [r.rid for e in self.group.engines for r in e.requests()]
-        (found,) = [r for r in rids if r.endswith(f"-{request_id}")]
-        return found.split("-")[0]
 
-    def store_pid(self) -> int:
-        found = re.findall(r"responses store process (\d+)$", self.server.stderr(), re.M)
-        assert found, self.server.stderr()
-        return int(found[-1])
+def worker_of(s: Served, request_id: str) -> str:
+    return str(engine_request(s.group, request_id).rid.split("-")[0])
+
+
+def store_pid(s: Served) -> int:
+    found = re.findall(r"responses store process (\d+)$", s.server.stderr(), re.M)
+    assert found, s.server.stderr()
+    return int(found[-1])
 
 
 @pytest.fixture(scope="module")
@@ -65,30 +61,16 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
     base = tmp_path_factory.mktemp("tenants")
     model = make_test_model(base / "words", "wordlevel")
-    server = ServeProcess(
-        ["--model", str(model), "--handshake", "tcp://127.0.0.1:0", "--num-engines", "1",
-         "--workers", "2", "--port", "0", "--handshake-timeout", "60",
-         "--api-key", A, "--api-key", B],
+    with serving(
+        model,
+        workers=2,
+        ranks=1,
+        args=["--api-key", A, "--api-key", B],
         stderr=base / "stderr.txt",
-    )  # fmt: skip
-    group = None
-    try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(handshake, 1, token_fn=token_fn).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 90).group(1)
-    except BaseException:
-        server.stop()
-        if group is not None:
-            group.stop()
-        raise
-    s = Served(server, group, url)
-    try:
+        timeout=90,
+        token_fn=token_fn,
+    ) as s:
         yield s
-    finally:
-        try:
-            assert server.stop() == 0
-        finally:
-            group.stop()
 
 
 _ids = iter(range(1_000_000))
@@ -118,7 +100,7 @@ def without_ids(response: httpx.Response, rid: str) -> dict[str, Any]:
 
 
 def test_another_key_gets_the_404_of_an_id_never_stored(served: Served) -> None:
-    with served.client(A) as a, served.client(B) as b:
+    with connect(served, A) as a, connect(served, B) as b:
         mine = respond(a)
         never = "resp_" + os.urandom(12).hex()
         for method, rid_ in (("GET", never), ("GET", mine["id"])):
@@ -130,13 +112,13 @@ def test_another_key_gets_the_404_of_an_id_never_stored(served: Served) -> None:
             assert theirs.status_code == missing.status_code == 404
             assert without_ids(theirs, mine["id"]) == without_ids(missing, never)
             assert without_ids(theirs, mine["id"])["param"] == "response_id"
-        adds = served.adds()
+        adds = engine_adds(served)
         theirs = b.post("/v1/responses", json={"input": "w1", "previous_response_id": mine["id"]})
         missing = b.post("/v1/responses", json={"input": "w1", "previous_response_id": never})
         assert theirs.status_code == missing.status_code == 404
         assert without_ids(theirs, mine["id"]) == without_ids(missing, never)
         assert without_ids(theirs, mine["id"])["param"] == "previous_response_id"
-        assert served.adds() == adds  # nothing of A's conversation reached the engine
+        assert engine_adds(served) == adds  # nothing of A's conversation reached the engine
         # A's response is still A's: B's DELETE removed nothing.
         got = a.get(f"/v1/responses/{mine['id']}")
         assert got.status_code == 200 and got.json() == mine
@@ -148,7 +130,7 @@ def test_another_key_gets_the_404_of_an_id_never_stored(served: Served) -> None:
 def test_a_keys_stored_responses_are_its_own_on_every_worker(served: Served) -> None:
     # The owner is a handle of the key, the same in every worker: a response A stored through
     # one worker is A's through the other, and never B's.
-    with served.client(A) as a:
+    with connect(served, A) as a:
         streamed = a.post(
             "/v1/responses", json={"input": "w5", "max_output_tokens": 3, "stream": True}
         )
@@ -157,11 +139,11 @@ def test_a_keys_stored_responses_are_its_own_on_every_worker(served: Served) -> 
     stored = msgspec.json.decode(done[-1].removeprefix("data: ").encode())["response"]
     seen: dict[str, int] = {}
     for _ in range(60):
-        with served.client(A) as a, served.client(B) as b:
+        with connect(served, A) as a, connect(served, B) as b:
             request_id = rid()
             chat = {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 1}
             a.post("/v1/chat/completions", headers={"x-request-id": request_id}, json=chat)
-            worker = served.worker_of(request_id)
+            worker = worker_of(served, request_id)
             got = a.get(f"/v1/responses/{stored['id']}")  # the same connection: that worker
             assert got.status_code == 200 and got.json() == stored
             assert b.get(f"/v1/responses/{stored['id']}").status_code == 404
@@ -172,7 +154,7 @@ def test_a_keys_stored_responses_are_its_own_on_every_worker(served: Served) -> 
 
 
 def test_without_a_key_the_stored_routes_are_refused(served: Served) -> None:
-    with served.client(A) as a, served.client(None) as anyone:
+    with connect(served, A) as a, connect(served, None) as anyone:
         mine = respond(a)
         for method in ("GET", "DELETE"):
             assert anyone.request(method, f"/v1/responses/{mine['id']}").status_code == 401
@@ -219,7 +201,7 @@ def test_completion_ids_cannot_be_predicted_from_earlier_ones(served: Served) ->
     # The attack of issue 36: ~208 ids of one-token completions on one keep-alive connection
     # (one worker) gave its generator's state, and so every id it would make next.
     body = {"messages": [{"role": "user", "content": "w1"}], "max_tokens": 1}
-    with served.client(B) as b:
+    with connect(served, B) as b:
         words: list[int] = []
         ids = []
         for _ in range(209):
@@ -250,8 +232,8 @@ def test_completion_ids_cannot_be_predicted_from_earlier_ones(served: Served) ->
     ids=["17-pairs", "65-char-key", "513-char-value", "number", "null", "object", "list", "8MB"],
 )
 def test_metadata_beyond_openais_limits_is_a_400(served: Served, metadata: Any, words: str) -> None:
-    adds = served.adds()
-    with served.client(A) as a:
+    adds = engine_adds(served)
+    with connect(served, A) as a:
         for stream in (False, True):
             response = a.post(
                 "/v1/responses", json={"input": "w5", "metadata": metadata, "stream": stream}
@@ -260,12 +242,12 @@ def test_metadata_beyond_openais_limits_is_a_400(served: Served, metadata: Any, 
             error = response.json()["error"]
             assert error["param"] == "metadata" and words in error["message"], error
             assert error["type"] == "invalid_request_error"
-    assert served.adds() == adds
+    assert engine_adds(served) == adds
 
 
 def test_metadata_at_openais_limits_is_kept(served: Served) -> None:
     metadata = {f"{i:02d}".ljust(64, "k"): "v" * 512 for i in range(16)}
-    with served.client(A) as a:
+    with connect(served, A) as a:
         out = respond(a, metadata=metadata)
         assert out["metadata"] == metadata
         assert a.get(f"/v1/responses/{out['id']}").json()["metadata"] == metadata
@@ -283,11 +265,11 @@ def test_a_store_that_fails_at_the_end_of_a_stream_closes_its_items_then_errs(
     served: Served,
 ) -> None:
     # Last in the module: the store is stopped for the length of one request's put.
-    with served.client(A) as a:
+    with connect(served, A) as a:
         whole = a.post(
             "/v1/responses", json={"input": "w5", "max_output_tokens": 20, "stream": True}
         )
-        pid = served.store_pid()
+        pid = store_pid(served)
         os.kill(pid, signal.SIGSTOP)
         try:
             t0 = time.monotonic()

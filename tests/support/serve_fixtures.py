@@ -10,13 +10,14 @@ processes (other test runs, other servers) make and remove entries there all the
 `post_stream` and `read_chunked` are a raw HTTP/1.1 client for the tests that need what a
 library client hides: a small receive window (a slow reader), a client that stops reading.
 
-`start_scripted` is the rig of the tests whose one simulated rank answers by a script (a marker
-in the prompt -> a model's text): `ScriptedServe` is that server with the model it serves, the
-request each HTTP request became at the rank (`ScriptedServe.engine_request`) and the prompt
-it rendered (`ScriptedServe.prompt_of`). `start_together` starts several servers at once (their
-interpreters and model loads overlap). `CHAT_TEMPLATE` is their Qwen-style chat template, with
-tool calls as Hermes writes them; `sse_events` reads a streamed answer's named events off the
-wire.
+`serving` is `start_served` as a context: the server and its ranks stopped at the end, the
+server's exit status 0. `start_scripted` is the rig of the tests whose one simulated rank
+answers by a script (a marker in the prompt -> a model's text): `ScriptedServe` is that server
+with the model it serves, the request each HTTP request became at the rank
+(`ScriptedServe.engine_request`) and the prompt it rendered (`ScriptedServe.prompt_of`).
+`start_together` starts several servers at once (their interpreters and model loads overlap).
+`CHAT_TEMPLATE` is their Qwen-style chat template, with tool calls as Hermes writes them;
+`sse_events` reads a streamed answer's named events off the wire.
 
 `Front` is any HTTP server in front of simulated ranks (``tsfront serve``, or another server
 hosting tsfront's app): what reached the ranks, what ``/health`` says is in flight, waits with
@@ -60,6 +61,7 @@ __all__ = [
     "post_stream",
     "read_chunked",
     "serve_children",
+    "serving",
     "session_shm",
     "shm_left",
     "sse_events",
@@ -90,6 +92,18 @@ CHAT_TEMPLATE_TURNS = """\
 """
 #: `CHAT_TEMPLATE_TURNS` with the generation prompt closed.
 CHAT_TEMPLATE = CHAT_TEMPLATE_TURNS + "{% endif %}"
+
+
+@contextmanager
+def serving(model: str | os.PathLike[str], **options: Any) -> Iterator[Served]:
+    """`start_served` of ``model`` with ``options``; at the end, the server stopped (it must
+    exit with status 0) and its ranks."""
+    s = start_served(model, **options)
+    try:
+        yield s
+    finally:
+        code, _ = s.close()
+    assert code == 0
 
 
 def engine_request(group: SimGroup, request_id: str) -> Any:

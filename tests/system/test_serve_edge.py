@@ -16,12 +16,11 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import Served, serving
 
 from tsfront.serve.edge import gate as gate_module
 from tsfront.serve.edge.gate import Gate
 from tsfront.serve.edge.settings import EdgeSettings
-from tsfront.sim import SimGroup
 
 FIRST = 100
 DEADLINE = 15.0
@@ -39,54 +38,26 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel"))
 
 
-class Served:
-    def __init__(self, server: ServeProcess, group: SimGroup, url: str) -> None:
-        self.server = server
-        self.group = group
-        self.url = url
-
-    def rids(self) -> list[str]:
-        return [r.rid for e in self.group.engines for r in e.requests()]
-
-
-def start(model_dir: str, *extra: str, env: dict[str, str] | None = None) -> Served:
-    server = ServeProcess(
-        ["--model", model_dir, "--handshake", "tcp://127.0.0.1:0", "--num-engines", "2",
-         "--workers", "1", "--port", "0", "--handshake-timeout", "30", *extra],
-        env=env,
-    )  # fmt: skip
-    group = None
-    try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(handshake, 2, token_fn=token_fn).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
-    except BaseException:
-        server.stop()
-        if group is not None:
-            group.stop()
-        raise
-    return Served(server, group, url)
+def rids(s: Served) -> list[str]:
+    return [r.rid for e in s.group.engines for r in e.requests()]
 
 
 @pytest.fixture(scope="module")
 def keyed(model_dir: str) -> Iterator[Served]:
-    s = start(
+    with serving(
         model_dir,
-        "--api-key", "k1", "--protect-metrics", "--allowed-origins", ORIGIN,
-        "--access-log", "--log-format", "json",
+        args=["--api-key", "k1", "--protect-metrics", "--allowed-origins", ORIGIN,
+              "--access-log", "--log-format", "json"],
         env={"TSFRONT_API_KEY": "k2"},
-    )  # fmt: skip
-    yield s
-    assert s.server.stop() == 0
-    s.group.stop()
+        token_fn=token_fn,
+    ) as s:  # fmt: skip
+        yield s
 
 
 @pytest.fixture(scope="module")
 def plain(model_dir: str) -> Iterator[Served]:
-    s = start(model_dir, "--access-log")
-    yield s
-    assert s.server.stop() == 0
-    s.group.stop()
+    with serving(model_dir, args=["--access-log"], token_fn=token_fn) as s:
+        yield s
 
 
 # ---------------------------------------------------------------------- keys
@@ -152,7 +123,7 @@ def test_request_id_given_is_echoed_and_ends_the_engine_rid(plain: Served) -> No
     )
     assert response.status_code == 200
     assert response.headers["x-request-id"] == "my-req.1:a_b"
-    assert any(rid.endswith("-my-req.1:a_b") for rid in plain.rids())
+    assert any(rid.endswith("-my-req.1:a_b") for rid in rids(plain))
     # n=2: two engine rids, both with the id, still distinct.
     httpx.post(
         f"{plain.url}/v1/completions",
@@ -160,7 +131,7 @@ def test_request_id_given_is_echoed_and_ends_the_engine_rid(plain: Served) -> No
         headers={"x-request-id": "fan"},
         timeout=DEADLINE,
     )
-    fan = [rid for rid in plain.rids() if "-fan-" in rid or rid.endswith("-fan")]
+    fan = [rid for rid in rids(plain) if "-fan-" in rid or rid.endswith("-fan")]
     assert len(fan) == 2 and len(set(fan)) == 2
 
 

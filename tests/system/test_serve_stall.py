@@ -27,7 +27,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.core_fixtures import free_port
-from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess, serving
 
 from tsfront.sim import SimGroup
 
@@ -187,23 +187,12 @@ def _requests_until_live(url: str, rank: int) -> bool:
 @pytest.fixture(scope="module")
 def own_io(served) -> Iterator[tuple[str, SimGroup]]:
     """`tsfront serve` starting its own I/O process: ``--stall-timeout`` is the server's."""
-    model = served[3]
-    server = ServeProcess(
-        ["--model", model, "--handshake", "tcp://127.0.0.1:0", "--num-engines", "2",
-         "--workers", "1", "--port", "0", "--stall-timeout", str(STALL_S),
-         "--request-timeout", str(TIMEOUT_S)]
-    )  # fmt: skip
-    group = None
-    try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(handshake, 2, token_fn=token_fn).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
-        yield url, group
-        assert server.stop() == 0
-    finally:
-        server.stop()
-        if group is not None:
-            group.stop()
+    with serving(
+        served[3],
+        args=["--stall-timeout", str(STALL_S), "--request-timeout", str(TIMEOUT_S)],
+        token_fn=token_fn,
+    ) as s:
+        yield s.url, s.group
 
 
 def test_every_rank_stalled_answers_503_on_health_refuses_new_requests_and_504_after_the_timeout(
@@ -255,23 +244,12 @@ def test_every_rank_stalled_answers_503_on_health_refuses_new_requests_and_504_a
 def bounded(served) -> Iterator[tuple[str, SimGroup]]:
     """`tsfront serve` with its own I/O process, ``--stall-timeout 1 --stall-fail-timeout
     1.5`` and no request timeout."""
-    model = served[3]
-    server = ServeProcess(
-        ["--model", model, "--handshake", "tcp://127.0.0.1:0", "--num-engines", "2",
-         "--workers", "1", "--port", "0", "--stall-timeout", str(STALL_S),
-         "--stall-fail-timeout", str(FAIL_S)]
-    )  # fmt: skip
-    group = None
-    try:
-        handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(handshake, 2, token_fn=token_fn).start()
-        url = server.wait_line(r"^listening: (http://\S+)", 60).group(1)
-        yield url, group
-        assert server.stop() == 0
-    finally:
-        server.stop()
-        if group is not None:
-            group.stop()
+    with serving(
+        served[3],
+        args=["--stall-timeout", str(STALL_S), "--stall-fail-timeout", str(FAIL_S)],
+        token_fn=token_fn,
+    ) as s:
+        yield s.url, s.group
 
 
 class _Call:
