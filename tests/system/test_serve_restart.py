@@ -17,9 +17,11 @@ import secrets
 import signal
 import socket
 import time
+from functools import partial
 
 import httpx
 import pytest
+from support.core_fixtures import wait_until_blocking
 from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
@@ -63,14 +65,8 @@ def _io_pid(server: ServeProcess) -> int:
     return pid
 
 
-def _wait(what: str, predicate, timeout: float = DEADLINE):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+#: Polls with a deadline (the interval is not a synchronisation).
+_wait = partial(wait_until_blocking, timeout=DEADLINE, interval=0.01)
 
 
 def _complete(url: str) -> httpx.Response | None:
@@ -120,7 +116,7 @@ def test_serve_recovers_from_a_sigkilled_io_process(model_dir: str, tmp_path) ->
                 for line in lines:
                     if line == "data: [DONE]":
                         raise StopIteration
-        served = _wait("a completion served again", lambda: _complete(url))
+        served = _wait(lambda: _complete(url), "a completion served again")
         took = time.monotonic() - t0
         assert served.status_code == 200, served.text
         assert served.json()["choices"][0]["text"] == "".join(f" w{FIRST + p}" for p in range(3))
@@ -133,8 +129,8 @@ def test_serve_recovers_from_a_sigkilled_io_process(model_dir: str, tmp_path) ->
         assert group.engines == threads and all(group.threads_alive())
         # The stream that was open is aborted on its engine (an orphan of the old process).
         _wait(
-            "the orphan aborted",
             lambda: sum(c["aborts"] for c in group.counters().values()) > aborts,
+            "the orphan aborted",
         )
         assert sorted(p.name for p in state.glob("engine-*.json")) == [
             "engine-0.json",

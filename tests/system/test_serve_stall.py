@@ -22,11 +22,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support.core_fixtures import free_port
+from support.core_fixtures import free_port, wait_until_blocking
 from support.serve_fixtures import ServeProcess, serving
 
 from tsfront.sim import SimGroup
@@ -81,15 +82,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str,
             group.stop()
 
 
-def _wait(what: str, predicate, timeout: float = DEADLINE):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)  # polling interval of a wait with a deadline, not a synchronisation
+#: Polls with a deadline (the interval is not a synchronisation).
+_wait = partial(wait_until_blocking, timeout=DEADLINE, interval=0.02)
 
 
 def _states(url: str) -> tuple[int, list[str]]:
@@ -112,7 +106,7 @@ def _adds(group: SimGroup, index: int) -> int:
 
 def _rank_of(group: SimGroup, before: list[int]) -> int:
     """The rank whose ADD count grew since ``before`` (exactly one must have)."""
-    _wait("the ADD to reach a rank", lambda: sum(_adds(group, i) for i in (0, 1)) > sum(before))
+    _wait(lambda: sum(_adds(group, i) for i in (0, 1)) > sum(before), "the ADD to reach a rank")
     grew = [i for i in (0, 1) if _adds(group, i) > before[i]]
     assert len(grew) == 1
     return grew[0]
@@ -135,7 +129,7 @@ def test_stalled_rank_is_skipped_reported_and_its_stream_ends_with_a_timeout(ser
         group.engine(stuck).stall()
         # Reported within the stall timeout (plus the once-a-second check), while serving.
         status, states = _wait(
-            "/health to report the stall", lambda: (s := _states(url))[1][stuck] == "stalled" and s
+            lambda: (s := _states(url))[1][stuck] == "stalled" and s, "/health to report the stall"
         )
         assert status == 200 and states[other] == "live"
         assert _metric(metrics, "tsfront:engine_stalled", stuck) == 1
@@ -173,7 +167,7 @@ def test_stalled_rank_is_skipped_reported_and_its_stream_ends_with_a_timeout(ser
     assert TIMEOUT_S - 0.5 <= elapsed < TIMEOUT_S + DEADLINE / 2
     # Resumed: it holds nothing now, takes its turn, and its first output clears the stall.
     group.engine(stuck).resume()
-    _wait("the stall to clear", lambda: _requests_until_live(url, stuck))
+    _wait(lambda: _requests_until_live(url, stuck), "the stall to clear")
     assert _metric(metrics, "tsfront:engine_stalled", stuck) == 0
     assert _metric(metrics, "tsfront:engine_stalls_total", stuck) == 1
 
@@ -199,7 +193,7 @@ def test_every_rank_stalled_answers_503_on_health_refuses_new_requests_and_504_a
     own_io,
 ) -> None:
     url, group = own_io
-    _wait("both ranks live", lambda: _states(url) == (200, ["live", "live"]))
+    _wait(lambda: _states(url) == (200, ["live", "live"]), "both ranks live")
     for rank in (0, 1):
         group.engine(rank).stall()
     results: dict[str, httpx.Response] = {}
@@ -214,7 +208,7 @@ def test_every_rank_stalled_answers_503_on_health_refuses_new_requests_and_504_a
         t.start()
     try:
         status, _ = _wait(
-            "both stalls", lambda: (s := _states(url))[1] == ["stalled", "stalled"] and s
+            lambda: (s := _states(url))[1] == ["stalled", "stalled"] and s, "both stalls"
         )
         assert status == 503
         # A new request (a streamed one too, before its first token) is refused at once with
@@ -237,7 +231,7 @@ def test_every_rank_stalled_answers_503_on_health_refuses_new_requests_and_504_a
     error = late.json()["error"]
     assert error["type"] == "service_unavailable_error"
     assert "stalled" in error["message"] and "retry" in error["message"]
-    _wait("the stalls to clear", lambda: _states(url) == (200, ["live", "live"]))
+    _wait(lambda: _states(url) == (200, ["live", "live"]), "the stalls to clear")
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +300,7 @@ def test_a_silent_ranks_requests_end_with_a_retryable_503_and_the_probe_brings_i
     bounded,
 ) -> None:
     url, group = bounded
-    _wait("both ranks live", lambda: _states(url) == (200, ["live", "live"]))
+    _wait(lambda: _states(url) == (200, ["live", "live"]), "both ranks live")
     long = {"prompt": "w5", "max_tokens": 20_000}
     # A streamed request on each rank (least in flight), then a non-streamed one; the rank the
     # non-streamed one landed on freezes, holding it and one streamed request.
@@ -323,11 +317,11 @@ def test_a_silent_ranks_requests_end_with_a_retryable_503_and_the_probe_brings_i
     stuck = _rank_of(group, before)
     other = 1 - stuck
     streamed, healthy = (first, second) if first_rank == stuck else (second, first)
-    _wait("tokens on both streams", lambda: streamed.lines and healthy.lines)
+    _wait(lambda: streamed.lines and healthy.lines, "tokens on both streams")
     frozen = time.monotonic()
     group.engine(stuck).stall()
     status, states = _wait(
-        "/health to report the stall", lambda: (s := _states(url))[1][stuck] == "stalled" and s
+        lambda: (s := _states(url))[1][stuck] == "stalled" and s, "/health to report the stall"
     )
     assert status == 200 and states[other] == "live"
     # Within the bound, both of the frozen rank's requests end with a 503 that says to retry:
@@ -348,7 +342,7 @@ def test_a_silent_ranks_requests_end_with_a_retryable_503_and_the_probe_brings_i
     # The other rank's stream goes on; /health still says the frozen rank is stalled; new
     # requests all go to the other rank.
     seen = len(healthy.lines)
-    _wait("the healthy stream to go on", lambda: len(healthy.lines) > seen)
+    _wait(lambda: len(healthy.lines) > seen, "the healthy stream to go on")
     assert healthy.thread.is_alive()
     assert _states(url)[1][stuck] == "stalled"
     results = [
@@ -359,13 +353,13 @@ def test_a_silent_ranks_requests_end_with_a_retryable_503_and_the_probe_brings_i
     # Resumed: the probe of the I/O process (no client request is sent) finds it stepping.
     held = _client_rids(group, stuck)
     group.engine(stuck).resume()
-    _wait("the probe to clear the stall", lambda: _states(url)[1][stuck] == "live")
+    _wait(lambda: _states(url)[1][stuck] == "live", "the probe to clear the stall")
     assert _client_rids(group, stuck) == held  # only what it held before it froze
     assert len(group.engine(stuck).requests()) > len(held)  # and the probe
     assert set(group.engine(stuck).aborts()) >= set(held)  # aborted there
     # Placed on again.
     adds = _adds(group, stuck)
-    _wait("a request on the resumed rank", lambda: _post_small(url) and _adds(group, stuck) > adds)
+    _wait(lambda: _post_small(url) and _adds(group, stuck) > adds, "a request on the resumed rank")
     healthy.close()
 
 

@@ -14,15 +14,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
-import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from support.core_fixtures import free_port, wait_until_blocking
 from support.serve_fixtures import ServeProcess
 
 from tsfront.process.child import python_module
@@ -40,21 +39,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait(what: str, predicate: Callable[[], Any], timeout: float = DEADLINE) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
+#: Polls with a deadline (the interval is not a synchronisation).
+wait = partial(wait_until_blocking, timeout=DEADLINE, interval=0.05)
 
 
 def get(url: str, **kwargs: Any) -> httpx.Response | None:
@@ -87,7 +73,7 @@ def test_the_port_answers_while_engines_register_late_then_serves(
     try:
         handshake = server.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
         # No engine yet: the probes answer (without the key), the API says to come back.
-        live = wait("/liveness", lambda: get(f"{url}/liveness"))
+        live = wait(lambda: get(f"{url}/liveness"), "/liveness")
         assert live.status_code == 200 and live.json()["live"] is True
         ready = get(f"{url}/readiness")
         assert ready is not None and ready.status_code == 503
@@ -112,13 +98,13 @@ def test_the_port_answers_while_engines_register_late_then_serves(
             assert "loading" in error["message"] and "/readiness" in error["message"]
         # Where the handshake stands, said on stderr while waiting.
         dial = f"they dial {handshake}"
-        wait("a progress line", lambda: "missing: rank 0 (engine 0), rank 1" in err.read_text())
+        wait(lambda: "missing: rank 0 (engine 0), rank 1" in err.read_text(), "a progress line")
         assert dial in err.read_text() and "handshake once per start" in err.read_text()
         # Rank 0 dials: it is registered, rank 1 is still missing.
         groups.append(SimGroup(handshake, 1, 0, max_model_len=4096).start())
         wait(
-            "rank 0 reported registered",
             lambda: "registered: rank 0 (engine 0); missing: rank 1 (engine 1)" in err.read_text(),
+            "rank 0 reported registered",
         )
         assert get(f"{url}/readiness").status_code == 503  # type: ignore[union-attr]
         # Rank 1 dials late: now it serves.
@@ -201,7 +187,7 @@ def test_a_stop_at_any_moment_of_start_up_is_orderly(
     try:
         pattern = MOMENTS[moment]
         if pattern is not None:
-            wait(pattern, lambda: re.search(pattern, err.read_text()))
+            wait(lambda: re.search(pattern, err.read_text()), pattern)
         if how == "sigterm-master":
             server.proc.send_signal(signal.SIGTERM)
         else:
@@ -214,7 +200,7 @@ def test_a_stop_at_any_moment_of_start_up_is_orderly(
         # Ctrl-C after CPython installed its handler but before it finished its own start
         # (its standard streams): CPython reports that itself, before any line of tsfront
         # runs; nothing of the server started. (Seen on a loaded machine.)
-        assert wait("the session to end", lambda: not server.group_pids())
+        assert wait(lambda: not server.group_pids(), "the session to end")
         return
     assert "Traceback" not in stderr, stderr
     if moment == "at-once":
@@ -228,7 +214,7 @@ def test_a_stop_at_any_moment_of_start_up_is_orderly(
         assert code == 0, stderr
         assert error_lines(stderr) == []
         assert "stopping" in stderr.splitlines()[-1], stderr
-    assert wait("the session to end", lambda: not server.group_pids())
+    assert wait(lambda: not server.group_pids(), "the session to end")
 
 
 def _interrupted_in_pythons_own_start(stderr: str) -> bool:

@@ -18,13 +18,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.core_fixtures import wait_until_blocking
 from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
@@ -49,15 +51,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel"))
 
 
-def wait(what: str, predicate: Callable[[], Any], timeout: float = DEADLINE) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)
+#: Polls with a deadline (the interval is not a synchronisation).
+wait = partial(wait_until_blocking, timeout=DEADLINE, interval=0.02)
 
 
 class Server:
@@ -97,7 +92,7 @@ class Server:
             assert out.status_code == 200 and out.json()["choices"][0]["text"] == expected(2)
             return any(_owner(r) == pid for r in self.adds())
 
-        wait(f"a completion served by worker {pid}", served, timeout)
+        wait(served, f"a completion served by worker {pid}", timeout=timeout)
 
     def in_flight(self) -> int:
         body = httpx.get(f"{self.url}/health", timeout=5).json()
@@ -204,7 +199,7 @@ def test_a_sigkilled_worker_costs_only_its_own_streams_and_is_replaced(
     while len({_owner(r) for r in s.adds()}) < 2 or len(streams) < 6:
         assert len(streams) < 40, "the kernel never spread the connections"
         streams.append(Stream(s.url, tokens))
-        wait("the stream's first event", streams[-1].first.wait)
+        wait(streams[-1].first.wait, "the stream's first event")
         assert streams[-1].error is None
     victim = _owner(s.adds()[0])
     assert victim in old
@@ -212,7 +207,7 @@ def test_a_sigkilled_worker_costs_only_its_own_streams_and_is_replaced(
     os.kill(victim, signal.SIGKILL)
     # A new worker serves within 5 s of the kill (while the others still stream): a
     # completion reaches a rank from its pid.
-    (fresh,) = wait("the replacement", lambda: s.workers() - old, 5.0)
+    (fresh,) = wait(lambda: s.workers() - old, "the replacement", timeout=5.0)
     s.served_by(fresh, max(0.5, 5.0 - (time.monotonic() - t0)))
     took = time.monotonic() - t0
     assert not all(st.ended.is_set() for st in streams)  # the others were still streaming
@@ -227,9 +222,9 @@ def test_a_sigkilled_worker_costs_only_its_own_streams_and_is_replaced(
     assert all(st.error is not None and len(st.text) < len(expected(tokens)) for st in cut)
     assert len(survivors) == len(streams) - len(cut) >= 1
     # The victim's engine requests were aborted at the ranks (the I/O process saw the detach).
-    wait("the victim's requests aborted at the engines", lambda: victims_rids <= s.aborts())
+    wait(lambda: victims_rids <= s.aborts(), "the victim's requests aborted at the engines")
     print(f"\nworker SIGKILLed -> its replacement served a request {took:.2f}s later")
-    wait("no request in flight", lambda: s.in_flight() == 0)
+    wait(lambda: s.in_flight() == 0, "no request in flight")
     m = s.metrics()
     assert m["tsfront:io_requests_in_flight"].samples[0].value == 0
     assert m["tsfront:worker_restarts"].samples[0].value == 1
@@ -248,7 +243,7 @@ def test_a_stopped_worker_is_killed_after_the_worker_timeout_and_replaced(
     t0 = time.monotonic()
     os.kill(victim, signal.SIGSTOP)
     try:
-        wait("the stopped worker killed", lambda: victim not in s.workers(), DEADLINE)
+        wait(lambda: victim not in s.workers(), "the stopped worker killed", timeout=DEADLINE)
     finally:
         try:
             os.kill(victim, signal.SIGCONT)
@@ -256,7 +251,7 @@ def test_a_stopped_worker_is_killed_after_the_worker_timeout_and_replaced(
             pass
     took = time.monotonic() - t0
     assert took >= 2.0  # not before its timeout
-    (fresh,) = wait("the replacement", lambda: s.workers() - old)
+    (fresh,) = wait(lambda: s.workers() - old, "the replacement")
     s.served_by(fresh)  # the server keeps serving, the replacement included
     for _ in range(10):
         out = httpx.post(f"{s.url}/v1/completions", json={"prompt": "w5", "max_tokens": 3})
@@ -274,13 +269,13 @@ def test_a_worker_dying_past_the_restart_budget_stops_the_server_exit_1(
     servers.append(s)
     (first,) = s.workers()
     os.kill(first, signal.SIGKILL)
-    (second,) = wait("the replacement", lambda: s.workers() - {first})
+    (second,) = wait(lambda: s.workers() - {first}, "the replacement")
     os.kill(second, signal.SIGKILL)  # the second death in the window: past the budget
     assert s.proc.proc.wait(DEADLINE) == 1
     err = s.proc.stderr()
     assert f"worker 0 (pid {second}) was killed by SIGKILL; 1 worker restart(s) within 60s" in err
     assert "(--max-worker-restarts, --worker-restart-window): stopping" in err
-    wait("every process of the server gone", lambda: not s.proc.group_pids(), 10)
+    wait(lambda: not s.proc.group_pids(), "every process of the server gone", timeout=10)
 
 
 # ---------------------------------------------------------------------- drain
@@ -299,7 +294,7 @@ def test_sigterm_drains_running_streams_refuses_new_connections_and_503s_health(
         assert st.first.wait(DEADLINE) and st.error is None
     t0 = time.monotonic()
     s.proc.proc.send_signal(signal.SIGTERM)
-    wait("new connections refused", lambda: _refused(s.port), 5.0)
+    wait(lambda: _refused(s.port), "new connections refused", timeout=5.0)
     assert not all(st.ended.is_set() for st in streams)  # refused while streams still run
     health = kept.get("/health")
     assert health.status_code == 503
@@ -342,7 +337,7 @@ def test_streams_longer_than_the_graceful_timeout_are_cut_and_aborted(
     print(f"\n--graceful-timeout 1: streams cut {took:.2f}s after SIGTERM")
     rids = set(s.adds())
     assert len(rids) == 3
-    wait("the cut streams' requests aborted at the engines", lambda: rids <= s.aborts())
+    wait(lambda: rids <= s.aborts(), "the cut streams' requests aborted at the engines")
     assert s.proc.proc.wait(DEADLINE) == 0
 
 
@@ -397,7 +392,7 @@ def test_a_second_sigterm_stops_at_once(
         assert st.first.wait(DEADLINE) and st.error is None
     t0 = time.monotonic()
     s.proc.proc.send_signal(signal.SIGTERM)
-    wait("the drain to begin (connections refused)", lambda: _refused(s.port), 5.0)
+    wait(lambda: _refused(s.port), "the drain to begin (connections refused)", timeout=5.0)
     s.proc.proc.send_signal(signal.SIGTERM)
     assert s.proc.proc.wait(DEADLINE) == 0
     took = time.monotonic() - t0
@@ -408,7 +403,7 @@ def test_a_second_sigterm_stops_at_once(
         assert st.server_error is not None and "shutting down" in st.server_error
     assert "Traceback" not in s.proc.stderr()
     rids = set(s.adds())
-    wait("the cut streams' requests aborted at the engines", lambda: rids <= s.aborts())
+    wait(lambda: rids <= s.aborts(), "the cut streams' requests aborted at the engines")
     assert "cutting 1 worker(s)' running requests now" in s.proc.stderr()
 
 
@@ -455,11 +450,11 @@ def test_metrics_count_every_workers_requests_by_route_and_status_and_the_restar
     # A worker dies: its counts stay, the restart is counted, any worker's page shows it all.
     old = s.workers()
     os.kill(min(old), signal.SIGKILL)
-    (fresh,) = wait("the replacement", lambda: s.workers() - old)
+    (fresh,) = wait(lambda: s.workers() - old, "the replacement")
     s.served_by(fresh)
     wait(
-        "the restart counted",
         lambda: s.metrics()["tsfront:worker_restarts"].samples[0].value == 1,
+        "the restart counted",
     )
     for _ in range(6):
         assert s.metrics()["tsfront:worker_restarts"].samples[0].value == 1

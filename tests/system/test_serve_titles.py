@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable
+from functools import partial
 
 import pytest
+from support.core_fixtures import wait_until_blocking
 
 from tsfront.sim import SimGroup
 from tsfront.testing.serve import ServeProcess
@@ -46,11 +46,8 @@ def ps(pid: int) -> str:
     return done.stdout.strip()
 
 
-def wait_for(what: str, predicate: Callable[[], bool], timeout: float = DEADLINE) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+#: Polls with a deadline (the interval is not a synchronisation).
+wait_for = partial(wait_until_blocking, timeout=DEADLINE, interval=0.05)
 
 
 def test_every_process_of_the_server_shows_its_role_in_ps(model_dir: str) -> None:
@@ -88,7 +85,7 @@ def test_every_process_of_the_server_shows_its_role_in_ps(model_dir: str) -> Non
             now = {pid: title(pid) for pid in server.group_pids() if pid != worker}
             return any(t == ("tsfront: w1", "tsfront: worker 1") for t in now.values())
 
-        wait_for("worker 1's replacement, named", replaced)
+        wait_for(replaced, "worker 1's replacement, named")
         # Simulated ranks in their own processes are named too.
         for rank, pid in enumerate(group.pids()):
             assert title(pid) == (
