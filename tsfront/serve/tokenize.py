@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tsfront.serve.core.limits import Refused, decode_error
+from tsfront.serve.core.limits import Refused, decoded
 from tsfront.serve.core.reply import ApiError, Reply
 from tsfront.serve.core.tooling import tool_plan
 
@@ -69,12 +69,7 @@ class Tokenize:
         text, as chat's (`tsfront.serve.core.offload`)."""
         service = self.service
         try:
-            req = _TOKENIZE.decode(body)
-        except msgspec.ValidationError as exc:
-            return _bad(f"invalid request body: {exc}").reply()
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return _bad(decode_error(body, exc)).reply()
-        try:
+            req = decoded(_TOKENIZE, body)
             service.check_model(req.model)
             if (req.prompt is None) == (req.messages is None):
                 raise _bad('send either "prompt" (text) or "messages" (chat)', "prompt")
@@ -120,13 +115,10 @@ class Tokenize:
         writes); the decode is sized by the text they can make (`tsfront.serve.core.offload`)."""
         service = self.service
         try:
-            req = _DETOKENIZE.decode(body)
-        except msgspec.ValidationError as exc:
-            return _bad(f"invalid request body: {exc}").reply()
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return _bad(decode_error(body, exc)).reply()
-        try:
+            req = decoded(_DETOKENIZE, body)
             service.check_model(req.model)
+        except Refused as exc:
+            return _bad(str(exc), exc.param).reply()
         except ApiError as exc:
             return exc.reply()
         tokens = req.tokens

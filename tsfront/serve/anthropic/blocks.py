@@ -24,9 +24,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from tsfront.errors import DeadlineExceeded
 from tsfront.ids import call_id
-from tsfront.serve.core.shape import Format, encode_json
+from tsfront.serve.core.shape import Format, encode_json, stream_failure
 from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
@@ -184,7 +183,7 @@ class MessagesFormat(Format):
         self, exc: Exception, status: int | None = None, kind: str | None = None
     ) -> bytes:
         if status is None:
-            status = 504 if isinstance(exc, DeadlineExceeded) else 503
+            _, status = stream_failure(exc)
         return self._event("error", {"error": {"type": error_type(status), "message": str(exc)}})
 
     # -- building blocks -----------------------------------------------------------------------

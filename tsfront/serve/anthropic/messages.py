@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tsfront.serve.anthropic.blocks import THINKING, MessagesFormat, error_type
-from tsfront.serve.core.limits import Refused, check_json, decode_error
+from tsfront.serve.core.limits import Refused, check_json, decoded
 from tsfront.serve.core.record import SHARED_OWNER
 from tsfront.serve.core.reply import (
     CUT_MESSAGE,
@@ -477,11 +477,9 @@ class Messages:
     async def create(self, body: bytes, record: RequestRecord | None = None) -> Reply | SSEReply:
         """``POST /v1/messages``."""
         try:
-            req = _REQUEST.decode(body)
-        except msgspec.ValidationError as exc:
-            return anthropic_error(_bad(f"invalid request body: {exc}"))
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return anthropic_error(_bad(decode_error(body, exc)))
+            req = decoded(_REQUEST, body)
+        except Refused as exc:  # as it is: the body's own field names
+            return anthropic_error(_bad(str(exc)))
         service = self.service
         owner = _owner(record)
         shape: list[MessagesFormat] = []
@@ -511,11 +509,9 @@ class Messages:
         """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, the prompt's tokens as
         ``/v1/messages`` would render them."""
         try:
-            req = _COUNT.decode(body)
-        except msgspec.ValidationError as exc:
-            return anthropic_error(_bad(f"invalid request body: {exc}"))
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return anthropic_error(_bad(decode_error(body, exc)))
+            req = decoded(_COUNT, body)
+        except Refused as exc:
+            return anthropic_error(_bad(str(exc)))
         try:
             chat = chat_of(req, self._check(_owner(record)))
             ids = await self.service.prompt_ids(chat, len(body))

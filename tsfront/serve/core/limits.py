@@ -37,7 +37,9 @@ The bounds and why (docs/SERVE.md, "Limits"):
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 __all__ = [
     "INT64_MAX",
@@ -55,6 +57,7 @@ __all__ = [
     "check_metadata",
     "check_template_kwargs",
     "decode_error",
+    "decoded",
     "too_deep",
 ]
 
@@ -101,6 +104,20 @@ def decode_error(body: bytes, exc: Exception) -> str:
     if "Invalid UTF-8" in text:
         return f"the body is not valid JSON: {text}; send the body encoded as UTF-8"
     return f"the body is not valid JSON: {text}"
+
+
+T = TypeVar("T")
+
+
+def decoded(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
+    """``body`` as ``decoder``'s type; a body it refuses raises `Refused` (no param) saying
+    what is wrong: a field's type or value, or the JSON itself (`decode_error`)."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise Refused(f"invalid request body: {exc}", None) from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise Refused(decode_error(body, exc), None) from None
 
 
 def check_template_kwargs(kwargs: dict[str, Any], reserved: frozenset[str]) -> None:

@@ -71,7 +71,7 @@ from tsfront.serve.core.limits import (
     MAX_STOP_STRINGS,
     Refused,
     check_template_kwargs,
-    decode_error,
+    decoded,
 )
 from tsfront.serve.core.offload import OFFLOAD_CHARS, Offload
 from tsfront.serve.core.push import ParsedPusher, Pusher
@@ -439,13 +439,7 @@ class Service:
         `plan_completion`) → engine requests → the reply in ``format_of(plan)``'s shape;
         refusals as OpenAI error replies."""
         try:
-            req = decoder.decode(body)
-        except msgspec.ValidationError as exc:
-            return _bad(f"invalid request body: {exc}").reply()
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return _bad(decode_error(body, exc)).reply()
-        try:
-            plan = await plan_of(req, len(body))
+            plan = await plan_of(decoded(decoder, body), len(body))
             return await self._run(plan, format_of(plan), record)
         except Refused as exc:
             return _bad(str(exc), exc.param).reply()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from tsfront.errors import DeadlineExceeded
 from tsfront.ids import response_id
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from tsfront.serve.core.choice import Choice
     from tsfront.serve.core.parsing import Pieces
 
-__all__ = ["Format", "encode_json"]
+__all__ = ["Format", "encode_json", "stream_failure"]
 
 _JSON = msgspec.json.Encoder()
 
@@ -41,6 +42,14 @@ def encode_json(obj: Any) -> bytes:
         return _JSON.encode(obj)
     except UnicodeEncodeError:
         return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def stream_failure(exc: Exception) -> tuple[str, int]:
+    """The kind and status of a stream's failure after its start, given none: a deadline
+    that passed is ``timeout_error`` 504, anything else ``server_error`` 503."""
+    if isinstance(exc, DeadlineExceeded):
+        return "timeout_error", 504
+    return "server_error", 503
 
 
 class Format:

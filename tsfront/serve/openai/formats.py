@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from tsfront.errors import DeadlineExceeded
-from tsfront.serve.core.shape import Format, encode_json
+from tsfront.serve.core.shape import Format, encode_json, stream_failure
 from tsfront.text.tools import CallArgs, CallStart
 
 if TYPE_CHECKING:
@@ -98,8 +97,7 @@ class OpenAIFormat(Format):
     ) -> bytes:
         """An OpenAI error object (`Format.error_event`)."""
         if status is None or kind is None:
-            timeout = isinstance(exc, DeadlineExceeded)
-            kind, status = ("timeout_error", 504) if timeout else ("server_error", 503)
+            kind, status = stream_failure(exc)
         body = {"error": {"message": str(exc), "type": kind, "param": None, "code": status}}
         return b"data: " + _JSON.encode(body) + b"\n\n"
 

@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tsfront.ids import item_id as _item_id
-from tsfront.serve.core.limits import Refused, check_json, check_metadata, decode_error
+from tsfront.serve.core.limits import Refused, check_json, check_metadata, decoded
 from tsfront.serve.core.offload import text_chars
 from tsfront.serve.core.record import SHARED_OWNER
 from tsfront.serve.core.reply import CUT_MESSAGE, ApiError, Final, Reply, SSEReply
 from tsfront.serve.core.schema import ChatRequest
-from tsfront.serve.core.shape import Format, encode_json
+from tsfront.serve.core.shape import Format, encode_json, stream_failure
 from tsfront.serve.processes.store import StoreUnavailable
 from tsfront.serve.responses.items import input_items, page, page_query
 from tsfront.text.tools import CallArgs, CallStart
@@ -401,11 +401,9 @@ class Responses:
     async def create(self, body: bytes, record: RequestRecord | None = None) -> Reply | SSEReply:
         """``POST /v1/responses``."""
         try:
-            req = _REQUEST.decode(body)
-        except msgspec.ValidationError as exc:
-            return _bad(f"invalid request body: {exc}", None).reply()
-        except (msgspec.DecodeError, RecursionError) as exc:
-            return _bad(decode_error(body, exc), None).reply()
+            req = decoded(_REQUEST, body)
+        except Refused as exc:  # as it is: the body's own field names
+            return _bad(str(exc), None).reply()
         try:
             return await self._create(req, len(body), record)
         except (ApiError, Refused) as exc:
@@ -709,10 +707,7 @@ class ResponsesFormat(Format):
         self, exc: Exception, status: int | None = None, kind: str | None = None
     ) -> bytes:
         if status is None or kind is None:
-            from tsfront.errors import DeadlineExceeded
-
-            timeout = isinstance(exc, DeadlineExceeded)
-            kind, status = ("timeout_error", 504) if timeout else ("server_error", 503)
+            kind, status = stream_failure(exc)
         return self._event("error", {"code": kind, "message": str(exc), "param": None})
 
     # -- the history a stored response continues with ------------------------------------------
