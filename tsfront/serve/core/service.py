@@ -142,6 +142,16 @@ def _summary(fmt: Format, choices: list[Choice]) -> Summary:
     return prompt, completion, ",".join(reasons)
 
 
+def _ending(plan: Plan, fmt: Format, ch: Choice, last: bytes | None) -> Final:
+    # A whole one-choice stream's end: its last event, the usage and [DONE] in one write,
+    # with the end of the body.
+    ending = [last] if last else []
+    if plan.include_usage:
+        ending.append(fmt.usage_event([ch]))
+    ending.append(fmt.done)
+    return Final(b"".join(ending))
+
+
 def _bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
@@ -1230,12 +1240,7 @@ class Service:
                 stream.abort()
                 stream.set_sink(None)  # the sink refers back to this choice
         if whole:
-            # The last event, the usage and [DONE] in one write, with the end of the body.
-            ending = [last] if last else []
-            if plan.include_usage:
-                ending.append(fmt.usage_event([ch]))
-            ending.append(fmt.done)
-            yield Final(b"".join(ending))
+            yield _ending(plan, fmt, ch, last)
         elif last:
             yield last
 
@@ -1303,11 +1308,7 @@ class Service:
             err = _unparseable(failure)
             last = fmt.error_event(err, err.status, err.kind)
         if whole:
-            ending = [last] if last else []
-            if plan.include_usage:
-                ending.append(fmt.usage_event([ch]))
-            ending.append(fmt.done)
-            yield Final(b"".join(ending))
+            yield _ending(plan, fmt, ch, last)
         elif last:
             yield last
 
