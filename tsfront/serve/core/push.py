@@ -194,8 +194,13 @@ class Pusher(_native.PusherBase):
         text = self._text(tokens)
         if not text:
             return True  # an incomplete character: nothing to send yet
+        return self._send_event(self._head + _JSON.encode(text) + self._tail)
+
+    def _send_event(self, body: bytes) -> bool:
+        # ``body`` as the response's next event, through ``send``; a send the server suspends
+        # (back-pressure) is finished by a task of its own, ``inflight``.
         message = self._message
-        message["body"] = self._head + _JSON.encode(text) + self._tail
+        message["body"] = body
         coro = self._send(message)
         try:
             waiting = coro.send(None)
@@ -290,17 +295,4 @@ class ParsedPusher(Pusher):
             return True
         if not body:
             return True  # held back (a marker's start), or markup: nothing to send yet
-        message = self._message
-        message["body"] = body
-        coro = self._send(message)
-        try:
-            waiting = coro.send(None)
-        except StopIteration:
-            return True
-        except Exception as exc:  # consumed: never raise from here (RequestStream.set_sink)
-            self.error = exc
-            return True
-        self._message = {"type": "http.response.body", "body": b"", "more_body": True}
-        self._coro = coro
-        self.inflight = asyncio.ensure_future(self._finish(coro, waiting))
-        return True
+        return self._send_event(body)
