@@ -36,6 +36,28 @@ from typing import Any
 import openai
 import pytest
 from support.serve_fixtures import Served, start_scripted, start_together
+from support.tool_outputs import (
+    DS,
+    K3,
+    NS,
+    Call,
+    deepseek_v3,
+    deepseek_v31,
+    dsml,
+    glm,
+    hermes,
+    inkling,
+    kimi_k2,
+    kimi_k3,
+    llama3_json,
+    longcat,
+    minimax_m2,
+    minimax_m3,
+    mistral,
+    nemotron,
+    pythonic,
+    qwen3_coder,
+)
 
 from tsfront.sim.script import Script
 from tsfront.text import TextModel
@@ -107,213 +129,6 @@ FILE = {
     "path": "src/app/main.py",
     "content": "".join(f"def f{i}(x):\n    return x * {i}  # é\n" for i in range(10)),
 }
-
-Call = tuple[str, dict[str, Any]]
-
-
-def _j(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
-
-
-def _raw(v: Any) -> str:
-    """A value as the XML-parameter templates write it: a string as it is, else JSON."""
-    return v if isinstance(v, str) else _j(v)
-
-
-# -- each family's output, as its model writes it -----------------------------------------------
-
-
-def hermes(calls: list[Call]) -> str:
-    return "\n".join(
-        f'<tool_call>\n{{"name": "{n}", "arguments": {_j(a)}}}\n</tool_call>' for n, a in calls
-    )
-
-
-def qwen3_coder(calls: list[Call]) -> str:
-    return "\n".join(
-        f"<tool_call>\n<function={n}>\n"
-        + "".join(f"<parameter={k}>\n{_raw(v)}\n</parameter>\n" for k, v in a.items())
-        + "</function>\n</tool_call>"
-        for n, a in calls
-    )
-
-
-def llama3_json(calls: list[Call], tagged: bool = False) -> str:
-    body = "; ".join(f'{{"name": "{n}", "parameters": {_j(a)}}}' for n, a in calls)
-    return "<|python_tag|>" + body if tagged else body
-
-
-def mistral(calls: list[Call], v11: bool = True) -> str:
-    if not v11:
-        return "[TOOL_CALLS]" + _j([{"name": n, "arguments": a} for n, a in calls])
-    return "".join(f"[TOOL_CALLS]{n}[ARGS]{_j(a)}" for n, a in calls)
-
-
-def pythonic(calls: list[Call], tagged: bool = False) -> str:
-    def value(v: Any) -> str:
-        return repr(v)
-
-    body = (
-        "["
-        + ", ".join(
-            f"{n}(" + ", ".join(f"{k}={value(v)}" for k, v in a.items()) + ")" for n, a in calls
-        )
-        + "]"
-    )
-    return f"<|python_start|>{body}<|python_end|>" if tagged else body
-
-
-def _ds(words: str) -> str:
-    return "<\uff5c" + "\u2581".join(words.split()) + "\uff5c>"
-
-
-DS = {w: _ds(w) for w in ("tool calls begin", "tool calls end", "tool call begin",
-                          "tool call end", "tool sep")}  # fmt: skip
-
-
-def deepseek_v3(calls: list[Call]) -> str:
-    body = "\n".join(
-        f"{DS['tool call begin']}function{DS['tool sep']}{n}\n```json\n{_j(a)}\n```"
-        f"{DS['tool call end']}"
-        for n, a in calls
-    )
-    return DS["tool calls begin"] + body + DS["tool calls end"]
-
-
-def deepseek_v31(calls: list[Call]) -> str:
-    body = "".join(
-        f"{DS['tool call begin']}{n}{DS['tool sep']}{_j(a)}{DS['tool call end']}" for n, a in calls
-    )
-    return DS["tool calls begin"] + body + DS["tool calls end"]
-
-
-DSML = "\uff5cDSML\uff5c"
-
-
-def dsml(block: str) -> Callable[[list[Call]], str]:
-    def write(calls: list[Call]) -> str:
-        invokes = "".join(
-            f'<{DSML}invoke name="{n}">\n'
-            + "".join(
-                f'<{DSML}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">'
-                f"{_raw(v)}</{DSML}parameter>\n"
-                for k, v in a.items()
-            )
-            + f"</{DSML}invoke>\n"
-            for n, a in calls
-        )
-        return f"<{DSML}{block}>\n{invokes}</{DSML}{block}>"
-
-    return write
-
-
-def kimi_k2(calls: list[Call]) -> str:
-    body = "".join(
-        f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>{_j(a)}<|tool_call_end|>"
-        for i, (n, a) in enumerate(calls)
-    )
-    return "<|tool_calls_section_begin|>" + body + "<|tool_calls_section_end|>"
-
-
-def glm(nl: str) -> Callable[[list[Call]], str]:
-    def write(calls: list[Call]) -> str:
-        return "".join(
-            f"<tool_call>{n}{nl}"
-            + "".join(
-                f"<arg_key>{k}</arg_key>{nl}<arg_value>{_raw(v)}</arg_value>{nl}"
-                for k, v in a.items()
-            )
-            + "</tool_call>"
-            for n, a in calls
-        )
-
-    return write
-
-
-def minimax_m2(calls: list[Call]) -> str:
-    invokes = "".join(
-        f'<invoke name="{n}">\n'
-        + "".join(f'<parameter name="{k}">{_raw(v)}</parameter>\n' for k, v in a.items())
-        + "</invoke>\n"
-        for n, a in calls
-    )
-    return f"<minimax:tool_call>\n{invokes}</minimax:tool_call>"
-
-
-def longcat(calls: list[Call]) -> str:
-    return "\n".join(
-        f'<longcat_tool_call>\n{{"name": "{n}", "arguments": {_j(a)}}}\n</longcat_tool_call>'
-        for n, a in calls
-    )
-
-
-def nemotron(calls: list[Call]) -> str:
-    return "<TOOLCALL>" + _j([{"name": n, "arguments": a} for n, a in calls]) + "</TOOLCALL>"
-
-
-K3 = ("<|open|>", "<|close|>", "<|sep|>")
-
-
-def _k3_tag(name: str, **attrs: Any) -> str:
-    text = "".join(
-        f' {k}="{str(v).replace("&", "&amp;").replace(chr(34), "&quot;")}"'
-        for k, v in attrs.items()
-    )
-    return f"<|open|>{name}{text}<|sep|>"
-
-
-_K3_TYPES = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object",
-             list: "array", type(None): "null"}  # fmt: skip
-
-
-def kimi_k3(calls: list[Call], text: str = "") -> str:
-    body = "".join(
-        _k3_tag("call", tool=n, index=i + 1)
-        + "".join(
-            _k3_tag("argument", key=k, type=_K3_TYPES[type(v)]) + _raw(v)
-            + "<|close|>argument<|sep|>"
-            for k, v in a.items()
-        )
-        + "<|close|>call<|sep|>"
-        for i, (n, a) in enumerate(calls)
-    )  # fmt: skip
-    return (
-        f"<|open|>response<|sep|>{text}<|close|>response<|sep|><|open|>tools<|sep|>{body}"
-        "<|close|>tools<|sep|><|close|>message<|sep|>"
-    )
-
-
-NS = "]<]minimax[>["
-
-
-def _m3_value(v: Any) -> str:
-    if isinstance(v, dict):
-        return "".join(f"{NS}<{k}>{_m3_value(x)}{NS}</{k}>" for k, x in v.items())
-    if isinstance(v, list):
-        return "".join(f"{NS}<item>{_m3_value(x)}{NS}</item>" for x in v)
-    return _raw(v)
-
-
-def minimax_m3(calls: list[Call]) -> str:
-    invokes = "".join(
-        f'{NS}<invoke name="{n}">\n'
-        + "".join(f"{NS}<{k}>{_m3_value(v)}{NS}</{k}>\n" for k, v in a.items())
-        + f"{NS}</invoke>\n"
-        for n, a in calls
-    )
-    return f"{NS}<tool_call>\n{invokes}{NS}</tool_call>"
-
-
-def inkling(calls: list[Call]) -> str:
-    return (
-        "".join(
-            f"<|message_model|>{n}<|content_invoke_tool_json|>{_j({'name': n, 'args': a})}"
-            "<|end_message|>"
-            for n, a in calls
-        )
-        + "<|content_model_end_sampling|>"
-    )
-
 
 INKLING = ["<|message_model|>", "<|content_text|>", "<|content_thinking|>",
            "<|content_invoke_tool_json|>", "<|content_invoke_tool_text|>", "<|end_message|>",

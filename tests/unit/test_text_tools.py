@@ -25,6 +25,22 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.tool_outputs import (
+    K3_TYPES,
+    deepseek_v3,
+    deepseek_v31,
+    dsml,
+    hermes,
+    json_text,
+    k3_tag,
+    kimi_k2,
+    longcat,
+    minimax_m2,
+    minimax_m3,
+    nemotron,
+    param_text,
+    qwen3_coder,
+)
 
 from tsfront.text import TextModel
 from tsfront.text.reasoning import make_reasoning_parser
@@ -87,8 +103,7 @@ NESTED = {
 WEATHER = {"city": "Paris", "days": 3}
 
 
-def _j(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
+_j = json_text
 
 
 DS3_CALL = (
@@ -100,24 +115,19 @@ DS_END = "<｜tool▁calls▁end｜>"
 
 
 def _hermes(name: str, args: Any) -> str:
-    return f'<tool_call>\n{{"name": "{name}", "arguments": {_j(args)}}}\n</tool_call>'
+    return hermes([(name, args)])
 
 
 def _coder(name: str, args: dict[str, Any]) -> str:
-    params = "".join(
-        f"<parameter={k}>\n{v if isinstance(v, str) else _j(v)}\n</parameter>\n"
-        for k, v in args.items()
-    )
-    return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+    return qwen3_coder([(name, args)])
 
 
 def _ds3(*calls: tuple[str, Any]) -> str:
-    body = "\n".join(DS3_CALL.format(name=n, args=_j(a)) for n, a in calls)
-    return DS_BEGIN + body + DS_END
+    return deepseek_v3(list(calls))
 
 
 def _ds31(*calls: tuple[str, Any]) -> str:
-    return DS_BEGIN + "".join(DS31_CALL.format(name=n, args=_j(a)) for n, a in calls) + DS_END
+    return deepseek_v31(list(calls))
 
 
 def _py(value: Any) -> str:
@@ -131,28 +141,15 @@ KIMI_CALL = "<|tool_call_begin|>functions.{name}:{i}<|tool_call_argument_begin|>
 )
 
 
-def _raw(v: Any) -> str:
-    """A value as the XML-parameter templates write it: a string as it is, else JSON."""
-    return v if isinstance(v, str) else _j(v)
+_raw = param_text
 
 
 def _dsml(block: str, *calls: tuple[str, dict[str, Any]]) -> str:
-    invokes = "".join(
-        f'<{DSML}invoke name="{n}">\n'
-        + "".join(
-            f'<{DSML}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">'
-            f"{_raw(v)}</{DSML}parameter>\n"
-            for k, v in a.items()
-        )
-        + f"</{DSML}invoke>\n"
-        for n, a in calls
-    )
-    return f"<{DSML}{block}>\n{invokes}</{DSML}{block}>"
+    return dsml(block)(list(calls))
 
 
 def _kimi(*calls: tuple[str, Any]) -> str:
-    body = "".join(KIMI_CALL.format(name=n, i=i, args=_j(a)) for i, (n, a) in enumerate(calls))
-    return KIMI_BEGIN + body + KIMI_END
+    return kimi_k2(list(calls))
 
 
 def _glm(name: str, args: dict[str, Any], nl: str = "\n", prefix: str = "") -> str:
@@ -165,23 +162,15 @@ def _glm(name: str, args: dict[str, Any], nl: str = "\n", prefix: str = "") -> s
 
 
 def _minimax(*calls: tuple[str, dict[str, Any]]) -> str:
-    invokes = "".join(
-        f'<invoke name="{n}">\n'
-        + "".join(f'<parameter name="{k}">{_raw(v)}</parameter>\n' for k, v in a.items())
-        + "</invoke>\n"
-        for n, a in calls
-    )
-    return f"<minimax:tool_call>\n{invokes}</minimax:tool_call>"
+    return minimax_m2(list(calls))
 
 
 def _longcat(name: str, args: Any) -> str:
-    return (
-        f'<longcat_tool_call>\n{{"name": "{name}", "arguments": {_j(args)}}}\n</longcat_tool_call>'
-    )
+    return longcat([(name, args)])
 
 
 def _toolcall(*calls: tuple[str, Any]) -> str:
-    return "<TOOLCALL>" + _j([{"name": n, "arguments": a} for n, a in calls]) + "</TOOLCALL>"
+    return nemotron(list(calls))
 
 
 FILTERS = {"city": "日本", "filters": {"a": [1, {"b": None}]}, "ratio": 0.5, "metric": False}
@@ -189,41 +178,21 @@ NS = "]<]minimax[>["
 K3_OPEN, K3_CLOSE, K3_SEP = "<|open|>", "<|close|>", "<|sep|>"
 
 
-def _m3_value(v: Any) -> str:
-    """A value as MiniMax-M3's template writes it (its to_xml macro)."""
-    if isinstance(v, dict):
-        return "".join(f"{NS}<{k}>{_m3_value(x)}{NS}</{k}>" for k, x in v.items())
-    if isinstance(v, list):
-        return "".join(f"{NS}<item>{_m3_value(x)}{NS}</item>" for x in v)
-    return v if isinstance(v, str) else _j(v)
-
-
 def _m3(*calls: tuple[str, dict[str, Any]]) -> str:
-    invokes = "".join(
-        f'{NS}<invoke name="{n}">\n'
-        + "".join(f"{NS}<{k}>{_m3_value(v)}{NS}</{k}>\n" for k, v in a.items())
-        + f"{NS}</invoke>\n"
-        for n, a in calls
-    )
-    return f"{NS}<tool_call>\n{invokes}{NS}</tool_call>"
+    return minimax_m3(list(calls))
 
 
-def _k3_tag(name: str, **attrs: Any) -> str:
-    text = "".join(f' {k}="{str(v).replace("&", "&amp;").replace(chr(34), "&quot;")}"'
-                   for k, v in attrs.items())  # fmt: skip
-    return f"{K3_OPEN}{name}{text}{K3_SEP}"
+_k3_tag = k3_tag
 
 
 def _k3(*calls: tuple[str, dict[str, Any]], as_json: bool = False) -> str:
-    kinds = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object",
-             list: "array", type(None): "null"}  # fmt: skip
     out = []
     for i, (n, a) in enumerate(calls):
         if as_json:
             body = _k3_tag("json", type="object") + _j(a) + f"{K3_CLOSE}json{K3_SEP}"
         else:
             body = "".join(
-                _k3_tag("argument", key=k, type=kinds[type(v)]) + _raw(v)
+                _k3_tag("argument", key=k, type=K3_TYPES[type(v)]) + _raw(v)
                 + f"{K3_CLOSE}argument{K3_SEP}"
                 for k, v in a.items()
             )  # fmt: skip
