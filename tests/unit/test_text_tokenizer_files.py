@@ -23,6 +23,7 @@ import pytest
 from support.text_fixtures import REPLACEMENT, mixed_text
 
 from tsfront.text import TextModel, TokenizerNotFound
+from tsfront.text.testing import O200K_PATTERN
 from tsfront.text.tokenizer_files import KIMI_PATTERN, load_tokenizer, read_tiktoken_file
 
 mistral_common = pytest.importorskip("mistral_common")
@@ -31,20 +32,6 @@ tiktoken = pytest.importorskip("tiktoken")
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer  # noqa: E402
 
 TEKKEN = Path(mistral_common.__file__).parent / "data" / "tekken_240911.json"
-# A pattern other than Kimi's, to show the folder's own class source is what is read.
-O200K_PATTERN = "|".join(
-    [
-        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-        r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-        r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-        r"\p{N}{1,3}",
-        r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
-        r"\s*[\r\n]+",
-        r"\s+(?!\S)",
-        r"\s+",
-    ]
-)
 KIMI_NAMES = {0: "[BOS]", 1: "[EOS]", 4: "<|im_end|>", 5: "<|im_user|>", 6: "<|im_assistant|>"}
 
 
@@ -205,6 +192,7 @@ def test_kimi_reserved_tokens_are_named_by_the_config(kimi: tuple[TextModel, Any
 
 
 def test_the_folders_own_class_source_gives_the_pattern(tmp_path: Path) -> None:
+    # A pattern other than Kimi's (o200k's): the folder's own class source is what is read.
     own = TextModel.load(kimi_folder(tmp_path, O200K_PATTERN))
     reference = kimi_reference(O200K_PATTERN)
     for text in ("中文abc漢字Ab don't", *texts()[:20]):
