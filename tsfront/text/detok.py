@@ -244,7 +244,7 @@ def _byte_level_pieces(tokens: list[str | None]) -> list[bytes]:
     """ByteLevel's rule for each token, in C string operations: translate the byte alphabet
     to Latin-1 and encode; a character outside the alphabet (mapped out of Latin-1) fails the
     encode, and that token stands for its UTF-8."""
-    alphabet = _byte_alphabet()
+    alphabet = {c: b for b, c in enumerate(byte_alphabet())}
     table = {ord(c): b for c, b in alphabet.items()}
     for c in range(256):
         if chr(c) not in alphabet:
@@ -261,8 +261,8 @@ def _byte_level_pieces(tokens: list[str | None]) -> list[bytes]:
     return pieces
 
 
-def _byte_alphabet() -> dict[str, int]:
-    """GPT-2's map from the printable stand-in characters back to bytes."""
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-in character of each byte (ByteLevel's alphabet)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     chars = {b: chr(b) for b in printable}
     extra = 0
@@ -270,7 +270,7 @@ def _byte_alphabet() -> dict[str, int]:
         if b not in chars:
             chars[b] = chr(256 + extra)
             extra += 1
-    return {c: b for b, c in chars.items()}
+    return [chars[b] for b in range(256)]
 
 
 #: The incremental UTF-8 decoder class, looked up once (a codec registry lookup per stream

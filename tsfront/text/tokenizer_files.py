@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tsfront.text._deps import require
+from tsfront.text.detok import byte_alphabet
 from tsfront.text.errors import TokenizerNotFound
 
 __all__ = [
@@ -303,18 +304,6 @@ def _literal(node: ast.expr) -> Any:
     return None
 
 
-def _byte_alphabet() -> list[str]:
-    """GPT-2's printable stand-in character of each byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-    chars = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in chars:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
 def bpe_tokenizer_json(
     tokens: Sequence[bytes],
     pattern: str,
@@ -325,7 +314,7 @@ def bpe_tokenizer_json(
     """The ``tokenizer.json`` text of a tiktoken-style vocabulary: ``tokens[r]`` the bytes of
     rank ``r`` (id ``first_id + r``), ``pattern`` its split regex, ``added`` its control
     tokens. See the module docstring for the conversion."""
-    alphabet = {i: c for i, c in enumerate(_byte_alphabet())}
+    alphabet = dict(enumerate(byte_alphabet()))
     rank = {t: r for r, t in enumerate(tokens)}
     # latin-1 maps each byte to the code point of the same number; translate then maps it.
     text = [t.decode("latin-1").translate(alphabet) for t in tokens]
