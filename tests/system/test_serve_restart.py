@@ -15,13 +15,12 @@ import json
 import os
 import secrets
 import signal
-import socket
 import time
 from functools import partial
 
 import httpx
 import pytest
-from support.core_fixtures import wait_until_blocking
+from support.core_fixtures import free_port, wait_until_blocking
 from support.serve_fixtures import ServeProcess
 
 from tsfront.sim import SimGroup
@@ -39,12 +38,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     from tsfront.text.testing import make_test_model
 
     return str(make_test_model(tmp_path_factory.mktemp("model") / "tiny-words", "wordlevel"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pids(server: ServeProcess, marker: bytes) -> set[int]:
@@ -86,7 +79,7 @@ def _complete(url: str) -> httpx.Response | None:
 def test_serve_recovers_from_a_sigkilled_io_process(model_dir: str, tmp_path) -> None:
     state = tmp_path / "state"
     private = f"ipc://@tsfront-serve-{secrets.token_hex(8)}"
-    handshake = f"tcp://127.0.0.1:{_free_port()}"
+    handshake = f"tcp://127.0.0.1:{free_port()}"
     server = ServeProcess(
         ["--model", model_dir, "--handshake", handshake, "--num-engines", "2",
          "--input-address", f"{private}-in", "--output-address", f"{private}-out",

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.core_fixtures import wait_until_blocking
-from support.serve_fixtures import ServeProcess
+from support.serve_fixtures import ServeProcess, start_served
 
 from tsfront.sim import SimGroup
 
@@ -104,24 +104,17 @@ class Server:
 
 
 def start(model_dir: str, tmp_path: Path, workers: int, *extra: str) -> Server:
-    proc = ServeProcess(
-        ["--model", model_dir, "--handshake", "tcp://127.0.0.1:0", "--num-engines", "2",
-         "--workers", str(workers), "--port", "0", "--handshake-timeout", "30", *extra],
+    s = start_served(
+        model_dir,
+        workers=workers,
+        args=extra,
         stderr=tmp_path / "serve.stderr",
-    )  # fmt: skip
-    group = None
-    try:
-        handshake = proc.wait_line(r"^handshake: (\S+)", DEADLINE).group(1)
-        group = SimGroup(
-            handshake, 2, token_fn=token_fn, max_model_len=8192, step_ms=STEP_MS
-        ).start()
-        url = proc.wait_line(r"^listening: (http://\S+)", 60).group(1)
-    except BaseException:
-        proc.stop()
-        if group is not None:
-            group.stop()
-        raise
-    return Server(proc, group, url)
+        timeout=60,
+        token_fn=token_fn,
+        max_model_len=8192,
+        step_ms=STEP_MS,
+    )
+    return Server(s.server, s.group, s.url)
 
 
 @pytest.fixture
