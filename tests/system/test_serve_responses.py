@@ -26,7 +26,7 @@ import agents  # openai-agents (the test extra)
 import httpx
 import openai
 import pytest
-from support.serve_fixtures import CHAT_TEMPLATE, ScriptedServe
+from support.serve_fixtures import CHAT_TEMPLATE, ScriptedServe, weather_agent
 
 from tsfront.serve.processes.store import Memory, StoreClient, StoreProcess, StoreUnavailable
 from tsfront.sim.script import Script
@@ -513,20 +513,7 @@ def test_a_disconnect_aborts_the_engine_request(served: Served) -> None:
 
 
 def _agent(url: str, calls: list[str]) -> Any:
-    from openai import AsyncOpenAI
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """The current weather in a city."""
-        calls.append(city)
-        return f"22 C and sunny in {city}"
-
-    agents.set_tracing_disabled(True)
-    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
-    model = agents.OpenAIResponsesModel(model="resp-model", openai_client=client)
-    return agents.Agent(
-        name="weather", instructions="Answer with the tools.", tools=[get_weather], model=model
-    )
+    return weather_agent(url, "resp-model", calls, responses=True)
 
 
 def test_an_agent_in_responses_mode_calls_a_tool_and_answers(served: Served) -> None:
