@@ -16,7 +16,8 @@ answers by a script (a marker in the prompt -> a model's text): `ScriptedServe` 
 with the model it serves, the request each HTTP request became at the rank
 (`ScriptedServe.engine_request`) and the prompt it rendered (`ScriptedServe.prompt_of`).
 `start_together` starts several servers at once (their interpreters and model loads overlap).
-`CHAT_TEMPLATE` is their Qwen-style chat template, with tool calls as Hermes writes them;
+`CHAT_TEMPLATE` is their Qwen-style chat template, with tool calls as Hermes writes them, and
+`ONE_CALL`, `LONG_CALL` and `THOUGHT` what their scripts have the model write;
 `sse_events` reads a streamed answer's named events off the wire; `weather_agent` is an
 openai-agents agent with one Python tool, served by a test's server.
 
@@ -39,6 +40,7 @@ from typing import Any, Self, TypeVar
 
 import httpx
 
+from support.tool_outputs import hermes
 from tsfront.sim import SimGroup
 from tsfront.sim.script import Script
 from tsfront.testing.serve import (
@@ -53,6 +55,10 @@ from tsfront.text import TextModel
 __all__ = [
     "CHAT_TEMPLATE",
     "CHAT_TEMPLATE_TURNS",
+    "LONG_ARGS",
+    "LONG_CALL",
+    "ONE_CALL",
+    "THOUGHT",
     "Front",
     "ScriptedServe",
     "ServeProcess",
@@ -94,6 +100,13 @@ CHAT_TEMPLATE_TURNS = """\
 """
 #: `CHAT_TEMPLATE_TURNS` with the generation prompt closed.
 CHAT_TEMPLATE = CHAT_TEMPLATE_TURNS + "{% endif %}"
+#: A Hermes call of ``get_weather`` for Paris, as a scripted model writes it.
+ONE_CALL = hermes([("get_weather", {"city": "Paris"})])
+#: A call whose arguments are long: 120 words in one string (to see arguments stream).
+LONG_ARGS = " ".join(f"w{i}" for i in range(120))
+LONG_CALL = hermes([("get_weather", {"city": LONG_ARGS})])
+#: A Qwen3 thought, then the answer.
+THOUGHT = "<think>\nThe user wants 2 + 2.\n</think>\n\nFour."
 
 
 @contextmanager

@@ -22,7 +22,15 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-from support.serve_fixtures import CHAT_TEMPLATE, ScriptedServe, sse_events
+from support.serve_fixtures import (
+    CHAT_TEMPLATE,
+    LONG_ARGS,
+    LONG_CALL,
+    ONE_CALL,
+    THOUGHT,
+    ScriptedServe,
+    sse_events,
+)
 
 from tsfront.sim.script import Script
 from tsfront.text import TextModel
@@ -48,14 +56,7 @@ WEATHER = {
         "required": ["city"],
     },
 }
-ONE_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-THOUGHT = "<think>\nThe user wants 2 + 2.\n</think>\n\nFour."
 LONG = " ".join(f"word{i}" for i in range(60))
-# A call whose arguments are long: 120 words in one string (the streamed-input test).
-LONG_ARGS = " ".join(f"w{i}" for i in range(120))
-LONG_CALL = (
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "' + LONG_ARGS + '"}}\n</tool_call>'
-)
 RULES = [
     # The round trip's second turn: the call rendered as an object, the result with its id.
     (

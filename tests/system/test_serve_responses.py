@@ -26,7 +26,7 @@ import agents  # openai-agents (the test extra)
 import httpx
 import openai
 import pytest
-from support.serve_fixtures import CHAT_TEMPLATE, ScriptedServe, weather_agent
+from support.serve_fixtures import CHAT_TEMPLATE, ONE_CALL, THOUGHT, ScriptedServe, weather_agent
 
 from tsfront.serve.processes.store import Memory, StoreClient, StoreProcess, StoreUnavailable
 from tsfront.sim.script import Script
@@ -46,8 +46,6 @@ WEATHER = {
     },
     "strict": False,
 }
-ONE_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-THOUGHT = "<think>\nThe user wants 2 + 2.\n</think>\n\nFour."
 LONG = " ".join(f"word{i}" for i in range(60))
 ENDLESS = "a " * 6000
 AGENT_ANSWER = "It is 22 C and sunny in Paris."

@@ -24,7 +24,14 @@ import openai
 import pydantic
 import pytest
 from openai.types.responses import ResponseStreamEvent
-from support.serve_fixtures import CHAT_TEMPLATE, ScriptedServe, sse_events
+from support.serve_fixtures import (
+    CHAT_TEMPLATE,
+    LONG_ARGS,
+    LONG_CALL,
+    ONE_CALL,
+    ScriptedServe,
+    sse_events,
+)
 
 import tsfront.serve.responses.endpoints as endpoints_module
 from tsfront.sim.script import Script
@@ -39,11 +46,6 @@ WEATHER = {
     "name": "get_weather",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
-CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-LONG_ARGS = " ".join(f"w{i}" for i in range(120))
-LONG_CALL = (
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "' + LONG_ARGS + '"}}\n</tool_call>'
-)
 RULES = [
     # The agent's second turn: its reasoning (sent back sealed) before its call, the result.
     (
@@ -53,7 +55,7 @@ RULES = [
         "It is 22 C in Paris.",
     ),
     ("<think>\nThe user wants 2 + 2.\n</think>\n", "History seen."),
-    ("CODEX", "<think>\nLet me call the tool.\n</think>\n\n" + CALL),
+    ("CODEX", "<think>\nLet me call the tool.\n</think>\n\n" + ONE_CALL),
     ("LONGCALL", LONG_CALL),
     ("THINK", "<think>\nThe user wants 2 + 2.\n</think>\n\nFour."),
     ("PLAIN", "Just text."),

@@ -26,7 +26,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support.serve_fixtures import CHAT_TEMPLATE_TURNS, ScriptedServe, start_together
+from support.serve_fixtures import (
+    CHAT_TEMPLATE_TURNS,
+    ONE_CALL,
+    THOUGHT,
+    ScriptedServe,
+    start_together,
+)
 
 from tsfront.sim.scheduler import SCRIPT_ABORT
 from tsfront.sim.script import Script
@@ -101,8 +107,6 @@ MARKUP = (
     "<\uff5c",
     "[get_",
 )
-ONE_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-THOUGHT = "<think>\nThe user wants 2 + 2.\n</think>\n\nFour."
 SERVERS = {
     "plain": [],
     "hermes": ["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"],
