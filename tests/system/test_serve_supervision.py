@@ -455,7 +455,10 @@ def test_metrics_count_every_workers_requests_by_route_and_status_and_the_restar
     served = len(s.adds()) - 20  # the completions that looked for the replacement
     assert counts[("completions", "200")] == 20 + served
     assert counts[("completions", "400")] == 3
-    assert counts[("metrics", "200")] >= 8  # the scrapes so far (the last one not yet)
+    # The scrapes so far: 8 at least before this reading. A worker counts a response after
+    # its last byte went out, so the count of one just answered (by either worker) may land
+    # after the next scrape read the counters: wait for it rather than race it.
+    wait(lambda: _requests(s.metrics())[("metrics", "200")] >= 8, "the scrapes counted")
     assert s.proc.stop() == 0
 
 
