@@ -24,6 +24,9 @@ SOURCES = [
     "push.c",
     "title.c",
     "encodecache.c",
+    "lanes.c",
+    "record.c",
+    "turn.c",
     "module.c",
 ]
 EXTRA = os.environ.get("TSFRONT_NATIVE_CFLAGS", "").split()

@@ -5,7 +5,9 @@
  * (prompt block hashes for routing), writer.c (the I/O process's side), reader.c (a worker's
  * side), subring.c (the workers' submission rings), sse.c (a streamed token's event bytes),
  * push.c (the drain's dispatch of pushed tokens), title.c (the process title ps shows),
- * encodecache.c (prompt-prefix token ids shared by the workers).
+ * encodecache.c (prompt-prefix token ids shared by the workers), lanes.c (each engine input
+ * connection's outgoing stream), record.c (a request in flight in the I/O core), turn.c (the
+ * I/O process's wait and its turns that need no Python).
  * This file holds the module table and the small helpers that belong to none of them.
  */
 #define PY_SSIZE_T_CLEAN
@@ -16,13 +18,16 @@
 
 #include "encodecache.h"
 #include "frame.h"
+#include "lanes.h"
 #include "prefix.h"
 #include "push.h"
 #include "reader.h"
+#include "record.h"
 #include "region.h"
 #include "subring.h"
 #include "sse.h"
 #include "title.h"
+#include "turn.h"
 #include "writer.h"
 
 PyObject *WireDecodeError = NULL;
@@ -99,7 +104,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&WriterType) < 0 || PyType_Ready(&ReaderType) < 0 ||
         PyType_Ready(&SubmitterType) < 0 || PyType_Ready(&IntakeType) < 0 ||
         PyType_Ready(&PusherBaseType) < 0 || PyType_Ready(&ConnectionBaseType) < 0 ||
-        PyType_Ready(&EncodeCacheType) < 0)
+        PyType_Ready(&EncodeCacheType) < 0 || PyType_Ready(&InputLanesType) < 0 ||
+        PyType_Ready(&RecordType) < 0 || PyType_Ready(&TurnType) < 0 || turn_module_init() < 0)
         return NULL;
     PyObject *errors = PyImport_ImportModule("tsfront.errors");
     if (!errors) return NULL;
@@ -122,6 +128,15 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddObject(m, "ConnectionBase", (PyObject *)&ConnectionBaseType);
     Py_INCREF(&EncodeCacheType);
     PyModule_AddObject(m, "EncodeCache", (PyObject *)&EncodeCacheType);
+    Py_INCREF(&InputLanesType);
+    PyModule_AddObject(m, "InputLanes", (PyObject *)&InputLanesType);
+    Py_INCREF(&RecordType);
+    PyModule_AddObject(m, "Record", (PyObject *)&RecordType);
+    Py_INCREF(&TurnType);
+    PyModule_AddObject(m, "Turn", (PyObject *)&TurnType);
+    PyModule_AddIntConstant(m, "LANE_SENT", LANE_SENT);
+    PyModule_AddIntConstant(m, "LANE_FULL", LANE_FULL);
+    PyModule_AddIntConstant(m, "LANE_UNREACHABLE", LANE_UNREACHABLE);
     PyModule_AddIntConstant(m, "SUB_OK", SUB_OK);
     PyModule_AddIntConstant(m, "SUB_FULL", SUB_FULL);
     PyModule_AddIntConstant(m, "SUB_TOO_BIG", SUB_TOO_BIG);

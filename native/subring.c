@@ -224,15 +224,6 @@ PyTypeObject SubmitterType = {
 
 /* ------------------------------------------------------------------ the I/O process's side */
 
-typedef struct {
-    PyObject_HEAD region_t r;
-    uint64_t *head;     /* per worker: bytes consumed (private: a peer cannot move it) */
-    uint64_t *applied;  /* per worker: ZMQ submissions handled */
-    uint64_t *bad_tail; /* per worker: the out-of-range tail last counted (count it once) */
-    uint8_t *active;    /* per worker: attached (its ring is read) */
-    uint64_t records, bad, parks;
-} Intake;
-
 static void intake_dealloc(Intake *self) {
     free(self->head);
     free(self->applied);
@@ -310,7 +301,7 @@ static inline int readable(Intake *self, uint32_t w) {
     return avail != 0 && avail <= self->r.l.submit_ring_bytes && avail % SUBMIT_ALIGN == 0;
 }
 
-static PyObject *intake_park(Intake *self, PyObject *noargs) {
+int intake_park_c(Intake *self) {
     sub_shared_t *sh = sub_shared(&self->r);
     /* parked stored, seq_cst fence, then every tail loaded: pairs with the producer's tail
      * stores (Submitter.put), then its fence and parked load (Submitter.ring). */
@@ -319,11 +310,16 @@ static PyObject *intake_park(Intake *self, PyObject *noargs) {
     for (uint32_t w = 0; w < self->r.l.num_workers; w++) {
         if (self->active[w] && readable(self, w)) {
             atomic_store_explicit(&sh->parked, 0, memory_order_relaxed);
-            Py_RETURN_FALSE;
+            self->refused++; /* a waker may have seen parked meanwhile: one write this park too */
+            return 0;
         }
     }
     self->parks++;
-    Py_RETURN_TRUE;
+    return 1;
+}
+
+static PyObject *intake_park(Intake *self, PyObject *noargs) {
+    return PyBool_FromLong(intake_park_c(self));
 }
 
 static int append_bad(PyObject *out, uint32_t w, const char *why) {
@@ -439,6 +435,71 @@ error:
     return -1;
 }
 
+/* The native turn's pass over the rings (subring.h): worker w's published records, in order,
+ * each offered to `fn` until it declines one; a record that fails the checks take_one makes
+ * stops the pass there too, and is left for `take` to report. Only what was offered and
+ * consumed moves the head. */
+static int each_one(Intake *self, uint32_t w, sub_fn fn, void *ctx, Py_ssize_t *taken) {
+    region_t *r = &self->r;
+    sub_ctl_t *ctl = sub_ctl(r, w);
+    uint64_t ring = r->l.submit_ring_bytes;
+    /* Acquire: pairs with the producer's release store of tail (as in take_one). */
+    uint64_t tail = atomic_load_explicit(&ctl->tail, memory_order_acquire);
+    uint64_t h = self->head[w], start = h;
+    uint64_t avail = tail - h;
+    if (avail == 0 || avail > ring || avail % SUBMIT_ALIGN != 0) return 0;
+    const uint8_t *base = sub_ring(r, w);
+    int rc = 0;
+    while (h != tail) {
+        uint64_t off = h % ring, room = ring - off, left = tail - h;
+        sub_rec_t rec;
+        memcpy(&rec, base + off, sizeof rec); /* one snapshot of the head, as in take_one */
+        if (rec.kind == SUB_WRAP) {
+            if (rec.size != room || room > left) break;
+            h += room;
+            continue;
+        }
+        if ((rec.kind != SUB_ADD && rec.kind != SUB_ABORT) || rec.size < SUBMIT_ALIGN ||
+            rec.size % SUBMIT_ALIGN != 0 || rec.size > room || rec.size > left ||
+            sizeof rec + (uint64_t)rec.a_len + rec.b_len + rec.c_len > rec.size)
+            break; /* take_one reports it */
+        const uint8_t *p = base + off + sizeof rec;
+        sub_view_t v = {.worker = w,
+                        .kind = rec.kind,
+                        .a = p,
+                        .a_len = rec.a_len,
+                        .b = p + rec.a_len,
+                        .b_len = rec.kind == SUB_ADD ? rec.b_len : 0,
+                        .c = p + rec.a_len + rec.b_len,
+                        .c_len = rec.c_len,
+                        .has_c = rec.kind == SUB_ADD && (rec.flags & SUB_HAS_HASHES)};
+        rc = fn(ctx, &v);
+        if (rc <= 0) break;
+        h += rec.size;
+        (*taken)++;
+    }
+    if (h != start) {
+        /* Wraps skipped before a declined record are consumed too: harmless, take_one would
+         * skip them the same way. */
+        self->head[w] = h;
+        /* Release: the copies fn made happen-before the producer reuses this room. */
+        atomic_store_explicit(&ctl->head, h, memory_order_release);
+    }
+    return rc < 0 ? -1 : 0;
+}
+
+Py_ssize_t intake_each(Intake *self, sub_fn fn, void *ctx) {
+    /* Awake: a producer need not write the eventfd until the next park (a hint; relaxed). */
+    atomic_store_explicit(&sub_shared(&self->r)->parked, 0, memory_order_relaxed);
+    Py_ssize_t taken = 0;
+    for (uint32_t w = 0; w < self->r.l.num_workers; w++) {
+        if (!self->active[w]) continue;
+        if (each_one(self, w, fn, ctx, &taken) < 0) return -1;
+    }
+    self->records += (uint64_t)taken;
+    return taken;
+}
+
 static PyObject *intake_take(Intake *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"limit", "worker", NULL};
     Py_ssize_t limit = 256;
@@ -474,8 +535,8 @@ static PyObject *intake_applied(Intake *self, PyObject *arg) {
 }
 
 static PyObject *intake_stats(Intake *self, PyObject *noargs) {
-    return Py_BuildValue("{sKsKsK}", "records", self->records, "bad_records", self->bad, "parks",
-                         self->parks);
+    return Py_BuildValue("{sKsKsKsK}", "records", self->records, "bad_records", self->bad, "parks",
+                         self->parks, "refused_parks", self->refused);
 }
 
 static PyMethodDef intake_methods[] = {

@@ -76,4 +76,33 @@ static inline uint64_t sub_max_record(region_t *r) { return r->l.submit_ring_byt
 extern PyTypeObject SubmitterType;
 extern PyTypeObject IntakeType;
 
+/* The I/O process's side (subring.c: `Intake`); the native turn (turn.c) uses it directly. */
+typedef struct {
+    PyObject_HEAD region_t r;
+    uint64_t *head;     /* per worker: bytes consumed (private: a peer cannot move it) */
+    uint64_t *applied;  /* per worker: ZMQ submissions handled */
+    uint64_t *bad_tail; /* per worker: the out-of-range tail last counted (count it once) */
+    uint8_t *active;    /* per worker: attached (its ring is read) */
+    uint64_t records, bad, parks, refused; /* refused: parks that found a record waiting */
+} Intake;
+
+/* One record as `intake_each` offers it: pointers into the ring, which its worker may rewrite
+ * meanwhile (a peer may lie): whatever is used is copied out first, never read twice. */
+typedef struct {
+    uint32_t worker, kind;
+    const uint8_t *a, *b, *c;
+    uint32_t a_len, b_len, c_len;
+    int has_c; /* an ADD's block hashes are present */
+} sub_view_t;
+/* 1: consumed; 0: declined (it and the worker's later records stay for Intake.take); -1: a
+ * Python error (the record stays, the pass stops). */
+typedef int (*sub_fn)(void *ctx, const sub_view_t *rec);
+
+/* Intake.park without the call: 1 parked, 0 a record waits (not parked). */
+int intake_park_c(Intake *self);
+/* Offer every attached worker's published records, in order, to `fn` until it declines one of
+ * a worker (or one fails take's checks: left for take to report); clears parked like take.
+ * The records consumed, or -1 if `fn` raised. */
+Py_ssize_t intake_each(Intake *self, sub_fn fn, void *ctx);
+
 #endif

@@ -243,6 +243,40 @@ static void publish_done(Writer *self, uint32_t slot, uint32_t finish) {
     notify_slot(self, slot);
 }
 
+/* Bind (writer.h); the caller checked slot, ticket and engine_index. */
+static int bind_slot(Writer *self, const uint8_t *rid, uint32_t rid_len, uint32_t s,
+                     uint64_t ticket, int with_logprobs, uint32_t dup_code, int32_t engine_index) {
+    region_t *r = &self->r;
+    /* The worker gave this slot up; drop anything still tied to its previous request. */
+    ridmap_remove_slot(&self->rids, s);
+    spill_drop(self, s);
+    slot_a_t *a = slot_a(r, s);
+    atomic_store_explicit(&a->state, SLOT_IDLE, memory_order_relaxed);
+    atomic_store_explicit(&a->write_seq, 0, memory_order_relaxed);
+    atomic_store_explicit(&a->finish, FIN_NONE, memory_order_relaxed);
+    atomic_store_explicit(&a->prompt_tokens, 0, memory_order_relaxed);
+    atomic_store_explicit(&a->completion_tokens, 0, memory_order_relaxed);
+    atomic_store_explicit(&a->cached_tokens, 0, memory_order_relaxed);
+    atomic_store_explicit(&a->engine_index, -1, memory_order_relaxed);
+    atomic_store_explicit(&a->flags, with_logprobs ? 1u : 0u, memory_order_relaxed);
+    atomic_store_explicit(&a->spilled, 0, memory_order_relaxed);
+    atomic_store_explicit(&a->state, SLOT_LIVE, memory_order_relaxed);
+    /* A reader that sees the new generation sees the reset header. */
+    atomic_store_explicit(&a->generation, ticket, memory_order_release);
+
+    if (ridmap_lookup(&self->rids, rid, rid_len) >= 0) {
+        publish_done(self, s, dup_code);
+        publish_notifications(self);
+        return 0;
+    }
+    if (ridmap_insert(&self->rids, rid, rid_len, s) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->owner[s] = engine_index;
+    return 1;
+}
+
 static PyObject *writer_bind(Writer *self, PyObject *args) {
     const char *rid;
     Py_ssize_t rid_len;
@@ -263,35 +297,31 @@ static PyObject *writer_bind(Writer *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "ticket 0 is reserved");
         return NULL;
     }
-    region_t *r = &self->r;
-    uint32_t s = (uint32_t)slot;
-    /* The worker gave this slot up; drop anything still tied to its previous request. */
-    ridmap_remove_slot(&self->rids, s);
-    spill_drop(self, s);
-    slot_a_t *a = slot_a(r, s);
-    atomic_store_explicit(&a->state, SLOT_IDLE, memory_order_relaxed);
-    atomic_store_explicit(&a->write_seq, 0, memory_order_relaxed);
-    atomic_store_explicit(&a->finish, FIN_NONE, memory_order_relaxed);
-    atomic_store_explicit(&a->prompt_tokens, 0, memory_order_relaxed);
-    atomic_store_explicit(&a->completion_tokens, 0, memory_order_relaxed);
-    atomic_store_explicit(&a->cached_tokens, 0, memory_order_relaxed);
-    atomic_store_explicit(&a->engine_index, -1, memory_order_relaxed);
-    atomic_store_explicit(&a->flags, with_logprobs ? 1u : 0u, memory_order_relaxed);
-    atomic_store_explicit(&a->spilled, 0, memory_order_relaxed);
-    atomic_store_explicit(&a->state, SLOT_LIVE, memory_order_relaxed);
-    /* A reader that sees the new generation sees the reset header. */
-    atomic_store_explicit(&a->generation, ticket, memory_order_release);
-
-    if (ridmap_lookup(&self->rids, (const uint8_t *)rid, (uint32_t)rid_len) >= 0) {
-        publish_done(self, s, dup_code);
-        publish_notifications(self);
-        Py_RETURN_FALSE;
+    if (rid_len > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "rid too long");
+        return NULL;
     }
-    if (ridmap_insert(&self->rids, (const uint8_t *)rid, (uint32_t)rid_len, s) < 0)
-        return PyErr_NoMemory();
-    self->owner[s] = engine_index;
-    Py_RETURN_TRUE;
+    int rc = bind_slot(self, (const uint8_t *)rid, (uint32_t)rid_len, (uint32_t)slot, ticket,
+                       with_logprobs, dup_code, engine_index);
+    if (rc < 0) return NULL;
+    return PyBool_FromLong(rc);
 }
+
+/* ------------------------------------------------------------------ for the native turn */
+
+int writer_c_bind(PyObject *w, const uint8_t *rid, uint32_t rid_len, uint32_t slot,
+                  uint64_t ticket, int with_logprobs, uint32_t dup_code, int32_t engine_index) {
+    return bind_slot((Writer *)w, rid, rid_len, slot, ticket, with_logprobs, dup_code,
+                     engine_index);
+}
+
+int writer_c_bound(PyObject *w, const uint8_t *rid, uint32_t rid_len) {
+    return ridmap_lookup(&((Writer *)w)->rids, rid, rid_len) >= 0;
+}
+
+region_t *writer_c_region(PyObject *w) { return &((Writer *)w)->r; }
+
+uint32_t writer_c_total_slots(PyObject *w) { return ((Writer *)w)->total_slots; }
 
 static PyObject *writer_unbind(Writer *self, PyObject *arg) {
     long long slot = PyLong_AsLongLong(arg);
@@ -642,7 +672,7 @@ static PyObject *writer_set_worker_fd(Writer *self, PyObject *args) {
 
 /* Wake every worker that got a notification since the last call and has published that it is
  * parked: at most one eventfd write per worker per call. */
-static PyObject *writer_wake(Writer *self, PyObject *unused) {
+static uint32_t wake_workers(Writer *self) {
     region_t *r = &self->r;
     uint32_t writes = 0;
     /* Counters first: a worker woken below must see the state that woke it. */
@@ -671,8 +701,15 @@ static PyObject *writer_wake(Writer *self, PyObject *unused) {
         self->touched_workers_n = 0;
     }
     self->wakes += writes;
-    return PyLong_FromUnsignedLong(writes);
+    return writes;
 }
+
+static PyObject *writer_wake(Writer *self, PyObject *unused) {
+    return PyLong_FromUnsignedLong(wake_workers(self));
+}
+
+uint32_t writer_c_wake(PyObject *w) { return wake_workers((Writer *)w); }
+
 
 /* A worker left (or crashed): forget every request of its slots and zero its control block. */
 static PyObject *writer_reset_worker(Writer *self, PyObject *arg) {

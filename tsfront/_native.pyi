@@ -23,6 +23,9 @@ SlotUpdate: TypeAlias = tuple[
 ]
 
 SLOT_IDLE: Final[int]
+LANE_SENT: Final[int]
+LANE_FULL: Final[int]
+LANE_UNREACHABLE: Final[int]
 SUB_OK: Final[int]
 SUB_FULL: Final[int]
 SUB_TOO_BIG: Final[int]
@@ -231,4 +234,67 @@ class Intake:
     def park(self) -> bool: ...
     def take(self, limit: int = 256, worker: int = -1) -> list[SubmitRecord]: ...
     def applied(self, worker: int, /) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+
+class Record:
+    """A request in flight in the I/O core (native/record.c): its rid, the engine holding it,
+    its worker's ticket, whether its ADD left; under disaggregated serving its prefill half."""
+
+    rid: bytes
+    engine: Any
+    ticket: int
+    sent: bool
+    prefill: Any
+    prefill_sent: bool
+    room: int
+    def __init__(self, rid: bytes, engine: Any, ticket: int, sent: bool = True) -> None: ...
+
+#: What `InputLanes.flush` reports of a lane: (lane, errno of a failed send or 0, whether bytes
+#: wait that the kernel did not take, EPOLLOUT wanted).
+LaneChange: TypeAlias = tuple[int, int, bool]
+
+class InputLanes:
+    """Each routed input connection's outgoing stream, one lane a connection, found by its
+    identity (native/lanes.c)."""
+
+    def __init__(self, count: int, depth: int) -> None: ...
+    @property
+    def dirty(self) -> bool: ...
+    def open(self, lane: int, fd: int, identity: bytes, /) -> None: ...
+    def close(self, lane: int, /) -> None: ...
+    def send(self, lane: int, kind: Buffer, payload: Buffer, /) -> int: ...
+    def put(self, lane: int, data: Buffer, /) -> bool: ...
+    def write(self, lane: int, /) -> tuple[int, bool]: ...
+    def flush(self) -> list[LaneChange]: ...
+    def pending(self, lane: int, /) -> bytes: ...
+    def fd(self, lane: int, /) -> int: ...
+    def stats(self) -> dict[str, int]: ...
+
+class Turn:
+    """The I/O process's wait and its turns that need no Python (native/turn.c)."""
+
+    enabled: bool
+    def __init__(
+        self,
+        writer: Writer,
+        intake: Intake | None,
+        lanes: InputLanes,
+        epoll_fd: int,
+        intake_fd: int,
+        records: dict[int, Record],
+        attached: dict[int, Any],
+        probes: dict[bytes, Any],
+        counts: dict[str, int],
+        count_words: tuple[tuple[str, int], ...],
+        engines: list[Any],
+        router: Any,
+        policy: int,
+        load_ttl: float,
+        live: Any,
+        stepping: Any,
+        add_kind: bytes,
+        slots_per_worker: int,
+        enabled: bool,
+    ) -> None: ...
+    def run(self, timeout_ms: int, /) -> list[tuple[int, int]]: ...
     def stats(self) -> dict[str, int]: ...

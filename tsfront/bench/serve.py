@@ -288,10 +288,29 @@ def _wait_http(url: str, model: str, timeout: float) -> None:
     raise RuntimeError(f"{url} did not serve a completion within {timeout:g}s")
 
 
+#: The I/O loop's turn counters on a tsfront server's /metrics page (docs/METRICS.md).
+_TURNS = re.compile(rb"^tsfront:io_(native_)?turns_total (\S+)$", re.M)
+
+
+def _io_turns(url: str) -> tuple[float, float] | None:
+    """(turns, native turns) of a tsfront server's I/O loop so far, from its /metrics page;
+    None for a server without them (SMG)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            page = r.read()
+    except (urllib.error.URLError, OSError):
+        return None
+    found = {bool(m.group(1)): float(m.group(2)) for m in _TURNS.finditer(page)}
+    return (found[False], found[True]) if len(found) == 2 else None
+
+
 @contextlib.contextmanager
 def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[tuple[str, int]]:
     env = None
-    if stack in ("uvicorn", "pull", "python", "uncached"):
+    if stack in ("uvicorn", "pull", "python", "uncached", "pyturn"):
         cmd = python_module("tsfront", "serve", "--workers", str(workers))
         if stack == "uncached":
             # Every prompt encoded whole, as before the encode cache (and its worker's
@@ -304,6 +323,10 @@ def _tsfront(model: str, p: ServeParams, workers: int, stack: str) -> Iterator[t
         elif stack == "python":
             # The hot path without its native step (every pushed event through ASGI send).
             env = {**os.environ, "TSFRONT_SERVE_NATIVE": "0"}
+        elif stack == "pyturn":
+            # The I/O process's every turn in Python (TSFRONT_NATIVE_TURN=0): what the native
+            # turn (native/turn.c) saves.
+            env = {**os.environ, "TSFRONT_NATIVE_TURN": "0"}
     else:
         cmd = python_module("tsfront.bench.stacks", "--stack", stack)
     cmd += [
@@ -425,10 +448,20 @@ def _percentile(values: list[float], q: float) -> float:
 
 def _measure(target: str, url: str, session: int, model: str, p: ServeParams) -> Figures:
     _load(url, model, p, p.warmup_requests)
+    turns_before = _io_turns(url)
     before = session_cpu(session)
     # Conversations the warm-up did not have (the shared system prompt is the same).
     load = _load(url, model, p, p.requests, first=1_000_000)
     after = session_cpu(session)
+    turns_after = _io_turns(url)
+    turns: dict[str, float] = {}
+    if turns_before is not None and turns_after is not None and load["requests"]:
+        # The I/O loop's turns per request, and how many of them were native (the page read
+        # after the CPU reading: its own request is not in the figures above).
+        turns = {
+            "io_turns_per_request": (turns_after[0] - turns_before[0]) / load["requests"],
+            "io_native_turns_per_request": (turns_after[1] - turns_before[1]) / load["requests"],
+        }
     tokens = load["tokens"]
     by_role: dict[str, float] = {}
     by_ticks: list[str] = []
@@ -458,6 +491,7 @@ def _measure(target: str, url: str, session: int, model: str, p: ServeParams) ->
             "events": load["events"],
             "tokens_per_event": tokens / max(1, load["events"]),
             **_agent_figures(load, cpu),
+            **turns,
             # Processes counted by clock ticks, not exactly (a thread of theirs ended).
             "cpu_by_ticks": sorted(by_ticks),
             "us_per_token_by_process": {
@@ -685,7 +719,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also measure these HTTP stacks at W=1, comma-separated: granian,aiohttp; "
         "'pull' is tsfront serve without its push path (TSFRONT_SERVE_PUSH=0), 'python' "
         "without the push path's native step (TSFRONT_SERVE_NATIVE=0), 'uncached' without "
-        "its encode cache (--encode-cache-mb 0) and with the tokenizer's thread pool",
+        "its encode cache (--encode-cache-mb 0) and with the tokenizer's thread pool, 'pyturn' "
+        "with the I/O process's every turn in Python (TSFRONT_NATIVE_TURN=0)",
     )
     g.add_argument("--repeat", type=int, help="measure every target this many times (1)")
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from zmq import EVENT_ACCEPTED, EVENT_DISCONNECTED
 
+from tsfront._native import Record
 from tsfront.errors import WireDecodeError
 from tsfront.io.engines import (
     AGGREGATED,
@@ -188,24 +189,6 @@ class PrefillHalf(Protocol):
     def fail_code(self, code: int) -> int: ...
     def probe(self, probe: Probe, payload: bytes, at: int) -> bytes | None: ...
     def forget_probe(self, probe: Probe) -> None: ...
-
-
-class Record:
-    """A request in flight: its rid, the engine holding it, its worker's ticket, and whether
-    its ADD left for the engine (one still in the backlog needs no ABORT: it is just dropped).
-    Under disaggregated serving ``engine`` is the decode engine, and the prefill half is
-    ``prefill`` (its ADD sent: ``prefill_sent``) with the request's bootstrap ``room``."""
-
-    __slots__ = ("engine", "prefill", "prefill_sent", "rid", "room", "sent", "ticket")
-
-    def __init__(self, rid: bytes, engine: Engine, ticket: int, sent: bool = True) -> None:
-        self.rid = rid
-        self.engine = engine
-        self.ticket = ticket
-        self.sent = sent
-        self.prefill: Engine | None = None
-        self.prefill_sent = False
-        self.room = 0
 
 
 class EngineGroup:

@@ -30,8 +30,9 @@ from typing import TYPE_CHECKING, cast
 
 import msgspec
 
+from tsfront._native import Record
 from tsfront.errors import WireDecodeError
-from tsfront.io.core import SENT, EngineGroup, IOCore, Record
+from tsfront.io.core import SENT, EngineGroup, IOCore
 from tsfront.io.engines import DECODE, PREFILL, Engine, EngineEvent, Probe
 from tsfront.ipc.codes import (
     FIN_PREFILL_ABORTED,

@@ -7,7 +7,9 @@ ROUTER with ``ROUTER_MANDATORY``: an ADD then went through libzmq's pipe to its 
 which woke, wrote it to the kernel and armed and disarmed its poll for writing; here the loop
 writes it itself, and every message a turn queued for one engine goes in one ``send`` at the
 end of the turn (`flush`). (docs/PERFORMANCE.md, "I/O process: the engine input without
-libzmq".)
+libzmq".) A routed connection's outgoing stream is a lane of `tsfront._native.InputLanes`
+(native/lanes.c): the native turn (native/turn.c) queues the ADDs it places on the same lanes,
+so what this port and the native turn write to an engine is one ordered stream.
 
 What the ROUTER did is kept:
 
@@ -36,11 +38,13 @@ until they are gone).
 from __future__ import annotations
 
 import itertools
+import os
 import socket
 import time
 from collections import deque
 from collections.abc import Callable
 
+from tsfront import _native
 from tsfront.io.core import FULL, SENT, UNREACHABLE
 from tsfront.io.listeners import MAX_CONNECTIONS, Warn, accepted, bind_listener, log_warning
 from tsfront.wire.zmtp import RouterSession
@@ -53,10 +57,16 @@ _READ = 1 << 16
 _MAX_HELD = 1024
 _SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 _anonymous = itertools.count(1)
+if (SENT, FULL, UNREACHABLE) != (
+    _native.LANE_SENT,
+    _native.LANE_FULL,
+    _native.LANE_UNREACHABLE,
+):  # pragma: no cover - a guard of an edit to either side
+    raise ImportError("the lanes' send codes are no longer the core's")
 
 
 class _Peer:
-    __slots__ = ("deadline", "ends", "fd", "polled", "sent", "session", "sock", "waiting")
+    __slots__ = ("deadline", "fd", "lane", "polled", "session", "sock", "waiting")
 
     def __init__(self, sock: socket.socket, max_message: int, deadline: float) -> None:
         self.sock = sock
@@ -64,11 +74,8 @@ class _Peer:
         self.session = RouterSession(max_message)
         self.deadline = deadline  # for its handshake
         self.waiting = False  # its identity is another connection's: held until that ends
-        # The messages `send` queued, by where each ends in the connection's byte stream, and
-        # the bytes of it the kernel took (``sent``; what is in ``session.out`` comes after):
-        # the messages not yet taken count against the queue depth.
-        self.ends: deque[int] = deque()
-        self.sent = 0
+        # Its lane once routed (-1 before: its handshake's bytes go from ``session.out``).
+        self.lane = -1
         self.polled = False  # for writing: it holds bytes the kernel would not take
 
 
@@ -98,7 +105,10 @@ class InputPort:
         self.connections: dict[int, _Peer] = {}  # by fd, in accept order
         self.routes: dict[bytes, _Peer] = {}  # by identity: the connections `send` reaches
         self.items: deque[list[bytes]] = deque()
-        self.dirty: dict[_Peer, None] = {}  # queued bytes not yet offered to the kernel
+        # One lane a routed connection (never more than the connections held).
+        self.lanes = _native.InputLanes(max_connections, queue_depth)
+        self._free_lanes = list(range(max_connections - 1, -1, -1))
+        self._by_lane: list[_Peer | None] = [None] * max_connections
         self._view = memoryview(bytearray(_READ))
         self.due = float("inf")  # the next handshake deadline (`tick`)
 
@@ -164,26 +174,20 @@ class InputPort:
         peer = self.routes.get(identity)
         if peer is None:
             return UNREACHABLE
-        ends = peer.ends
-        if ends:
-            sent = peer.sent
-            while ends and ends[0] <= sent:
-                ends.popleft()
-            if len(ends) >= self.queue_depth:
-                return FULL
-        session = peer.session
-        session.send(kind, payload)
-        ends.append(peer.sent + len(session.out))
-        self.dirty[peer] = None
-        return SENT
+        return self.lanes.send(peer.lane, kind, payload)
 
     def flush(self) -> None:
-        """Offer every connection's queued bytes to the kernel (the end of a loop turn)."""
-        dirty = self.dirty
-        if dirty:
-            for peer in list(dirty):  # a connection that ended left it (`_end`)
-                self._write(peer)
-            dirty.clear()
+        """Offer every connection's queued bytes to the kernel (the end of a loop turn), and
+        act on what changed since the last flush (the native turn's flushes too): a lane whose
+        send failed ends its connection, one the kernel would not take all of is polled for
+        writing."""
+        if not self.lanes.dirty:
+            return
+        by_lane = self._by_lane
+        for lane, failed, polled in self.lanes.flush():
+            peer = by_lane[lane]
+            if peer is not None:
+                self._lane_state(peer, failed, polled)
 
     def tick(self, now: float) -> None:
         """Drop the connections whose handshake is past its deadline; `due` is the next."""
@@ -203,6 +207,8 @@ class InputPort:
         end = time.monotonic() + linger
         for peer in self.connections.values():
             out = peer.session.out
+            if peer.lane >= 0:
+                out = bytearray(self.lanes.pending(peer.lane)) + out
             while out and peer.session.ready:
                 left = end - time.monotonic()
                 if left <= 0:
@@ -215,7 +221,6 @@ class InputPort:
             peer.sock.close()
         self.connections.clear()
         self.routes.clear()
-        self.dirty.clear()
         self.listener.close()
 
     # ------------------------------------------------------------------ inside
@@ -235,6 +240,18 @@ class InputPort:
             )
         else:
             self.routes[session.identity] = peer
+            self._open_lane(peer)
+
+    def _open_lane(self, peer: _Peer) -> None:
+        """The routed connection's writing goes to a lane from now on, behind what it held."""
+        lane = self._free_lanes.pop()  # never empty: a lane per connection the port may hold
+        peer.lane = lane
+        self._by_lane[lane] = peer
+        self.lanes.open(lane, peer.fd, peer.session.identity)
+        out = peer.session.out
+        if out:
+            self.lanes.put(lane, out)
+            out.clear()
 
     def _deliver(self, peer: _Peer) -> None:
         identity = peer.session.identity
@@ -245,6 +262,12 @@ class InputPort:
     def _write(self, peer: _Peer) -> bool:
         """Send what the kernel takes of the peer's queued bytes; False if that ended it."""
         out = peer.session.out
+        if peer.lane >= 0:
+            if out:  # a PONG the session answered with: behind what the lane holds
+                self.lanes.put(peer.lane, out)
+                out.clear()
+            failed, polled = self.lanes.write(peer.lane)
+            return self._lane_state(peer, failed, polled)
         if not out:
             return True
         try:
@@ -256,12 +279,23 @@ class InputPort:
             return False
         if sent:
             del out[:sent]
-            peer.sent += sent
-        if bool(out) is not peer.polled:
-            peer.polled = bool(out)
-            if self.on_write is not None:
-                self.on_write(peer.fd, peer.polled)
+        self._polled(peer, bool(out))
         return True
+
+    def _lane_state(self, peer: _Peer, failed: int, polled: bool) -> bool:
+        """What a lane's write left: an error ends the connection (False); bytes the kernel
+        did not take have it polled for writing."""
+        if failed:
+            self._end(peer, f"write failed: {os.strerror(failed)}")
+            return False
+        self._polled(peer, polled)
+        return True
+
+    def _polled(self, peer: _Peer, wanted: bool) -> None:
+        if wanted is not peer.polled:
+            peer.polled = wanted
+            if self.on_write is not None:
+                self.on_write(peer.fd, wanted)
 
     def _room(self) -> bool:
         """Whether a new connection may be held (an older one made room)."""
@@ -282,7 +316,11 @@ class InputPort:
 
     def _end(self, peer: _Peer, why: str | None) -> None:
         del self.connections[peer.fd]
-        self.dirty.pop(peer, None)
+        if peer.lane >= 0:  # what it held is dropped with it, as libzmq drops a pipe's
+            self.lanes.close(peer.lane)
+            self._by_lane[peer.lane] = None
+            self._free_lanes.append(peer.lane)
+            peer.lane = -1
         identity = peer.session.identity
         if why is not None:
             self.warn("input-dropped", "input %s: dropped a connection: %s", self.address, why)
@@ -295,5 +333,6 @@ class InputPort:
                 if other.waiting and other.session.identity == identity:
                     other.waiting = False
                     self.routes[identity] = other
+                    self._open_lane(other)
                     self._deliver(other)
                     break

@@ -31,19 +31,19 @@ from typing import cast
 import zmq
 
 from tsfront import _native
-from tsfront.config import ClientConfig
+from tsfront.config import ClientConfig, LoadBalance
 from tsfront.errors import WireDecodeError
 from tsfront.io.adoption import Adoption
 from tsfront.io.core import SENT, EngineGroup, IOCore, Worker
 from tsfront.io.disagg import Disaggregated
-from tsfront.io.engines import PREFILL, Engine
+from tsfront.io.engines import PREFILL, STEPPING, Engine, EngineState
 from tsfront.io.inputs import InputPort
 from tsfront.io.outputs import OutputPort
 from tsfront.io.poll import READ, WRITE, Poll
 from tsfront.io.state import StateDir
 from tsfront.ipc import channel
 from tsfront.ipc.control import Attach, Attached, Failed, ToIO, ToWorker
-from tsfront.ipc.region import Geometry, Region
+from tsfront.ipc.region import IO_METRICS, Geometry, Region
 from tsfront.ipc.submit import SUBMIT_ABORT, SUBMIT_ADD, ticket_base
 from tsfront.metrics.recorder import IOStats
 from tsfront.wire import ABORT, ADD
@@ -55,6 +55,17 @@ log = logging.getLogger("tsfront.io")
 DRAIN = 256
 # Bytes of control messages a worker may leave unread before it is detached.
 MAX_CONTROL_BACKLOG = 4 << 20
+# The placement policies the native turn mirrors (native/turn.c), by its codes; any other
+# (prefix affinity) places every unpinned request on the Python path.
+_NATIVE_POLICY = {
+    LoadBalance.ROUND_ROBIN: 0,
+    LoadBalance.LEAST_IN_FLIGHT: 1,
+    LoadBalance.SHORTEST_QUEUE: 2,
+    LoadBalance.MIN_CACHE_USAGE: 3,
+}
+# TSFRONT_NATIVE_TURN=0: the loop waits and turns in Python only (the native turn's reference,
+# for measurements and the tests that compare the two).
+NATIVE_TURN = os.environ.get("TSFRONT_NATIVE_TURN", "1") != "0"
 
 
 class Stop(Exception):
@@ -193,6 +204,8 @@ class IOLoop:
         self.addresses: dict = {}
         self.sockets: list[zmq.Socket] = []
         self.poller = Poll()
+        # The wait and every turn that needs no Python (native/turn.c), made in bind().
+        self.turn: _native.Turn | None = None
         self._listener: socket.socket | None = None
         self.running = False  # the loop has started serving (a stop may clear state_dir)
 
@@ -243,7 +256,39 @@ class IOLoop:
         core.addresses = self.addresses
         for e in core.engines:
             core.publish_engine(e)
+        if NATIVE_TURN:
+            self.turn = self.native_turn()
         return self.addresses
+
+    def native_turn(self) -> _native.Turn:
+        """The native turn over the serving group's input lanes and the core's accounts."""
+        core = self.core
+        serving = cast(InputPort, self.groups[0].input)
+        return _native.Turn(
+            core.writer,
+            self.intake,
+            serving.lanes,
+            self.poller.fileno(),
+            self.intake_fd,
+            core.records,
+            core.attached,
+            core.probes,
+            core.counts,
+            tuple(
+                (name, IO_METRICS.index(name))
+                for name in ("ring_submissions", "ring_wakeups", "turns", "native_turns")
+            ),
+            core.serving,
+            core.router,
+            _NATIVE_POLICY.get(core.router.policy, 4),
+            self.config.load_ttl,
+            EngineState.LIVE,
+            STEPPING,
+            ADD,
+            self.config.slots_per_worker,
+            # Disaggregated serving fills each ADD's bootstrap fields: the Python path's.
+            self.disagg is None,
+        )
 
     def socket(self, kind: int) -> zmq.Socket:
         """A socket of this loop's context, closed with it."""
@@ -269,13 +314,23 @@ class IOLoop:
         self.running = True
         # One clock reading a turn: the end of the last turn's says how long this poll waits.
         timeout = core.timeout_ms(time.monotonic())
+        turn = self.turn
+        due_ready, resolve = self.poller.due_ready, self.poller.resolve
         while True:
-            # The submission rings' wake-up (DESIGN.md, "The submission rings"): parked is
-            # published, then the rings re-checked, before the poll may block; a worker that
-            # publishes a record after that check finds parked set and writes intake_fd.
-            if intake is not None and timeout and not intake.park():
-                timeout = 0
-            events = poll(timeout)
+            if turn is not None:
+                # The wait and every turn that needs no Python, in native code (native/turn.c):
+                # it parks the rings, places the common ADDs and ends its turns itself, and
+                # returns what needs this turn (a due ZMQ socket with a message: no wait).
+                ready = due_ready()
+                events = resolve(turn.run(0 if ready else timeout), ready)
+            else:
+                # The submission rings' wake-up (DESIGN.md, "The submission rings"): parked is
+                # published, then the rings re-checked, before the poll may block; a worker
+                # that publishes a record after that check finds parked set and writes
+                # intake_fd.
+                if intake is not None and timeout and not intake.park():
+                    timeout = 0
+                events = poll(timeout)
             if backlog:
                 for engine in list(backlog.values()):
                     del backlog[engine.row]
@@ -310,6 +365,7 @@ class IOLoop:
                         pass
                 elif isinstance(sock, int) and sock in self.conns:
                     self.on_control(self.conns[sock], mask)
+            core.count("turns")
             now = time.monotonic()
             if now >= self.outputs_due:
                 self.tick_outputs(now)
@@ -318,8 +374,7 @@ class IOLoop:
             core.end_of_turn(now)
             news = False
             for group, port in input_ports:  # what the turn queued for the engines: a send each
-                if port.dirty:
-                    port.flush()
+                port.flush()
                 if port.items:
                     # A waiting connection took an identity over (the flush's write ended the
                     # first): its registration, applied now, is published by the next turn's

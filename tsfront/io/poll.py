@@ -94,6 +94,23 @@ class Poll:
         ``timeout_ms`` (negative: no limit) unless a due ZMQ socket has a message. A ZMQ
         signal with no message in it (a peer's read freed a pipe, a connection came or went)
         does not end the wait, as in ``zmq_poll``: the loop's turn is not spent on it."""
+        ready = self.due_ready()
+        if ready:
+            timeout_ms = 0
+        wait = timeout_ms / 1000 if timeout_ms >= 0 else -1.0
+        end = time.monotonic() + wait if wait > 0 else 0.0
+        while True:
+            events = self.epoll.poll(wait)
+            self.resolve(events, ready)
+            if ready or not events or wait == 0:
+                return ready
+            if wait > 0:
+                wait = max(0.0, end - time.monotonic())
+
+    def due_ready(self) -> list[tuple[Key, int]]:
+        """The due ZMQ sockets with a message waiting (each no longer due): what the next wait
+        must not block on. A loop that waits on `fileno` itself (the native turn) calls this
+        first, and `resolve` on what its wait returned."""
         ready: list[tuple[Key, int]] = []
         due = self.due
         if due:
@@ -101,23 +118,25 @@ class Poll:
                 if _events(sock, _EVENTS) & _POLLIN:
                     ready.append((sock, READ))
             due.clear()
-        if ready:
-            timeout_ms = 0
-        wait = timeout_ms / 1000 if timeout_ms >= 0 else -1.0
-        end = time.monotonic() + wait if wait > 0 else 0.0
+        return ready
+
+    def resolve(
+        self, events: list[tuple[int, int]], ready: list[tuple[Key, int]]
+    ) -> list[tuple[Key, int]]:
+        """Add to ``ready`` what the epoll's ``events`` say is ready: a plain descriptor as it
+        is, a ZMQ socket (by its ``ZMQ_FD``) only if a message waits on it."""
         zmq_of = self.zmq_of
-        while True:
-            events = self.epoll.poll(wait)
-            for fd, mask in events:
-                owner = zmq_of.get(fd)
-                if owner is None:
-                    ready.append((fd, mask))
-                elif (owner, READ) not in ready and _events(owner, _EVENTS) & _POLLIN:
-                    ready.append((owner, READ))
-            if ready or not events or wait == 0:
-                return ready
-            if wait > 0:
-                wait = max(0.0, end - time.monotonic())
+        for fd, mask in events:
+            owner = zmq_of.get(fd)
+            if owner is None:
+                ready.append((fd, mask))
+            elif (owner, READ) not in ready and _events(owner, _EVENTS) & _POLLIN:
+                ready.append((owner, READ))
+        return ready
+
+    def fileno(self) -> int:
+        """The epoll's descriptor (the native turn waits on it)."""
+        return self.epoll.fileno()
 
     def close(self) -> None:
         self.epoll.close()

@@ -31,8 +31,11 @@ class Router:
     ) -> None:
         self.policy = policy
         self.load_ttl = load_ttl
-        self._turn = 0
-        self._next = 0
+        # The scan start, moved by one a request (ties rotate), and ROUND_ROBIN's own cursor.
+        # Public: the native turn (native/turn.c) places requests under the same policies and
+        # moves them as `choose` does.
+        self.rotation = 0
+        self.rr_next = 0
         self.affinity: AffinityRouter | None = None
         if policy is LoadBalance.PREFIX_AFFINITY:
             c = config or ClientConfig()
@@ -56,15 +59,15 @@ class Router:
         if self.affinity is not None:
             return self.affinity.choose(engines, payload, hashes)
         n = len(engines)
-        start = self._turn % n
-        self._turn += 1
+        start = self.rotation % n
+        self.rotation += 1
         if self.policy is LoadBalance.ROUND_ROBIN:
             # Its own cursor, resumed after the engine chosen: advancing by one per request
             # would hand a dead engine's turns to the live engine after it.
             for k in range(n):
-                i = (self._next + k) % n
+                i = (self.rr_next + k) % n
                 if engines[i].placeable:
-                    self._next = i + 1
+                    self.rr_next = i + 1
                     return engines[i]
             return None
         now = time.monotonic()

@@ -20,16 +20,18 @@ from tsfront.wire.request import ENGINE_ABORT_MEMORY_S
 class RecentAborts:
     """Rids aborted less than ``window`` seconds ago, oldest first, at most ``capacity``."""
 
-    __slots__ = ("_at", "capacity", "window")
+    __slots__ = ("capacity", "times", "window")
 
     def __init__(self, capacity: int, window: float = ENGINE_ABORT_MEMORY_S) -> None:
         self.capacity = capacity
         self.window = window
-        self._at: OrderedDict[Hashable, float] = OrderedDict()
+        # rid → when it was aborted, oldest first. Public: the I/O process's native turn
+        # (native/turn.c) looks a rid up here as `age` does, without a Python call.
+        self.times: OrderedDict[Hashable, float] = OrderedDict()
 
     def add(self, rid: Hashable, now: float) -> None:
         """Remember that ``rid`` was aborted at ``now`` (monotonic seconds)."""
-        at = self._at
+        at = self.times
         at[rid] = now
         at.move_to_end(rid)
         horizon = now - self.window
@@ -41,14 +43,14 @@ class RecentAborts:
 
     def age(self, rid: Hashable, now: float) -> float | None:
         """Seconds since ``rid`` was aborted, or None if not within the window."""
-        at = self._at.get(rid)
+        at = self.times.get(rid)
         if at is None or now - at >= self.window:
             return None
         return now - at
 
     def clear(self) -> None:
         """Forget every rid (the engine process they were sent to is gone)."""
-        self._at.clear()
+        self.times.clear()
 
     def __len__(self) -> int:
-        return len(self._at)
+        return len(self.times)

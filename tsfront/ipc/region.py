@@ -78,6 +78,10 @@ METRICS_OFFSET = 64
 #   stall_probes        probes the I/O process sent to stalled engines (tsfront.io.probes)
 #   stall_failures      times an engine stayed stalled for stall_fail_timeout (its requests
 #                       then end with EngineStalled; each request counts in the workers')
+#   turns               turns of the I/O loop (each wait and what it woke for)
+#   native_turns        of those, the turns made wholly in native code (tsfront._native.Turn:
+#                       the rings' wake-ups and the ADDs it places; docs/DESIGN.md, "The native
+#                       turn")
 IO_METRICS = (
     "handler_errors",
     "output_disconnects",
@@ -98,6 +102,8 @@ IO_METRICS = (
     "ring_wakeups",
     "stall_probes",
     "stall_failures",
+    "turns",
+    "native_turns",
 )
 IO_METRICS_OFFSET = 2048
 

@@ -48,6 +48,11 @@ IO_COUNTERS = {
         "Tokens that went through the spill buffer because a reader's ring was full.",
     ),
     "wakes": ("io_wakes", "Eventfd writes waking parked workers."),
+    "turns": ("io_turns", "Turns of the I/O loop (a wait and what it woke for)."),
+    "native_turns": (
+        "io_native_turns",
+        "Turns of the I/O loop made wholly in native code (its wait, ring wake-ups, ADDs).",
+    ),
 }
 IO_GAUGES = {
     "in_flight": ("io_requests_in_flight", "Requests bound to a slot in the I/O process."),
