@@ -119,10 +119,16 @@ def _hammer(workers: int, seconds: float = 3.0) -> dict:
                     continue
                 w = by_fd[fd]
                 r.epoll.unregister(fd)
-                done[w] = json.loads(children[w].stdout.readline())
+                line = children[w].stdout.readline()
+                assert line, f"writer {w} ended without its report (exit {children[w].wait(30)})"
+                done[w] = json.loads(line)
     finally:
         for c in children:
-            c.wait(30)
+            try:
+                c.wait(30)
+            except subprocess.TimeoutExpired:  # a failed run: no writer outlives the test
+                c.kill()
+                c.wait()
         stats = r.turn.stats()
         # Every park publishes parked once, a refused one too (a waker may see it meanwhile).
         parks = r.intake.stats()["parks"] + r.intake.stats()["refused_parks"]

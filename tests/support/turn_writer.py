@@ -7,11 +7,12 @@ attach, the rid ``w<WORKER>-<seq>``, a payload carrying the worker, the seq and 
 CLOCK_MONOTONIC ns it was published at, padded to a length from the seq), and every 401st an ABORT
 of the slot the last ADD took. Records go in bursts of 1-16 published without a doorbell, then
 one `Submitter.ring`, as a worker rings once at the end of a loop turn; a record that finds the
-ring full is retried after one ring (the ring is kept full). Every few hundred records it stops
-for a random short while (a busy wait, no sleep) so the consumer parks and the next burst's ring
-must wake it. It stops after COUNT records or SECONDS, rings, waits two seconds (records not
-announced by then would be found only after its last line: a lost wake-up) and prints one JSON
-line: the records written, and its `Submitter.stats()`.
+ring full is retried after one ring (the ring is kept full), until STUCK seconds past its end.
+Every few hundred records it stops for a random short while (a busy wait, no sleep) so the
+consumer parks and the next burst's ring must wake it. It stops after COUNT records or
+SECONDS, rings, waits two seconds (records not announced by then would be found only after its
+last line: a lost wake-up) and prints one JSON line: the records written, and its
+`Submitter.stats()`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from tsfront import _native
 #: A payload's head: worker, seq, the CLOCK_MONOTONIC ns it was published at.
 STAMP = struct.Struct("<IQQ")
 ABORT_EVERY = 401
+#: Seconds past its end a writer waits for room in a full ring before it gives up (the
+#: consumer stopped taking: the test fails instead of this process spinning on).
+STUCK = 10.0
 
 
 def payload(worker: int, seq: int, published_ns: int) -> bytes:
@@ -74,6 +78,8 @@ def main(
                 if not rang:  # announce what is published, then retry at once
                     sub.ring()
                     rang = True
+                elif time.monotonic() > end + STUCK:
+                    raise SystemExit(f"record {seq}: the ring stayed full {STUCK:g} s past the end")
             if rc != ok:
                 raise SystemExit(f"record {seq}: code {rc}")
             seq += 1
