@@ -334,7 +334,11 @@ def with_schema(body: dict[str, Any], levels: int) -> bytes:
     return json.dumps(body).replace('"SCHEMA"', deep_schema(levels)).encode()
 
 
-DEEP = 980
+# The report's schemas nested 640-980 levels. The body's own nesting is the schema's plus the
+# fields around it, and msgspec's decoder refuses a body at what is left of the recursion
+# limit below the frames of the call that decodes it (~985-995 levels: a 400 that names no
+# field, test_serve_hostile_requests.py); 900 keeps every case clear of that edge.
+DEEP = 900
 CHAT = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": "SCHEMA"}}
 SCHEMA_CASES = [
