@@ -17,7 +17,7 @@ the model as the tool's output; the model calls again, and the run ends with the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +68,14 @@ def rules(parser: str) -> list[tuple[str, str]]:
     ]
 
 
+#: The served URL, the tool's calls (each test clears it), the prompts the rank was sent.
+Served = tuple[str, list[str], Callable[[], list[str]]]
+
+
 @pytest.fixture(scope="module", params=sorted(CALLS))
 def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, list[str]]]:
+) -> Iterator[Served]:
     parser = request.param
     model_dir: Path = make_test_model(
         tmp_path_factory.mktemp("agents") / "agent-model",
@@ -84,14 +88,16 @@ def served(
         args=["--tool-call-parser", parser],
         chunk_tokens=3,
     )
-    try:
-        calls: list[str] = []
-        yield s.url, calls
-        prompts = [
+
+    def prompts() -> list[str]:
+        """The prompts the rank was sent so far, as text."""
+        return [
             s.model.decode(r.input_ids, skip_special_tokens=False)
             for r in s.group.engines[0].requests()
         ]
-        assert any("22 C and sunny in Paris" in p for p in prompts)
+
+    try:
+        yield s.url, [], prompts
     finally:
         s.close()
 
@@ -100,16 +106,18 @@ def _agent(url: str, calls: list[str]) -> Any:
     return weather_agent(url, "agent-model", calls)
 
 
-async def test_an_agent_calls_a_python_tool_and_answers(served: tuple[str, list[str]]) -> None:
-    url, calls = served
+async def test_an_agent_calls_a_python_tool_and_answers(served: Served) -> None:
+    url, calls, prompts = served
     calls.clear()
     result = await agents.Runner.run(_agent(url, calls), "What is the weather in Paris?")
     assert result.final_output == ANSWER
     assert calls == ["Paris"]
+    # The tool's result went back to the model in the last turn's prompt.
+    assert any("22 C and sunny in Paris" in p for p in prompts())
 
 
-async def test_the_streamed_agent_loop_too(served: tuple[str, list[str]]) -> None:
-    url, calls = served
+async def test_the_streamed_agent_loop_too(served: Served) -> None:
+    url, calls, _ = served
     calls.clear()
     run = agents.Runner.run_streamed(_agent(url, calls), "What is the weather in Paris?")
     kinds = [event.type async for event in run.stream_events()]
@@ -119,12 +127,12 @@ async def test_the_streamed_agent_loop_too(served: tuple[str, list[str]]) -> Non
 
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_a_call_the_model_breaks_goes_back_to_it_and_the_run_recovers(
-    served: tuple[str, list[str]], streamed: bool
+    served: Served, streamed: bool
 ) -> None:
     # The first answer's call is broken after its start went out: the SDK cannot parse its
     # arguments (an unclosed object), does not run the function, and sends its error back;
     # the model calls again, correctly, and answers. The function ran once, with "Lyon".
-    url, calls = served
+    url, calls, _ = served
     calls.clear()
     agent = _agent(url, calls)
     if streamed:
