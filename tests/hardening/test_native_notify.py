@@ -22,6 +22,7 @@ import select
 import struct
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -248,13 +249,17 @@ def test_a_writer_publishing_while_a_poll_is_half_way_loses_nothing():
     reader that cleared flags before consuming its entries lost the ends whose entries the
     writer overwrote.
 
-    CPython skips a collection while another thread's is under way (a thread an earlier test
-    left behind, on a loaded machine), so a run whose poll saw no collection is made again,
-    up to five times."""
-    for _ in range(5):
+    CPython skips a collection while another thread's is under way, or while the collector
+    is off (`subprocess` turns it off around a fork in another thread; an earlier test's
+    threads on a loaded machine), so a run whose poll saw no collection is made again, up to
+    50 times (a run takes microseconds)."""
+    for _ in range(50):
         if _publish_mid_poll_once():
             return
-    raise AssertionError("the writer did not run during the poll (five tries)")
+    raise AssertionError(
+        f"the writer did not run during the poll (50 tries; collector on: {gc.isenabled()}, "
+        f"threads: {threading.active_count()})"
+    )
 
 
 def _publish_mid_poll_once() -> bool:
@@ -282,11 +287,15 @@ def _publish_mid_poll_once() -> bool:
             writer.ingest(streaming)
 
     threshold = gc.get_threshold()
+    was_enabled = gc.isenabled()
     gc.callbacks.append(publish_mid_poll)
     gc.set_threshold(1)
+    gc.enable()
     try:
         first = reader.poll()
     finally:
+        if not was_enabled:
+            gc.disable()
         gc.set_threshold(*threshold)
         gc.callbacks.remove(publish_mid_poll)
     if not fired:

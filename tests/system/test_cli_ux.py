@@ -444,4 +444,4 @@ def test_sim_handshake_timeout_names_the_address_it_dialled() -> None:
 def test_readme_says_what_the_test_command_needs_and_takes() -> None:
     text = " ".join(README.read_text().split("## What it is", 1)[0].split())
     assert "C compiler" in text and "PyPI" in text
-    assert re.search(r"about 12 to 15 minutes", text), text
+    assert re.search(r"about \d+ to \d+ minutes", text), text
