@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
@@ -25,13 +24,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from tsfront.bench.agentic import Workload, tools
+from tsfront.bench.serveload import print_result, sse_events
 
 if TYPE_CHECKING:
     import aiohttp
 
 __all__ = ["main"]
-
-_DECODE = msgspec.json.Decoder()
 
 
 async def _turn(
@@ -48,13 +46,7 @@ async def _turn(
             out["errors"] += 1
             out.setdefault("error", (await r.text())[:300])
             return None
-        async for line in r.content:
-            if not line.startswith(b"data: "):
-                continue
-            payload = line[6:].strip()
-            if payload == b"[DONE]":
-                break
-            event = _DECODE.decode(payload)
+        async for event in sse_events(r):
             usage = event.get("usage")
             if usage:
                 out["prompt_tokens"] += usage.get("prompt_tokens") or 0
@@ -176,15 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--first-conversation", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args(argv)
-    try:
-        import uvloop
-
-        result = uvloop.run(run(args))
-    except ImportError:
-        result = asyncio.run(run(args))
-    json.dump(result, sys.stdout)
-    sys.stdout.write("\n")
-    return 0
+    return print_result(lambda: run(args))
 
 
 if __name__ == "__main__":

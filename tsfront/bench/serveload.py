@@ -15,16 +15,41 @@ import asyncio
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["main"]
+__all__ = ["main", "print_result", "sse_events"]
 
 _DECODE = msgspec.json.Decoder()
+
+
+async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """The decoded ``data:`` events of a streamed OpenAI response, up to ``[DONE]``."""
+    async for line in response.content:
+        if not line.startswith(b"data: "):
+            continue
+        payload = line[6:].strip()
+        if payload == b"[DONE]":
+            return
+        yield _DECODE.decode(payload)
+
+
+def print_result(run: Callable[[], Coroutine[Any, Any, dict]]) -> int:
+    """Run a load's coroutine (on uvloop when it is installed) and print its JSON result."""
+    try:
+        import uvloop
+
+        result = uvloop.run(run())
+    except ImportError:
+        result = asyncio.run(run())
+    json.dump(result, sys.stdout)
+    sys.stdout.write("\n")
+    return 0
 
 
 async def _one(session: aiohttp.ClientSession, url: str, body: bytes, out: dict) -> None:
@@ -38,13 +63,7 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes, out: dict)
             out["errors"] += 1
             out.setdefault("error", (await response.text())[:300])
             return
-        async for line in response.content:
-            if not line.startswith(b"data: "):
-                continue
-            payload = line[6:].strip()
-            if payload == b"[DONE]":
-                break
-            event = _DECODE.decode(payload)
+        async for event in sse_events(response):
             choices = event.get("choices") or ()
             if not choices:
                 continue
@@ -104,15 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", default="w5 w6 w7 w8")
     p.add_argument("--timeout", type=float, default=300.0)
     args = p.parse_args(argv)
-    try:
-        import uvloop
-
-        result = uvloop.run(run(args))
-    except ImportError:
-        result = asyncio.run(run(args))
-    json.dump(result, sys.stdout)
-    sys.stdout.write("\n")
-    return 0
+    return print_result(lambda: run(args))
 
 
 if __name__ == "__main__":
