@@ -40,6 +40,7 @@ class Choice:
     __slots__ = (
         "cached",
         "detok",
+        "failure",
         "finish",
         "index",
         "logprobs",
@@ -64,6 +65,9 @@ class Choice:
         self.detok = detok
         self.stop = stop
         self.parser = parser
+        #: What its parser raised on the model's output in the stream's sink
+        #: (`tsfront.serve.core.push.ParsedPusher`, which aborted the request), or None.
+        self.failure: Exception | None = None
         self.tokens = 0
         self.prompt_tokens = prompt_tokens
         self.cached = 0

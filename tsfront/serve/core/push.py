@@ -32,8 +32,9 @@ response's task (`tsfront.serve.edge.asgi`).
 every answer): its tokens' text goes through the choice's `OutputParser` and the dialect's
 `Format.pieces` there, in the drain, and the events it makes (none while the parser holds text
 back) are sent by stepping ``send`` as above; no native step. What the parser raises on the
-model's output is kept (``failure``) and the engine request aborted: the response's task, woken
-by that, ends the response with the parse step's error (`tsfront.serve.core.service`).
+model's output is kept (the choice's ``failure``) and the engine request aborted: the
+response's task, woken by that, ends the response with the parse step's error
+(`tsfront.serve.core.service`).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ class ParsedPusher(Pusher):
         send: the ASGI ``send`` of the response (whose start was sent already).
     """
 
-    __slots__ = ("_fmt", "failure")
+    __slots__ = ("_fmt",)
 
     def __init__(
         self,
@@ -274,23 +275,20 @@ class ParsedPusher(Pusher):
         super().__init__(choice, b"", b"", send)
         self._cycle = None  # no native step: the drain hands every update to `__call__`
         self._fmt = fmt
-        #: What the parser raised on the model's output (the engine request is aborted and
-        #: the response's task ends the response with it), or None.
-        self.failure: Exception | None = None
 
     def __call__(self, tokens: list[int]) -> bool:
         if self.inflight is not None or self.error is not None:
             return False  # the response's task takes them, after the send in flight
-        if self.failure is not None:
-            return True  # the response is ending: nothing more of it is parsed
         choice = self._choice
+        if choice.failure is not None:
+            return True  # the response is ending: nothing more of it is parsed
         parser = choice.parser
         assert parser is not None
         text = self._text(tokens)
         try:  # the parse step's boundary (as the response's task has it)
             body = self._fmt.pieces(choice.index, parser.feed(text, len(tokens), tokens))
         except Exception as exc:
-            self.failure = exc
+            choice.failure = exc
             choice.stream.abort()  # wakes the response's task, which sends the error
             return True
         if not body:

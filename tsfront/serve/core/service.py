@@ -1017,7 +1017,6 @@ class Service:
         if len(choices) == 1:
             ch = choices[0]
             push = None
-            pushed: list[ParsedPusher] = []  # a parsed choice's sink, once the response started
             if ch.stop is None and not plan.logprobs and _PUSH:
                 if ch.parser is None:
 
@@ -1030,11 +1029,10 @@ class Service:
 
                     def push(send: Send) -> Pusher:
                         pusher = ParsedPusher(ch, fmt, send)
-                        pushed.append(pusher)
                         ch.stream.set_sink(pusher)
                         return pusher
 
-            return SSEReply(self._one(plan, fmt, ch, first, whole=True, pushed=pushed), push)
+            return SSEReply(self._one(plan, fmt, ch, first, whole=True), push)
         return SSEReply(self._events(plan, fmt, choices, first))
 
     async def _submit(self, plan: Plan, request_id: str | None = None) -> list[Choice]:
@@ -1194,12 +1192,11 @@ class Service:
         chunk: OutputChunk | None,
         *,
         whole: bool = False,
-        pushed: list[ParsedPusher] | None = None,
     ) -> AsyncGenerator[bytes, None]:
         # The hot path: one event per chunk, built from pre-encoded fragments. With ``whole``
         # it is the response's entire event stream (one choice: no wrapper generator per token).
         if ch.parser is not None:
-            async for event in self._parsed(plan, fmt, ch, chunk, whole=whole, pushed=pushed):
+            async for event in self._parsed(plan, fmt, ch, chunk, whole=whole):
                 yield event
             return
         stream = ch.stream
@@ -1252,12 +1249,11 @@ class Service:
         chunk: OutputChunk | None,
         *,
         whole: bool = False,
-        pushed: list[ParsedPusher] | None = None,
     ) -> AsyncGenerator[bytes, None]:
         # A chat choice whose text is parsed (tools, reasoning): each chunk's pieces become
-        # reasoning_content, content and tool_calls deltas. With ``pushed`` (one choice, no
-        # stop strings) its `ParsedPusher` parses the tokens that arrive while this waits, in
-        # the drain; this takes the first chunk, the last, and any that arrive while it runs.
+        # reasoning_content, content and tool_calls deltas. A streamed single choice without
+        # stop strings has a `ParsedPusher` that parses the tokens arriving while this waits,
+        # in the drain; this takes the first chunk, the last, and any that arrive while it runs.
         stream = ch.stream
         parser = ch.parser
         assert parser is not None
@@ -1302,10 +1298,9 @@ class Service:
             if whole:
                 stream.abort()
                 stream.set_sink(None)  # the sink refers back to this choice
-        failure = pushed[0].failure if pushed else None
-        if failure is not None and last is None:
+        if ch.failure is not None and last is None:
             # The sink's parse step raised on the model's output (it aborted the request).
-            err = _unparseable(failure)
+            err = _unparseable(ch.failure)
             last = fmt.error_event(err, err.status, err.kind)
         if whole:
             yield _ending(plan, fmt, ch, last)
