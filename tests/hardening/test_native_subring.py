@@ -16,7 +16,6 @@ and honest records after a reset arrive again.
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import random
 import select
@@ -26,6 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.submit_region import SubmitRegion
 from support.subring_records import record
 
 from tsfront import _native
@@ -36,21 +36,11 @@ WRITER = Path(__file__).parents[1] / "support" / "subring_writer.py"
 CTL_HEAD, CTL_APPLIED, CTL_TAIL = 0, 8, 64
 
 
-class Region:
+class Region(SubmitRegion):
     """A region with submission rings: the Intake here, optionally a Submitter here too."""
 
     def __init__(self, ring: int, workers: int = 1) -> None:
-        self.ring = ring
-        self.geometry = (workers, *GEOMETRY[1:])
-        self.layout = _native.layout(*self.geometry, submit_ring_bytes=ring)
-        self.memfd = os.memfd_create("tsfront-subring-test", os.MFD_CLOEXEC)
-        os.ftruncate(self.memfd, self.layout["total_bytes"])
-        self.map = mmap.mmap(self.memfd, self.layout["total_bytes"], mmap.MAP_SHARED)
-        self.writer = _native.Writer(self.map, *self.geometry, submit_ring_bytes=ring)
-        self.intake = _native.Intake(self.map, *self.geometry, ring)
-        self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        for w in range(workers):
-            self.intake.open(w)
+        super().__init__((workers, *GEOMETRY[1:]), ring, "tsfront-subring-test")
 
     def ctl(self, worker: int) -> int:
         return self.layout["submit_off"] + 64 + worker * self.layout["submit_stride"]
@@ -58,20 +48,8 @@ class Region:
     def ring_at(self, worker: int) -> int:
         return self.ctl(worker) + 128
 
-    def submitter(self, worker: int = 0) -> _native.Submitter:
-        return _native.Submitter(self.map, worker, *self.geometry, self.ring, self.efd)
-
     def set_tail(self, worker: int, tail: int) -> None:
         struct.pack_into("<Q", self.map, self.ctl(worker) + CTL_TAIL, tail)
-
-    def close(self) -> None:
-        del self.writer, self.intake
-        try:
-            self.map.close()
-        except BufferError:
-            pass  # a failed test's traceback still holds a Submitter: the process frees it
-        os.close(self.memfd)
-        os.close(self.efd)
 
 
 @pytest.fixture

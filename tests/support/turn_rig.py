@@ -9,27 +9,19 @@ attach, a pin, a deadline; `turn_writer.py` makes the same ones in a process of 
 
 from __future__ import annotations
 
-import mmap
-import os
 import select
 import socket
 import struct
 
+from support.submit_region import SubmitRegion
 from tsfront import _native
 from tsfront.config import LoadBalance
 from tsfront.io.engines import STEPPING, Engine, EngineState
+from tsfront.io.loop import NATIVE_COUNTS, NATIVE_POLICY
 from tsfront.io.routing import Router
 from tsfront.ipc.region import IO_METRICS
 from tsfront.ipc.submit import ABORT_ENTRY, SUBMIT_HEADER, ticket_base
 from tsfront.wire import ADD
-
-POLICY = {
-    LoadBalance.ROUND_ROBIN: 0,
-    LoadBalance.LEAST_IN_FLIGHT: 1,
-    LoadBalance.SHORTEST_QUEUE: 2,
-    LoadBalance.MIN_CACHE_USAGE: 3,
-}
-COUNTS = ("ring_submissions", "ring_wakeups", "turns", "native_turns")
 
 
 def serial_of(worker: int) -> int:
@@ -109,7 +101,7 @@ class EngineEnd:
                 return parts, pos
 
 
-class TurnRig:
+class TurnRig(SubmitRegion):
     """A Turn over W worker places and E engines (see the module's doc)."""
 
     def __init__(
@@ -123,21 +115,11 @@ class TurnRig:
         depth: int = 4096,
         enabled: bool = True,
     ) -> None:
-        self.geometry = (workers, spw, 16, engines)
-        self.ring = ring
-        self.layout = _native.layout(*self.geometry, submit_ring_bytes=ring)
-        self.memfd = os.memfd_create("tsfront-turn-test", os.MFD_CLOEXEC)
-        os.ftruncate(self.memfd, self.layout["total_bytes"])
-        self.map = mmap.mmap(self.memfd, self.layout["total_bytes"], mmap.MAP_SHARED)
-        self.writer = _native.Writer(self.map, *self.geometry, submit_ring_bytes=ring)
-        self.intake = _native.Intake(self.map, *self.geometry, ring)
-        self.efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        super().__init__((workers, spw, 16, engines), ring, "tsfront-turn-test")
         self.epoll = select.epoll()
         self.epoll.register(self.efd, select.EPOLLIN)
         self.spw = spw
         self.attached = {w: Worker(w) for w in range(workers)}
-        for w in range(workers):
-            self.intake.open(w)
         self.engines = [Engine(row=i, index=i, state=EngineState.LIVE) for i in range(engines)]
         self.router = Router(policy, 2.0)
         self.lanes = _native.InputLanes(8, depth)
@@ -163,10 +145,10 @@ class TurnRig:
             self.attached,
             self.probes,
             self.counts,
-            tuple((name, IO_METRICS.index(name)) for name in COUNTS),
+            tuple((name, IO_METRICS.index(name)) for name in NATIVE_COUNTS),
             self.engines,
             self.router,
-            POLICY.get(policy, 4),
+            NATIVE_POLICY.get(policy, 4),
             2.0,
             EngineState.LIVE,
             STEPPING,
@@ -174,9 +156,6 @@ class TurnRig:
             spw,
             enabled,
         )
-
-    def submitter(self, worker: int = 0) -> _native.Submitter:
-        return _native.Submitter(self.map, worker, *self.geometry, self.ring, self.efd)
 
     def row_words(self, row: int) -> tuple[int, ...]:
         """Engine row ``row`` of the engine table (its 16 words)."""
@@ -206,10 +185,4 @@ class TurnRig:
         for end in self.ends:
             end.sock.close()
         self.epoll.close()
-        del self.writer, self.intake
-        try:
-            self.map.close()
-        except BufferError:
-            pass  # a failed test's traceback still holds a view: the process frees it
-        os.close(self.memfd)
-        os.close(self.efd)
+        super().close()

@@ -57,12 +57,14 @@ DRAIN = 256
 MAX_CONTROL_BACKLOG = 4 << 20
 # The placement policies the native turn mirrors (native/turn.c), by its codes; any other
 # (prefix affinity) places every unpinned request on the Python path.
-_NATIVE_POLICY = {
+NATIVE_POLICY = {
     LoadBalance.ROUND_ROBIN: 0,
     LoadBalance.LEAST_IN_FLIGHT: 1,
     LoadBalance.SHORTEST_QUEUE: 2,
     LoadBalance.MIN_CACHE_USAGE: 3,
 }
+# The I/O counters the native turn adds to itself (the metrics words of `IO_METRICS`).
+NATIVE_COUNTS = ("ring_submissions", "ring_wakeups", "turns", "native_turns")
 # TSFRONT_NATIVE_TURN=0: the loop waits and turns in Python only (the native turn's reference,
 # for measurements and the tests that compare the two).
 NATIVE_TURN = os.environ.get("TSFRONT_NATIVE_TURN", "1") != "0"
@@ -274,13 +276,10 @@ class IOLoop:
             core.attached,
             core.probes,
             core.counts,
-            tuple(
-                (name, IO_METRICS.index(name))
-                for name in ("ring_submissions", "ring_wakeups", "turns", "native_turns")
-            ),
+            tuple((name, IO_METRICS.index(name)) for name in NATIVE_COUNTS),
             core.serving,
             core.router,
-            _NATIVE_POLICY.get(core.router.policy, 4),
+            NATIVE_POLICY.get(core.router.policy, 4),
             self.config.load_ttl,
             EngineState.LIVE,
             STEPPING,
