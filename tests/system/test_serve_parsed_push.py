@@ -6,7 +6,8 @@ waits, as plain tokens are (issue 39). An embedded `ServeApp` over an `OpenAISer
 Hermes tool parser, its rank a `RawEngine` answered one frame at a time, each frame sent only
 once the previous frame's event left the app (its ASGI ``send``, wrapped): the task is parked
 then, so each later frame meets the sink. What the client reads is the same stream as without
-the sink (``TSFRONT_SERVE_PUSH=0`` in tests/system/test_serve_tools.py covers that path), and
+the sink (``TSFRONT_SERVE_PUSH=0`` in tests/system/test_serve_tools.py covers that path), a client
+that stops reading holds the sink (one send in flight at a time, nothing lost), and
 a parser that raises on a frame the sink took ends the stream with the parse step's error.
 """
 
@@ -56,21 +57,40 @@ def text(tmp_path_factory: pytest.TempPathFactory) -> TextModel:
 class Rig:
     """The app's client, its rank, and an event set each time the app sends a body part."""
 
-    def __init__(self, http: httpx.AsyncClient, engine: RawEngine, sent: asyncio.Queue) -> None:
+    def __init__(
+        self, http: httpx.AsyncClient, engine: RawEngine, sent: asyncio.Queue, client: Any
+    ) -> None:
         self.http = http
+        self.client = client  # the app's EngineClient (its I/O process's counters)
         self.engine = engine
         self.sent = sent
+        #: While cleared, every body part the app sends waits for it (a client that does not
+        #: read: the server's ``send`` suspends on back-pressure).
+        self.readable = asyncio.Event()
+        self.readable.set()
+        #: Body parts being sent now, and the most ever at once (one: a send waits for the
+        #: one before it to finish, or events would go out of order).
+        self.sending = self.most_sending = 0
 
 
 @pytest.fixture
 async def rig(text: TextModel) -> AsyncIterator[Rig]:
     sent: asyncio.Queue[bytes] = asyncio.Queue()
+    made: list[Rig] = []
     async with raw_rig(1) as (_io, (engine,), client, _ctx):
         app = ServeApp(OpenAIService(client, text, "m", chat=ChatSettings(tool_parser="hermes")))
 
         async def watched(scope: dict, receive: Any, send: Any) -> None:
             async def send_watched(message: dict) -> None:
-                await send(message)
+                r = made[0]
+                r.sending += 1
+                r.most_sending = max(r.most_sending, r.sending)
+                try:
+                    if message["type"] == "http.response.body":
+                        await r.readable.wait()
+                    await send(message)
+                finally:
+                    r.sending -= 1
                 if message["type"] == "http.response.body":
                     sent.put_nowait(message.get("body", b""))
 
@@ -78,7 +98,9 @@ async def rig(text: TextModel) -> AsyncIterator[Rig]:
 
         transport = httpx.ASGITransport(app=watched)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-            yield Rig(http, engine, sent)
+            r = Rig(http, engine, sent, client)
+            made.append(r)
+            yield r
 
 
 class SinkCalls(list):
@@ -139,6 +161,22 @@ async def stream_tokens(rig: Rig, ids: list[int], taken: SinkCalls) -> str:
     response = await asyncio.wait_for(task, DEADLINE)
     assert response.status_code == 200, response.text
     return response.text
+
+
+def answer_of(body: str) -> tuple[str, str | None, str, str | None]:
+    """The streamed events' content, call name, call arguments and finish reason."""
+    got = events(body)
+    assert got[-1] == "[DONE]"
+    content, name, arguments, finish = "", None, "", None
+    for event in got[:-1]:
+        choice = event["choices"][0]
+        delta = choice["delta"]
+        content += delta.get("content") or ""
+        for call in delta.get("tool_calls") or ():
+            name = call["function"].get("name") or name
+            arguments += call["function"].get("arguments") or ""
+        finish = choice["finish_reason"] or finish
+    return content, name, arguments, finish
 
 
 def events(body: str) -> list[Any]:
@@ -203,3 +241,38 @@ async def test_a_parser_that_raises_on_a_token_the_sink_took_ends_the_stream_wit
     assert (error["type"], error["code"]) == ("server_error", 502)
     assert "could not parse the model's output" in error["message"]
     assert sink_calls == [ids[1:2]]
+
+
+async def test_a_client_that_stops_reading_holds_the_sink_and_loses_nothing(
+    rig: Rig, text: TextModel, sink_calls: SinkCalls
+) -> None:
+    # The client stops reading after the first event: the sink's first send suspends (in
+    # flight), every later frame is refused by the sink and waits for the response's task, and
+    # the whole call arrives in order once the client reads again.
+    ids = text.encode(ANSWER, add_special_tokens=False)
+    task = asyncio.create_task(rig.http.post("/v1/chat/completions", json=chat()))
+    add = await in_thread(rig.engine.recv_add)
+    rig.engine.push(rig.engine.tokens_frame(add.rid, ids[:1], 1))
+    await first_content_sent(rig)
+    rig.readable.clear()
+    rig.engine.push(rig.engine.tokens_frame(add.rid, ids[1:2], 2))
+    await asyncio.wait_for(sink_calls.until(1), DEADLINE)  # its send is in flight, held
+    frames = rig.client.metrics()["frames"]
+    for n in range(3, len(ids)):
+        rig.engine.push(rig.engine.tokens_frame(add.rid, [ids[n - 1]], n))
+    rig.engine.push(rig.engine.tokens_frame(add.rid, ids[-1:], len(ids), "stop"))
+    # Every frame reached the slot's ring while the client still does not read.
+    deadline = asyncio.get_running_loop().time() + DEADLINE
+    while rig.client.metrics()["frames"] < frames + len(ids) - 2:
+        assert asyncio.get_running_loop().time() < deadline, "the frames did not arrive"
+        await asyncio.sleep(0.005)  # polling a counter in shared memory, with a deadline
+    assert not task.done()  # nothing was sent past the held send
+    rig.readable.set()
+    response = await asyncio.wait_for(task, DEADLINE)
+    assert response.status_code == 200, response.text
+    content, name, arguments, finish = answer_of(response.text)
+    assert content == "Sure. "
+    assert name == "read_file"
+    assert json.loads(arguments) == {"path": "src/a b.py"}
+    assert finish == "tool_calls"
+    assert rig.most_sending == 1
