@@ -87,19 +87,31 @@ async def test_the_adds_of_one_loop_turn_ring_the_doorbell_once() -> None:
 
 
 async def test_a_turn_that_publishes_more_than_the_ring_holds_rings_before_it_fills() -> None:
-    # 200 ADDs of ~16 KB in one turn: three times the default ring (1 MiB). The doorbell rings
-    # once a quarter of the ring is unannounced, so the I/O process drains while the turn goes
-    # on and none of them finds the ring full (with a doorbell only at the end of the turn,
-    # the 65th would be Busy).
+    # 200 ADDs of ~16 KB in one turn of the worker's loop: three times the default ring
+    # (1 MiB). The doorbell rings once a quarter of the ring is unannounced, so the I/O process
+    # drains while the turn goes on. With a doorbell only at the end of the turn, the parked
+    # I/O process would take nothing until the turn ends, and the 65th ADD would be Busy.
+    # Whether the I/O process keeps up is the machine's scheduling, not the ring's: so before
+    # each ADD the turn waits (a busy wait: the loop must not run) until at most 40 of its ADDs
+    # (~640 KB) are untaken, and at the end of the turn (before it ends) the I/O process must
+    # have been woken by a doorbell: its idle timer alone would also drain the ring, slowly,
+    # but it counts no wake-up.
     prompt = [7] * 16384
     async with rig(1, config={"slots_per_worker": 256}) as r:
-        streams = [
-            await r.client.generate(request(f"burst-{i}", 1, prompt=prompt)) for i in range(200)
-        ]
+        tokens, _ = await collect(await r.client.generate(request("burst-warm", 1)))
+        taken = _counts(r)[0]  # the I/O process then parks: only a doorbell wakes it
+        wakeups = r.client.metrics()["ring_wakeups"]
+        streams = []
+        for i in range(200):  # one loop turn: generate does not yield
+            end = time.monotonic() + DEADLINE
+            while _counts(r)[0] < taken + i - 40:
+                assert time.monotonic() < end, f"the I/O process took nothing for {i} ADDs"
+            streams.append(await r.client.generate(request(f"burst-{i}", 1, prompt=prompt)))
+        assert r.client.metrics()["ring_wakeups"] > wakeups, "no doorbell inside the turn"
         for s in streams:
             tokens, _ = await collect(s)
             assert len(tokens) == 1
-        assert _counts(r) == (200, 0)
+        assert _counts(r) == (taken + 200, 0)
 
 
 async def test_a_prompt_too_large_for_the_ring_goes_over_zmq_and_keeps_the_order() -> None:

@@ -142,6 +142,33 @@ async def test_a_predecessors_late_disconnect_never_kills_the_restarted_engine()
         assert tokens == [5, 6, 7] and chunks[-1].finish_reason == "length"
 
 
+async def test_an_engine_whose_output_never_connects_is_lost_and_back_when_it_connects():
+    # The engine registers and then never dials its output (it died between the two, or INIT's
+    # output address does not reach it): it must not stay live, holding a pinned request that
+    # can never end, for ever. Within heartbeat_interval + heartbeat_timeout it is lost (its
+    # request ends with EngineDied); when its output does connect it is live again.
+    async with raw_rig(1, connect_output=False, heartbeat_interval=0.2, heartbeat_timeout=0.3) as (
+        _io,
+        engines,
+        client,
+        _ctx,
+    ):
+        engine = engines[0]
+        assert client.load()[0].state == "live"
+        stream = await client.generate(request("no-output", FOREVER, pin=0))
+        assert (await in_thread(engine.recv_add)).rid == "no-output"
+        with pytest.raises(EngineDied):
+            await collect(stream)
+        assert client.load()[0].state == "dead"
+        engine.connect_output()
+        await wait_until(lambda: client.load()[0].state == "live", "rank 0 live again")
+        stream = await client.generate(request("after-output", FOREVER, pin=0))
+        assert (await in_thread(engine.recv_add)).rid == "after-output"
+        engine.push(engine.tokens_frame("after-output", [5, 6], 2, "length"))
+        tokens, chunks = await collect(stream)
+        assert tokens == [5, 6] and chunks[-1].finish_reason == "length"
+
+
 async def test_frames_still_queued_when_the_engine_disconnects_are_applied_before_its_death():
     # The rank sends a burst of frames (many turns' worth: DRAIN is 256 a turn), the last one
     # finishing the request, and closes its connection at once. The I/O process's ZMQ thread

@@ -285,6 +285,10 @@ class IOCore:
         self.stall_every = min(STALL_CHECK_S, (config.stall_timeout or 4.0) / 4)
         self.stall_check_at = 0.0
         self.probes: dict[bytes, Engine] = {}
+        # A registered engine's output connection is awaited as long as a silent one is kept
+        # (the heartbeat's interval + timeout); `output_due` is the earliest such deadline.
+        self.output_wait = config.heartbeat_interval + config.heartbeat_timeout
+        self.output_due = float("inf")
 
     # ------------------------------------------------------------------ accounts
 
@@ -711,6 +715,9 @@ class IOCore:
         if self.affinity is not None:
             self.affinity.registered(engine)
         engine.dead_reason = ""
+        if engine.generation not in engine.connections.values():
+            engine.output_due = time.monotonic() + self.output_wait
+            self.output_due = min(self.output_due, engine.output_due)
         self.dirty.add(engine.row)
         log.info("engine %d registered (rank %d)", engine.index, engine.row)
         if self.state_dir is not None:
@@ -775,6 +782,7 @@ class IOCore:
         if kind != EVENT_ACCEPTED:
             return
         engine.connections[conn] = engine.generation
+        engine.output_due = 0.0
         if engine.state is EngineState.ADOPTING:
             if self.adopter is not None:
                 self.adopter.on_accepted(engine)
@@ -785,6 +793,28 @@ class IOCore:
             engine.dead_reason = ""
             self.dirty.add(engine.row)
             log.warning("engine %d reconnected", engine.index)
+
+    def check_outputs(self, now: float) -> None:
+        """Declare lost each live engine whose output has not connected by its `output_due`
+        (it died after its registration, or its output address does not reach us); it is live
+        again if its output does connect (RECONNECTED)."""
+        due = float("inf")
+        for e in self.engines:
+            if not e.output_due:
+                continue
+            if now < e.output_due:
+                due = min(due, e.output_due)
+                continue
+            e.output_due = 0.0
+            if e.live and e.generation not in e.connections.values():
+                self.lost(
+                    e,
+                    EngineEvent.OUTPUT_LOST,
+                    f"its output did not connect to {e.output_address} within "
+                    f"{self.output_wait:g}s of its registration (it exited, or that address "
+                    "does not reach this host from the engine's)",
+                )
+        self.output_due = due
 
     # ------------------------------------------------------------------ stalls
 
@@ -1028,6 +1058,8 @@ class IOCore:
                 self.handler_failed(f"engine {e.index}: sending its queued frames", exc)
         if self.writer.spilling():
             self.writer.flush_spills()
+        if now >= self.output_due:
+            self.check_outputs(now)
         if now >= self.stall_check_at and self.stall_timeout is not None:
             self.stall_check_at = now + self.stall_every
             self.check_stalls(now, self.stall_timeout)
@@ -1068,6 +1100,8 @@ class IOCore:
             # Requests in flight, or a stalled engine to probe: turn in time for the next
             # stall check.
             return max(0, min(1000, int((self.stall_check_at - now) * 1000) + 1))
+        if self.output_due != float("inf"):  # a registered engine's output is awaited
+            return max(0, min(1000, int((self.output_due - now) * 1000) + 1))
         return 1000
 
     def close(self) -> None:

@@ -9,9 +9,11 @@ change it, and a pair the table does not hold is a bug (`InvalidTransition`). Th
 * ABSENT --LOADED--> ADOPTING: a registration taken over from a predecessor I/O process
   (`tsfront.io.adoption`), --RECONNECTED--> LIVE when its output connection comes back;
 * LIVE --OUTPUT_LOST--> LOST: the last connection of its output port went (an exit, a crash, a
-  missed heartbeat, a network drop). LOST *may come back*: if the same process reconnects
-  (RECONNECTED) it is LIVE again with its registration, since ZMQ redials both its PUSH and its
-  DEALER by itself and nothing it was told is lost;
+  missed heartbeat, a network drop), or none came within ``heartbeat_interval +
+  heartbeat_timeout`` of its registration (it died between the two, or INIT's output address
+  does not reach us from the engine; `Engine.output_due`). LOST *may come back*: if the same
+  process (re)connects (RECONNECTED) it is LIVE again with its registration, since ZMQ redials
+  both its PUSH and its DEALER by itself and nothing it was told is lost;
 * LIVE --INPUT_UNREACHABLE--> DEAD, and any state --CORE_DEAD--> DEAD (it sent
   ENGINE_CORE_DEAD), and ABSENT / ADOPTING --EXPIRED--> DEAD (not back within
   ``handshake_timeout``): DEAD *never* comes back by a reconnect. An unreachable input means
@@ -235,6 +237,11 @@ class Engine:
     # (each engine process), so a late disconnect of a predecessor's connection is told apart.
     connections: dict[int, int] = field(default_factory=dict)
     generation: int = 0
+    # When a registered engine's output must have connected by (0.0: not waiting for it). The
+    # engine dials its output PUSH right after its registration (CONTRACT §1.2 steps 6-7); one
+    # that never does (it died in between, or INIT's output address does not reach us) would
+    # otherwise stay LIVE with nothing to lose, so the core declares it lost at this time.
+    output_due: float = 0.0
     # AGGREGATED, or under disaggregated serving PREFILL / DECODE; its group's number (0: the
     # serving group, 1: the prefill group; `tsfront.io.core.EngineGroup`). A prefill engine's
     # bootstrap host defaults to the address its handshake connection came from.
