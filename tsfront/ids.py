@@ -1,6 +1,8 @@
 """The ids a client is shown and may name back: made here, every one from `secrets`.
 
-A response's id (``chatcmpl-…``, ``cmpl-…``, ``resp_…``) names a stored object a client may
+A request's id (``X-Request-Id`` when the client sent none) is in every reply, every error
+body and the engine's rid: a counter there would tell one client how many requests the others
+made. A response's id (``chatcmpl-…``, ``cmpl-…``, ``resp_…``) names a stored object a client may
 fetch, continue or delete; an output item's (``msg_…``, ``rs_…``, ``fc_…``) and a tool call's
 (``call_…``) are sent back in later requests. None may follow from the ids a client has seen:
 each is drawn from the operating system's generator (`secrets`), never from `random`, whose
@@ -16,9 +18,14 @@ from __future__ import annotations
 
 import secrets
 
-__all__ = ["call_id", "item_id", "response_id"]
+__all__ = ["call_id", "item_id", "request_id", "response_id"]
 
 _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def request_id() -> str:
+    """24 hex digits (96 bits): the id of a request whose client sent no ``X-Request-Id``."""
+    return secrets.token_hex(12)
 
 
 def response_id(prefix: str) -> str:

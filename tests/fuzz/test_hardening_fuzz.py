@@ -189,8 +189,21 @@ def test_atheris_output_decoder_bounded_run():
         pytest.skip("atheris is not installed (pip install atheris)")
     target = Path(__file__).parent / "fuzz_output.py"
     seconds = os.environ.get("TSFRONT_ATHERIS_SECONDS", "15")
+    # libFuzzer's -rss_limit_mb reads the peak RSS (getrusage's ru_maxrss), and a process
+    # exec'd straight from this one inherits this one's peak: a pytest worker past 1 GB failed
+    # the run as "out-of-memory" before its first input. A shell in between forks the fuzzer
+    # from its own small address space, so the limit measures the fuzzer alone.
     proc = subprocess.run(
-        [sys.executable, str(target), f"-max_total_time={seconds}", "-rss_limit_mb=1024"],
+        [
+            "/bin/sh",
+            "-c",
+            '"$@"; exit $?',  # not the last command: the shell forks for it, never execs
+            "sh",
+            sys.executable,
+            str(target),
+            f"-max_total_time={seconds}",
+            "-rss_limit_mb=1024",
+        ],
         capture_output=True,
         text=True,
         timeout=int(seconds) + 60,

@@ -138,7 +138,10 @@ def test_request_id_given_is_echoed_and_ends_the_engine_rid(plain: Served) -> No
 def test_request_id_generated_when_absent_and_in_error_objects(plain: Served) -> None:
     a = httpx.get(f"{plain.url}/health", timeout=5).headers["x-request-id"]
     b = httpx.get(f"{plain.url}/health", timeout=5).headers["x-request-id"]
-    assert re.fullmatch(r"[0-9a-f]{8}-\d+", a) and a != b
+    # From `secrets`, whole: a prefix and a counter would tell a client how many requests the
+    # others made between two of its own.
+    assert re.fullmatch(r"[0-9a-f]{24}", a) and re.fullmatch(r"[0-9a-f]{24}", b)
+    assert a[:12] != b[:12] and a[12:] != b[12:]
     bad = httpx.post(
         f"{plain.url}/v1/completions",
         json={"prompt": "w5", "top_p": 7},

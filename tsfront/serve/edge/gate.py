@@ -1,29 +1,28 @@
 """The HTTP edge of one request: API keys, request ids, CORS, the access-log line.
 
-`Gate.open` looks at a request's scope once, before it is routed, and returns its `Exchange`:
-the request's id (the client's ``X-Request-Id`` if it is well formed, else a 400; a fresh one
-when there is none), the headers every response of it carries (``x-request-id``, CORS), a
-refusal if it gets one (401 without a valid key, ``Authorization: Bearer KEY`` or Anthropic's
-``X-Api-Key: KEY``, on any route but `OPEN_ROUTES`, an answered CORS preflight, a bad request id)
-and the `RequestRecord` the service fills, with the request's owner: the handle of the key it came
-with (`owner_of`), under which the responses store files what the request stores and looks up what
-it names. The ASGI app sends the response through `Exchange.head` and calls `Exchange.close` at the
-end, which writes the access-log line. Nothing here runs per token.
+`Gate.open` looks at a request's scope once, before it is routed, and returns its `Exchange`: the
+request's id (the client's ``X-Request-Id`` if it is well formed, else a 400; a fresh one from
+`secrets` when there is none, `tsfront.ids.request_id`), the headers every response of it carries
+(``x-request-id``, CORS), a refusal if it gets one (401 without a valid key, ``Authorization: Bearer
+KEY`` or Anthropic's ``X-Api-Key: KEY``, on any route but `OPEN_ROUTES`, an answered CORS preflight,
+a bad request id) and the `RequestRecord` the service fills, with the request's owner: the handle of
+the key it came with (`owner_of`), under which the responses store files what the request stores and
+looks up what it names. The ASGI app sends the response through `Exchange.head` and calls
+`Exchange.close` at the end, which writes the access-log line. Nothing here runs per token.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import itertools
 import logging
 import re
-import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from tsfront import ids
 from tsfront.serve.core.record import RequestRecord
 from tsfront.serve.core.reply import ApiError, Reply
 
@@ -138,8 +137,6 @@ class Gate:
         self._cors = bool(origins)
         self.access_log = settings.access_log
         self._json_log = settings.log_format == "json"
-        self._id_prefix = secrets.token_hex(4)
-        self._ids = itertools.count()
 
     # ------------------------------------------------------------------ per request
 
@@ -160,7 +157,7 @@ class Gate:
         method, path = scope["method"], scope["path"]
         bad_id = given is not None and _REQUEST_ID.fullmatch(given) is None
         request_id = (
-            given.decode() if given is not None and not bad_id else self._new_id()
+            given.decode() if given is not None and not bad_id else ids.request_id()
         )  # a bad one is answered under a fresh id
         ex = Exchange(self, method, path, request_id)
         cors = self._cors_headers(origin) if origin is not None and self._cors else None
@@ -185,9 +182,6 @@ class Gate:
             else:
                 ex.record.owner = owner
         return ex
-
-    def _new_id(self) -> str:
-        return f"{self._id_prefix}-{next(self._ids)}"
 
     def _owner(self, auth: bytes | None) -> str | None:
         """The owner handle of the key in ``auth`` (None: no key, or not one of ours)."""
