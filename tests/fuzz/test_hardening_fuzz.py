@@ -184,7 +184,7 @@ def test_reader_survives_garbage_in_its_slots(garbage, tickets):
         region.close()
 
 
-def test_atheris_output_decoder_bounded_run():
+def test_atheris_output_decoder_bounded_run(tmp_path):
     if importlib.util.find_spec("atheris") is None:
         pytest.skip("atheris is not installed (pip install atheris)")
     target = Path(__file__).parent / "fuzz_output.py"
@@ -203,6 +203,7 @@ def test_atheris_output_decoder_bounded_run():
             str(target),
             f"-max_total_time={seconds}",
             "-rss_limit_mb=1024",
+            f"-artifact_prefix={tmp_path}/",  # a finding's input: never into the checkout
         ],
         capture_output=True,
         text=True,
