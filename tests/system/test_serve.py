@@ -353,6 +353,44 @@ def test_routes_models_health_and_unknown(served: Served) -> None:
 # ---------------------------------------------------------------------- no engine, shutdown
 
 
+def test_engine_death_mid_response_closes_its_items_as_incomplete_then_errs(
+    model_dir: str,
+) -> None:
+    # /v1/responses: a client that tracks the items it was shown (output_item.added) sees each
+    # one end (output_item.done, "incomplete": the death cut it) before the error event, with
+    # no gap in the sequence numbers; as the store's failure ends a stream.
+    s = start_served(model_dir, workers=1)
+    try:
+        with httpx.stream(
+            "POST",
+            f"{s.url}/v1/responses",
+            json={"input": "w5", "max_output_tokens": 3000, "stream": True},
+            timeout=DEADLINE,
+        ) as response:
+            assert response.status_code == 200
+            lines = (line for line in response.iter_lines() if line.startswith("data: "))
+            events = []
+            for line in lines:
+                events.append(json.loads(line[6:]))
+                if events[-1]["type"] == "response.output_text.delta":
+                    break
+            s.group.stop()  # the ranks send ENGINE_CORE_DEAD mid-stream
+            events += [json.loads(line[6:]) for line in lines]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "error" and "died" in events[-1]["message"]
+        added = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
+        done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+        assert added and [i["id"] for i in done] == added
+        assert [i["status"] for i in done] == ["incomplete"] * len(added)
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        (closed,) = [e for e in events if e["type"] == "response.output_text.done"]
+        assert closed["text"] == text and text  # what was streamed, whole
+        assert events[-2]["type"] == "response.output_item.done"
+    finally:
+        s.server.stop()
+        s.group.stop()
+
+
 def test_engine_death_ends_streams_then_503_with_retry_after_and_clean_stop(model_dir: str) -> None:
     s = start_served(model_dir, workers=1)
     try:

@@ -706,9 +706,15 @@ class ResponsesFormat(Format):
     def error_event(
         self, exc: Exception, status: int | None = None, kind: str | None = None
     ) -> bytes:
+        """The ``error`` event that ends a failed stream (the engine died, the server stops),
+        after the item it cut is closed as "incomplete": a client that tracks its items sees
+        each one that was added end, as the store's failure ends them (`unstored`)."""
         if status is None or kind is None:
             kind, status = stream_failure(exc)
-        return self._event("error", {"code": kind, "message": str(exc), "param": None})
+        out: list[bytes] = []
+        self._close(out, "incomplete")
+        out.append(self._event("error", {"code": kind, "message": str(exc), "param": None}))
+        return b"".join(out)
 
     # -- the history a stored response continues with ------------------------------------------
 
@@ -844,12 +850,14 @@ class ResponsesFormat(Format):
         else:
             out.append(self._event("response.reasoning_text.delta", body))
 
-    def _close(self, out: list[bytes]) -> None:
+    def _close(self, out: list[bytes], status: str = "completed") -> None:
+        """Close the open item (its ``.done`` events), with ``status``: "incomplete" when a
+        failure cut it."""
         item, self._open = self._open, None
         if item is None:
             return
         index = self._index(item)
-        item["status"] = "completed"
+        item["status"] = status
         if item["type"] == "function_call":
             item["arguments"] += "".join(self._texts)
             self._texts.clear()
