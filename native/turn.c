@@ -116,17 +116,14 @@ static double monotonic_now(void) {
 
 static int64_t int_attr(PyObject *o, PyObject *name, int *ok);
 
+static int turn_clear(Turn *self);
+
 static void turn_dealloc(Turn *self) {
     PyObject_GC_UnTrack(self);
+    turn_clear(self); /* the core's objects; then the rest */
     Py_CLEAR(self->writer);
     Py_CLEAR(self->intake);
     Py_CLEAR(self->lanes);
-    Py_CLEAR(self->records);
-    Py_CLEAR(self->attached);
-    Py_CLEAR(self->probes);
-    Py_CLEAR(self->counts);
-    Py_CLEAR(self->engines);
-    Py_CLEAR(self->router);
     Py_CLEAR(self->live);
     Py_CLEAR(self->stepping);
     Py_CLEAR(self->add_kind);

@@ -710,7 +710,6 @@ static PyObject *writer_wake(Writer *self, PyObject *unused) {
 
 uint32_t writer_c_wake(PyObject *w) { return wake_workers((Writer *)w); }
 
-
 /* A worker left (or crashed): forget every request of its slots and zero its control block. */
 static PyObject *writer_reset_worker(Writer *self, PyObject *arg) {
     long w = PyLong_AsLong(arg);

@@ -193,17 +193,7 @@ async def test_a_streamed_tool_call_is_parsed_in_the_sink_and_reads_as_without_i
 ) -> None:
     ids = text.encode(ANSWER, add_special_tokens=False)
     body = await stream_tokens(rig, ids, sink_calls)
-    got = events(body)
-    assert got[-1] == "[DONE]"
-    content, name, arguments, finish = "", None, "", None
-    for event in got[:-1]:
-        choice = event["choices"][0]
-        delta = choice["delta"]
-        content += delta.get("content") or ""
-        for call in delta.get("tool_calls") or ():
-            name = call["function"].get("name") or name
-            arguments += call["function"].get("arguments") or ""
-        finish = choice["finish_reason"] or finish
+    content, name, arguments, finish = answer_of(body)  # it checks the [DONE]
     assert content == "Sure. "
     assert name == "read_file"
     assert json.loads(arguments) == {"path": "src/a b.py"}

@@ -715,7 +715,7 @@ class IOCore:
         if self.affinity is not None:
             self.affinity.registered(engine)
         engine.dead_reason = ""
-        if engine.generation not in engine.connections.values():
+        if not engine.output_connected:
             engine.output_due = time.monotonic() + self.output_wait
             self.output_due = min(self.output_due, engine.output_due)
         self.dirty.add(engine.row)
@@ -771,8 +771,7 @@ class IOCore:
                 return
             # Only the last connection going counts: anyone may connect to an output port, and a
             # stray peer leaving must not kill the engine that is still connected.
-            current = engine.generation
-            if engine.live and current not in engine.connections.values():
+            if engine.live and not engine.output_connected:
                 self.lost(
                     engine,
                     EngineEvent.OUTPUT_LOST,
@@ -806,7 +805,7 @@ class IOCore:
                 due = min(due, e.output_due)
                 continue
             e.output_due = 0.0
-            if e.live and e.generation not in e.connections.values():
+            if e.live and not e.output_connected:
                 self.lost(
                     e,
                     EngineEvent.OUTPUT_LOST,

@@ -262,6 +262,11 @@ class Engine:
     stalled_since: float = 0.0
     probe: Probe | None = None
 
+    @property
+    def output_connected(self) -> bool:
+        """Whether a connection of this engine process (its generation) is on its output port."""
+        return self.generation in self.connections.values()
+
     def can(self, event: EngineEvent) -> bool:
         """Whether ``event`` is a move of the engine's current state."""
         return (self.state, event) in TRANSITIONS
